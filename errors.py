@@ -1,0 +1,5 @@
+"""The one exception type for problems a user can cause and fix."""
+
+
+class FastARError(Exception):
+    """A user-facing error: the message says what is wrong and what to do about it."""

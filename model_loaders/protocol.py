@@ -1,0 +1,76 @@
+"""The token-AR protocol between samplers and model adapters (see architecture.md).
+
+Samplers work in image-code space: integers ``0..V-1`` in raster order over an ``h x w`` grid.
+Everything family-specific (vocabulary ids, layout tokens, how CFG's unconditional branch is built)
+stays inside the adapter.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Protocol
+
+import torch
+
+
+@dataclass
+class ModelOutput:
+    """Logits over image codes, ``[B, W, V]`` fp32; ``uncond`` is set when CFG runs."""
+
+    cond: torch.Tensor
+    uncond: Optional[torch.Tensor] = None
+
+
+@dataclass
+class ClassConditioning:
+    """Class-conditional generation: one label per row."""
+
+    labels: torch.Tensor  # [B] int64
+
+    @property
+    def batch(self) -> int:
+        return int(self.labels.shape[0])
+
+
+@dataclass
+class CaptionConditioning:
+    """Text-conditional generation from precomputed caption features (e.g. FLAN-T5-XL).
+
+    ``embeddings`` is ``[B, T, C]`` and ``mask`` ``[B, T]`` (1 = real token), left-padded: the real
+    tokens are the last ones of each row, as LlamaGen's T2I models were trained.
+    """
+
+    embeddings: torch.Tensor
+    mask: torch.Tensor
+
+    @property
+    def batch(self) -> int:
+        return int(self.embeddings.shape[0])
+
+
+class TokenARSession(Protocol):
+    """One generation: a prefilled static KV cache for ``batch`` rows."""
+
+    first: ModelOutput  # predicts image token 0, shape [B, 1, V]
+
+    def forward(self, tokens: torch.Tensor, start: torch.Tensor) -> ModelOutput:
+        """Feed ``tokens[b, j]`` as image token ``start[b] + j``; output ``j`` predicts token
+        ``start[b] + j + 1``. Rows may be at different positions; positions past the last image
+        token are scratch (their outputs are meaningless and must be ignored)."""
+        ...
+
+
+class TokenARModel(Protocol):
+    vocab_size: int
+    grid: tuple[int, int]
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def start(self, conditioning, *, cfg: bool, max_window: int) -> TokenARSession:
+        """Prefill ``conditioning`` (cond rows, plus uncond rows when ``cfg``) and return a session
+        whose forwards carry at most ``max_window`` tokens."""
+        ...
+
+    def code_embeddings(self) -> torch.Tensor:
+        """``[V, D]`` embedding of each image code, for distance-based decoders."""
+        ...
