@@ -1,0 +1,94 @@
+"""Acceptance rules: small pure functions over (target p, draft q, draft tokens x).
+
+A rule gives, for every window slot, the probability of accepting the draft, and the distribution to
+resample from at the first rejection. Decoding loops take a rule as a parameter, so any rule runs on
+any draft source.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import FastARError
+
+_TINY = 1e-12
+
+
+def at(dist: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``dist[..., tokens]``: probability of each token under its own distribution."""
+    return dist.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def leading_accepts(accepted: torch.Tensor) -> torch.Tensor:
+    """``[B, L]`` bool -> ``[B]``: how many slots are accepted before the first rejection."""
+    return accepted.to(torch.int32).cumprod(-1).sum(-1).long()
+
+
+def positive_residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``norm([p - q]_+)``; falls back to ``p`` where p == q (a rejection there has probability 0)."""
+    residual = (p - q).clamp_min(0.0)
+    mass = residual.sum(-1, keepdim=True)
+    return torch.where(mass > _TINY, residual / mass.clamp_min(_TINY), p)
+
+
+class ExactRule:
+    """Speculative sampling: accept x with min(1, p(x)/q(x)); lossless."""
+
+    name = "exact"
+
+    def accept_probability(self, p, q, x):
+        return (at(p, x) / at(q, x).clamp_min(_TINY)).clamp(max=1.0)
+
+    def residual(self, p, q, x):
+        return positive_residual(p, q)
+
+
+@dataclass
+class GroupedRule(ExactRule):
+    """GSD: accept x when its dynamic cluster's target mass covers its draft mass.
+
+    The cluster is the codes whose rank under p is within ``group // 2`` of x's rank, minus those whose
+    probability differs from p(x) by more than ``prob_threshold`` or whose embedding distance to x
+    exceeds ``distance_threshold``. Codes outside the target's support (cut by top-k/top-p) are never
+    accepted. Distances are squared L2 divided by the mean squared distance
+    between two codes of the table, so one threshold means the same on every model. ``group=1`` is
+    exactly SJD. Relaxed: trades fidelity for speed. The residual is the exact rule's.
+    """
+
+    group: int
+    embeddings: torch.Tensor  # [V, D]
+    prob_threshold: float = 0.15
+    distance_threshold: float = 0.5
+    name = "grouped"
+
+    def __post_init__(self):
+        if self.group < 1:
+            raise FastARError(f"GSD group size {self.group} must be at least 1 (1 = plain SJD)")
+        if self.prob_threshold < 0 or self.distance_threshold < 0:
+            raise FastARError("GSD thresholds must be non-negative")
+        e = self.embeddings.detach().float()
+        self.embeddings = e
+        # mean squared distance between two random codes = 2 * mean squared deviation from the centroid
+        self.distance_scale = float(2.0 * (e - e.mean(0)).pow(2).sum(-1).mean().clamp_min(_TINY))
+
+    def accept_probability(self, p, q, x):
+        half = self.group // 2
+        if half == 0:
+            return super().accept_probability(p, q, x)
+        order = p.argsort(-1, descending=True)
+        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(p.shape[-1], device=p.device).expand_as(order))
+        offsets = torch.arange(-half, half + 1, device=p.device)
+        ranks = at(rank, x).unsqueeze(-1) + offsets  # [B, L, G']
+        in_range = (ranks >= 0) & (ranks < p.shape[-1])
+        members = order.gather(-1, ranks.clamp(0, p.shape[-1] - 1))
+        p_members, q_members = p.gather(-1, members), q.gather(-1, members)
+        close_prob = (p_members - at(p, x).unsqueeze(-1)).abs() <= self.prob_threshold
+        e = self.embeddings.to(p.device)
+        dist = (e[members] - e[x].unsqueeze(-2)).pow(2).sum(-1) / self.distance_scale
+        keep = in_range & close_prob & (dist <= self.distance_threshold)
+        p_group = (p_members * keep).sum(-1)
+        q_group = (q_members * keep).sum(-1)
+        ratio = (p_group / q_group.clamp_min(_TINY)).clamp(max=1.0)
+        # a code that top-k/top-p removed from the target is never accepted, whatever its group
+        return torch.where(at(p, x) > 0, ratio, torch.zeros_like(ratio))

@@ -1,0 +1,84 @@
+"""Where Jacobi drafts come from: initialisation of new window slots, and the coupling that turns the
+current outputs into next iteration's drafts.
+
+Every draft carries the distribution ``q`` it was drawn from (one-hot for copies), which is what
+keeps verification exact. A carried draft always stores the *current* p as its q.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..errors import FastARError
+from .acceptance import ExactRule, positive_residual
+from .processing import gumbel, sample, uniform
+
+INIT_STRATEGIES = ("random", "horizontal", "vertical", "sample-left", "sample-above")
+COUPLINGS = ("independent", "maximal", "gumbel")
+
+
+def check_choice(kind: str, value: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise FastARError(f"unknown {kind} '{value}': choose one of {', '.join(choices)}")
+    return value
+
+
+class DraftSource:
+    """Drafts for one Jacobi generation of ``batch`` rows, ``drafts`` slots per window."""
+
+    def __init__(self, init, coupling, *, batch, drafts, grid, vocab, generator):
+        self.init = check_choice("initialisation", init, INIT_STRATEGIES)
+        self.coupling = check_choice("coupling", coupling, COUPLINGS)
+        self.L, self.V, self.width = drafts, vocab, grid[1]
+        self.num_tokens = grid[0] * grid[1]
+        self.gen = generator
+        dev = generator.device
+        if self.coupling == "gumbel":
+            # one noise vector per absolute position, fixed for the whole generation, so the drafts
+            # do not depend on the window size or the schedule
+            self.noise = gumbel((batch, self.num_tokens + drafts + 1, vocab), generator)
+        if self.init == "sample-above":
+            # latest target distribution of each position, kept for one row plus one window
+            self.ring = self.width + drafts + 1
+            self.history = torch.full((batch, self.ring, vocab), 1.0 / vocab, device=dev)
+        self.uniform_q = torch.full((batch, drafts, vocab), 1.0 / vocab, device=dev)
+
+    def record(self, positions: torch.Tensor, p: torch.Tensor) -> None:
+        """Remember the target distributions ``p`` [B, W, V] computed for ``positions`` [B, W]."""
+        if self.init == "sample-above":
+            idx = (positions % self.ring).unsqueeze(-1).expand_as(p)
+            self.history.scatter_(1, idx, p)
+
+    def couple(self, p, x, q, positions) -> torch.Tensor:
+        """Next drafts for every output slot ``[B, L+1]`` given outputs ``p`` [B, L+1, V] and the
+        current drafts ``x``, ``q``; each has law exactly ``p`` of its slot."""
+        if self.coupling == "gumbel":
+            g = self.noise.gather(1, positions.unsqueeze(-1).expand_as(p))
+            return (p.log() + g).argmax(-1)
+        fresh = sample(p, self.gen)
+        if self.coupling == "independent":
+            return fresh
+        # maximal coupling: keep a draft with probability min(1, p/q), else draw from the residual
+        keep = uniform(x.shape, self.gen) < ExactRule().accept_probability(p[:, :-1], q, x)
+        redrawn = sample(positive_residual(p[:, :-1], q), self.gen)
+        return torch.cat([torch.where(keep, x, redrawn), fresh[:, -1:]], dim=1)
+
+    def initial(self, seq, start, carried, p_last) -> tuple[torch.Tensor, torch.Tensor]:
+        """Drafts ``[B, L]`` and their q ``[B, L, V]`` for window slots at positions ``start + i``;
+        only slots ``i >= carried`` (the fresh ones) are meant to be used."""
+        B, L, V = seq.shape[0], self.L, self.V
+        positions = start.unsqueeze(1) + torch.arange(L, device=seq.device)
+        left_pos = (start + carried - 1).clamp(min=0).unsqueeze(1).expand(B, L)
+        if self.init == "random":
+            x = torch.randint(V, (B, L), generator=self.gen, device=seq.device)
+            return x, self.uniform_q
+        if self.init in ("horizontal", "vertical"):
+            source = left_pos
+            if self.init == "vertical":
+                source = torch.where(positions >= self.width, positions - self.width, left_pos)
+            x = seq.gather(1, source)
+            return x, torch.nn.functional.one_hot(x, V).float()
+        dist = p_last.unsqueeze(1).expand(B, L, V)
+        if self.init == "sample-above":
+            above = self.history.gather(1, ((positions - self.width) % self.ring).unsqueeze(-1).expand(B, L, V))
+            dist = torch.where((positions >= self.width).unsqueeze(-1), above, dist)
+        return sample(dist, self.gen), dist

@@ -1,0 +1,71 @@
+"""The one logits-processing pipeline every decoder uses, and the seeded sampling primitives.
+
+CFG combination -> temperature -> top-k -> top-p -> softmax. Draft and target distributions must
+come out of this same function, or acceptance ratios are meaningless.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import FastARError
+from ..model_loaders.protocol import ModelOutput
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    cfg_scale: float = 4.0  # 1.0 disables classifier-free guidance (and its batch rows)
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+
+    @property
+    def use_cfg(self) -> bool:
+        return self.cfg_scale != 1.0
+
+    def validate(self) -> "SamplingSettings":
+        if not 0.0 <= self.cfg_scale <= 100.0:
+            raise FastARError(f"cfg scale {self.cfg_scale} is out of range: use 0..100 (1.0 turns guidance off)")
+        if not 0.0 <= self.temperature <= 100.0:
+            raise FastARError(f"temperature {self.temperature} is out of range: use 0..100 (0 = greedy)")
+        if self.top_k < 0:
+            raise FastARError(f"top-k {self.top_k} is negative: use 0 (off) or a positive number of codes")
+        if not 0.0 < self.top_p <= 1.0:
+            raise FastARError(f"top-p {self.top_p} is out of range: use a value in (0, 1] (1.0 = off)")
+        return self
+
+
+def probabilities(out: ModelOutput, settings: SamplingSettings) -> torch.Tensor:
+    """Processed next-token distributions ``[..., V]`` in fp32."""
+    logits = out.cond.float()
+    if out.uncond is not None:
+        logits = out.uncond.float() + (logits - out.uncond.float()) * settings.cfg_scale
+    if settings.temperature == 0.0:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits / settings.temperature
+    if 0 < settings.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, settings.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))  # ties with the k-th stay, as upstream
+    if settings.top_p < 1.0:
+        ordered, order = torch.sort(logits, dim=-1, descending=True)
+        ordered_probs = ordered.softmax(-1)
+        mass_before = ordered_probs.cumsum(-1) - ordered_probs  # keeps the token that crosses top_p
+        drop = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, order, mass_before > settings.top_p)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(-1)
+
+
+def sample(dist: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One code per distribution: ``[..., V] -> [...]``."""
+    flat = dist.reshape(-1, dist.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).view(dist.shape[:-1])
+
+
+def uniform(shape, generator: torch.Generator) -> torch.Tensor:
+    return torch.rand(shape, generator=generator, device=generator.device)
+
+
+def gumbel(shape, generator: torch.Generator) -> torch.Tensor:
+    u = uniform(shape, generator).clamp_(1e-20, 1.0 - 1e-7)
+    return -torch.log(-torch.log(u))

@@ -1,0 +1,97 @@
+"""DecodeStats: what every decoder reports next to its tokens (a product feature, not a debug aid)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+
+@dataclass
+class DecodeStats:
+    decoder: str
+    grid: tuple[int, int]
+    batch: int
+    target_forwards: int = 0  # prefill excluded, every verification forward included
+    drafter_forwards: int = 0
+    accepted_per_iteration: list[list[int]] = field(default_factory=list)  # [iteration][row]
+    fixed_at: list[list[int]] = field(default_factory=list)  # [row][token]: iteration that fixed it (0 = prefill)
+    wall_time_s: float = 0.0
+    forward_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    settings: dict = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+    @property
+    def tokens(self) -> list[int]:
+        return [self.num_tokens] * self.batch
+
+    @property
+    def step_compression(self) -> float:
+        """Image tokens per target forward for the batch as a whole."""
+        return self.num_tokens / max(self.target_forwards, 1)
+
+    @property
+    def row_forwards(self) -> list[int]:
+        """Forwards each row needed (rows advance independently)."""
+        return [max(row) for row in self.fixed_at]
+
+    @property
+    def mean_accepted(self) -> float:
+        """Mean tokens fixed per iteration, over the iterations each row was still running."""
+        counts = [c for it in self.accepted_per_iteration for c in it if c > 0]
+        return float(np.mean(counts)) if counts else 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "decoder": self.decoder,
+            "grid": list(self.grid),
+            "tokens": self.tokens,
+            "target_forwards": self.target_forwards,
+            "drafter_forwards": self.drafter_forwards,
+            "step_compression": self.step_compression,
+            "row_step_compression": [self.num_tokens / max(f, 1) for f in self.row_forwards],
+            "mean_accepted": self.mean_accepted,
+            "accepted_per_iteration": self.accepted_per_iteration,
+            "fixed_at": self.fixed_at,
+            "wall_time_s": self.wall_time_s,
+            "forward_time_s": self.forward_time_s,
+            "verify_time_s": self.verify_time_s,
+            "settings": self.settings,
+        }
+
+
+class Stopwatch:
+    """Accumulates host time per phase. On a GPU the split is the host's view (launches are
+    asynchronous); the per-iteration sync makes the total exact."""
+
+    def __init__(self):
+        self.totals: dict[str, float] = {}
+        self._start = self._last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.totals[phase] = self.totals.get(phase, 0.0) + now - self._last
+        self._last = now
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._start
+
+
+def acceptance_heatmap(fixed_at: list[int] | torch.Tensor, grid: tuple[int, int], scale: int = 16) -> np.ndarray:
+    """Render one row's ``fixed_at`` as an RGB uint8 image: early iterations dark blue, late yellow;
+    large same-colour runs show where many tokens were accepted in one forward."""
+    values = np.asarray(fixed_at, dtype=np.float32).reshape(grid)
+    t = values / max(values.max(), 1.0)
+    # a small perceptual ramp (dark blue -> teal -> yellow) without a plotting dependency
+    stops = np.array([[0.05, 0.03, 0.3], [0.1, 0.55, 0.55], [0.99, 0.9, 0.15]], dtype=np.float32)
+    pos = t * (len(stops) - 1)
+    lo = np.clip(pos.astype(int), 0, len(stops) - 2)
+    frac = (pos - lo)[..., None]
+    rgb = stops[lo] * (1 - frac) + stops[lo + 1] * frac
+    rgb = np.repeat(np.repeat(rgb, scale, axis=0), scale, axis=1)
+    return (rgb * 255).round().astype(np.uint8)

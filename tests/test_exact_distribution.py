@@ -1,0 +1,114 @@
+"""Lossless decoders must sample exactly the plain-AR distribution (bench.md, "Fidelity").
+
+On an enumerable toy model (3 codes, 2x2 grid: 81 sequences) we draw many rows in one batch (which
+also proves every row of a batch is exactly distributed) and run a chi-square test against the
+exact joint probabilities computed by enumeration. Deliberately broken acceptance rules must fail.
+"""
+import pytest
+import torch
+
+from fastar.model_loaders.protocol import ClassConditioning
+from fastar.samplers.acceptance import ExactRule
+from fastar.samplers.decoders import DecoderSpec, decode, make_generator
+from fastar.samplers.drafts import COUPLINGS, INIT_STRATEGIES
+from fastar.samplers.jacobi import jacobi_decode
+from fastar.samplers.processing import SamplingSettings
+from fastar.tools.toy_model import ToyModel
+
+ROWS = 12000
+ALPHA = 1e-4  # false-alarm rate per test; the broken rules below land far beyond it
+
+MODEL = ToyModel(vocab=3, grid=(2, 2), num_classes=2, scale=2.0, seed=0)
+GUIDED = SamplingSettings(cfg_scale=2.0, top_k=2)
+PLAIN = SamplingSettings(cfg_scale=1.0, top_k=0)
+
+
+def chi_square_p_value(tokens: torch.Tensor, exact: torch.Tensor) -> float:
+    observed = torch.bincount(MODEL.index_of(tokens), minlength=len(exact)).double()
+    expected = exact * tokens.shape[0]
+    assert observed[expected == 0].sum() == 0, "sampled a sequence of probability zero"
+    cells = expected > 0
+    stat = ((observed[cells] - expected[cells]) ** 2 / expected[cells]).sum()
+    dof = int(cells.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), stat / 2.0))
+
+
+def conditioning(label=1, rows=ROWS):
+    return ClassConditioning(torch.full((rows,), label, dtype=torch.long))
+
+
+def exact_for(settings: SamplingSettings, label=1):
+    return MODEL.exact_joint(label, cfg_scale=settings.cfg_scale, top_k=settings.top_k)
+
+
+def test_plain_ar_is_exact():
+    tokens, stats = decode(MODEL, conditioning(), GUIDED, DecoderSpec("ar"), seed=0)
+    assert stats.target_forwards == 3
+    assert chi_square_p_value(tokens, exact_for(GUIDED)) > ALPHA
+
+
+@pytest.mark.parametrize("init", INIT_STRATEGIES)
+@pytest.mark.parametrize("coupling", COUPLINGS)
+def test_sjd_is_exact_for_every_init_and_coupling(init, coupling):
+    spec = DecoderSpec("sjd", window=3, init=init, coupling=coupling)
+    tokens, _ = decode(MODEL, conditioning(), GUIDED, spec, seed=1)
+    assert chi_square_p_value(tokens, exact_for(GUIDED)) > ALPHA
+
+
+@pytest.mark.parametrize("settings", [PLAIN, GUIDED], ids=["no-cfg-no-topk", "cfg-topk"])
+@pytest.mark.parametrize("window", [2, 4, 16])
+def test_sjd_is_exact_with_and_without_guidance(settings, window):
+    # window 4 = all remaining tokens in one forward; 16 is clipped to the 4-token grid
+    spec = DecoderSpec("sjd", window=window, init="horizontal", coupling="maximal")
+    tokens, _ = decode(MODEL, conditioning(label=0), settings, spec, seed=2)
+    assert chi_square_p_value(tokens, exact_for(settings, label=0)) > ALPHA
+
+
+def test_gsd_with_group_one_is_exact_and_equals_sjd():
+    gsd = DecoderSpec("gsd", window=3, group=1, init="sample-left")
+    sjd = DecoderSpec("sjd", window=3, init="sample-left")
+    tokens, _ = decode(MODEL, conditioning(), GUIDED, gsd, seed=3)
+    assert chi_square_p_value(tokens, exact_for(GUIDED)) > ALPHA
+    same_seed_sjd, _ = decode(MODEL, conditioning(rows=64), GUIDED, sjd, seed=4)
+    same_seed_gsd, _ = decode(MODEL, conditioning(rows=64), GUIDED, gsd, seed=4)
+    assert torch.equal(same_seed_sjd, same_seed_gsd)
+
+
+def test_gsd_with_large_groups_is_relaxed():
+    """GSD trades fidelity for speed: with an unfiltered cluster covering the vocabulary it accepts
+    every draft, which the test must see."""
+    spec = DecoderSpec("gsd", window=4, group=3, prob_threshold=1.0, distance_threshold=1e9)
+    tokens, stats = decode(MODEL, conditioning(), GUIDED, spec, seed=5)
+    assert chi_square_p_value(tokens, exact_for(GUIDED)) < ALPHA
+    _, sjd_stats = decode(MODEL, conditioning(), GUIDED, DecoderSpec("sjd", window=4), seed=5)
+    assert stats.mean_accepted > sjd_stats.mean_accepted + 0.3
+
+
+class ResidualIsTarget(ExactRule):
+    """Broken: resample from p instead of norm([p - q]_+) after a rejection."""
+
+    def residual(self, p, q, x):
+        return p
+
+
+class IgnoresDraftProbability(ExactRule):
+    """Broken: accept with p(x) regardless of q(x)."""
+
+    def accept_probability(self, p, q, x):
+        return super().accept_probability(p, torch.ones_like(q), x)
+
+
+class AcceptsTooOften(ExactRule):
+    """Broken: a mild over-acceptance (ratio ** 0.7)."""
+
+    def accept_probability(self, p, q, x):
+        return super().accept_probability(p, q, x) ** 0.7
+
+
+@pytest.mark.parametrize("rule", [ResidualIsTarget(), IgnoresDraftProbability(), AcceptsTooOften()],
+                         ids=lambda r: type(r).__name__)
+@pytest.mark.parametrize("init", ["random", "sample-left"])
+def test_broken_acceptance_rules_are_detected(rule, init):
+    tokens, _ = jacobi_decode(MODEL, conditioning(), GUIDED, generator=make_generator(6, "cpu"),
+                              window=3, init=init, rule=rule)
+    assert chi_square_p_value(tokens, exact_for(GUIDED)) < ALPHA
