@@ -1,2 +1,154 @@
-def main(argv=None):
+"""``python -m fastar generate|bench``: the command line."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from .errors import FastARError
+from .samplers.decoders import DECODERS, LOSSLESS, DecoderSpec
+from .samplers.drafts import COUPLINGS, INIT_STRATEGIES
+from .samplers.processing import SamplingSettings
+
+SPEC_DEFAULTS = DecoderSpec()
+SAMPLING_DEFAULTS = SamplingSettings()
+
+
+def add_decoding_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="AR checkpoint file or HF folder (default: the bundled demo model)")
+    p.add_argument("--vq", help="VQ tokenizer checkpoint (default: the bundled demo VQ when --model is not given)")
+    p.add_argument("--cfg", type=float, default=SAMPLING_DEFAULTS.cfg_scale, help="classifier-free guidance (1 = off)")
+    p.add_argument("--temperature", type=float, default=SAMPLING_DEFAULTS.temperature, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=SAMPLING_DEFAULTS.top_k, help="0 = off")
+    p.add_argument("--top-p", type=float, default=SAMPLING_DEFAULTS.top_p, help="1 = off")
+    p.add_argument("--window", type=int, default=SPEC_DEFAULTS.window,
+                   help="SJD/GSD: tokens per forward (last fixed token + drafts)")
+    p.add_argument("--init", choices=INIT_STRATEGIES, default=SPEC_DEFAULTS.init, help="SJD/GSD: draft initialisation")
+    p.add_argument("--coupling", choices=COUPLINGS, default=SPEC_DEFAULTS.coupling,
+                   help="SJD/GSD: how drafts are redrawn after a rejection (all lossless)")
+    p.add_argument("--group", type=int, default=SPEC_DEFAULTS.group, help="GSD group size G (1 = SJD)")
+    p.add_argument("--prob-threshold", type=float, default=SPEC_DEFAULTS.prob_threshold, help="GSD delta")
+    p.add_argument("--distance-threshold", type=float, default=SPEC_DEFAULTS.distance_threshold,
+                   help="GSD d, in units of the mean squared distance between two codes")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "fp16", "bf16"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m fastar", description="Fast autoregressive image generation.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate images with one decoder")
+    add_decoding_args(gen)
+    which = gen.add_mutually_exclusive_group()
+    which.add_argument("--class", dest="class_", help="class index or name, repeated over --batch")
+    which.add_argument("--classes", help="comma-separated classes, one per row")
+    gen.add_argument("--prompt", action="append", help="text-to-image models: a prompt (repeat for several rows)")
+    gen.add_argument("--t5", help="text-to-image models: local FLAN-T5 folder (google/flan-t5-xl)")
+    gen.add_argument("--batch", type=int, default=1)
+    gen.add_argument("--decoder", choices=DECODERS, default="sjd")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--out", help="PNG path (batch > 1: PATH_0.png, PATH_1.png, ...)")
+    gen.add_argument("--tokens-out", help="write the image codes as JSON")
+    gen.add_argument("--stats-out", help="write the decode statistics as JSON")
+    gen.add_argument("--quiet", action="store_true", help="no progress line")
+
+    bench = sub.add_parser("bench", help="compare decoders side by side on the demo model")
+    add_decoding_args(bench)
+    bench.add_argument("--decoders", default="ar,sjd,gsd", help=f"comma-separated, from {', '.join(DECODERS)}")
+    bench.add_argument("--samples", type=int, default=64, help="images per decoder for the quality metrics")
+    bench.add_argument("--timing-runs", type=int, default=5, help="batch-1 runs per decoder for latency (interleaved)")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--out", required=True, help="output folder for bench.json, bench.md, pareto.png")
+    bench.add_argument("--no-pareto", action="store_true", help="skip the slider sweeps (faster)")
+    return parser
+
+
+def spec_from(args, decoder: str) -> DecoderSpec:
+    return DecoderSpec(decoder=decoder, window=args.window, init=args.init, coupling=args.coupling,
+                       group=args.group, prob_threshold=args.prob_threshold,
+                       distance_threshold=args.distance_threshold)
+
+
+def sampling_from(args) -> SamplingSettings:
+    return SamplingSettings(cfg_scale=args.cfg, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p).validate()
+
+
+class ProgressLine:
+    """A one-line progress display on stderr, redrawn at most ten times a second."""
+
+    def __init__(self, label: str, enabled: bool):
+        self.label, self.enabled, self.start, self.last = label, enabled, time.perf_counter(), 0.0
+
+    def __call__(self, done: int, total: int, _tokens) -> None:
+        now = time.perf_counter()
+        if not self.enabled or (now - self.last < 0.1 and done < total):
+            return
+        self.last = now
+        rate = done / max(now - self.start, 1e-9)
+        bar = "#" * int(30 * done / total)
+        print(f"\r{self.label} [{bar:<30}] {done}/{total} tokens  {rate:.0f} tok/s", end="", file=sys.stderr)
+        if done >= total:
+            print(file=sys.stderr)
+
+
+def numbered(path: Path, index: int, count: int) -> Path:
+    return path if count == 1 else path.with_name(f"{path.stem}_{index}{path.suffix}")
+
+
+def command_generate(args) -> int:
+    from PIL import Image
+
+    from .pipeline import codes_to_images, conditioning_for, load_models
+    from .samplers.decoders import decode
+
+    models = load_models(args.model, args.vq, args.device, args.dtype)
+    classes = args.classes.split(",") if args.classes else [args.class_] if args.class_ else None
+    conditioning = conditioning_for(models.ar, classes=classes, batch=args.batch, prompts=args.prompt,
+                                    t5_folder=args.t5)
+    spec, sampling = spec_from(args, args.decoder), sampling_from(args)
+    kind = "lossless" if LOSSLESS[spec.decoder] else "relaxed (trades fidelity for speed)"
+    progress = ProgressLine(f"{spec.decoder} ({kind})", enabled=not args.quiet)
+    codes, stats = decode(models.ar, conditioning, sampling, spec, seed=args.seed, on_iteration=progress)
+    grid = models.ar.grid
+
+    print(f"{stats.decoder}: {stats.num_tokens} tokens x {stats.batch} in {stats.target_forwards} forwards "
+          f"(step compression {stats.step_compression:.2f}x, mean accepted {stats.mean_accepted:.2f}), "
+          f"{stats.wall_time_s:.2f} s")
+    if args.tokens_out:
+        Path(args.tokens_out).write_text(json.dumps({"tokens": codes.tolist(), "grid": list(grid)}))
+    if args.stats_out:
+        Path(args.stats_out).write_text(json.dumps(stats.to_json(), indent=1))
+    if args.out:
+        if models.vq is None:
+            print("no VQ decoder given (--vq): wrote tokens only", file=sys.stderr)
+        else:
+            images = codes_to_images(models.vq, codes, grid)
+            out = Path(args.out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            for i, image in enumerate(images):
+                Image.fromarray(image).save(numbered(out, i, len(images)))
+            print(f"wrote {len(images)} image(s) to {out}" + ("" if len(images) == 1 else " (numbered)"))
     return 0
+
+
+def command_bench(args) -> int:
+    from .tools.bench import run_bench
+
+    run_bench(args)
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"generate": command_generate, "bench": command_bench}[args.command](args)
+    except FastARError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130

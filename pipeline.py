@@ -1,0 +1,111 @@
+"""Glue shared by the CLI, the benchmark and the nodes: devices, dtypes, conditioning, images.
+No algorithms live here."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .errors import FastARError
+from .model_loaders.protocol import ClassConditioning
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise FastARError(f"unknown device '{name}': use auto, cpu, cuda or cuda:N") from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise FastARError(f"device '{name}' asked for, but this PyTorch sees no CUDA GPU: use --device cpu")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``auto``: fp32 on CPU; bf16 on GPUs that support it, else fp16."""
+    if name == "auto":
+        if device.type != "cuda":
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if name not in DTYPES:
+        raise FastARError(f"unknown dtype '{name}': use auto, {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def class_conditioning(model, classes: list[int]) -> ClassConditioning:
+    """Labels for a class-conditional model, checked against its class count."""
+    num_classes = model.cfg.num_classes
+    for c in classes:
+        if not 0 <= c < num_classes:
+            raise FastARError(f"class {c} is out of range: this model has classes 0..{num_classes - 1}")
+    return ClassConditioning(torch.tensor(classes, dtype=torch.long, device=model.device))
+
+
+def parse_class(value: str, class_names: list[str]) -> int:
+    """A class given as an index or as one of the model's class names."""
+    if value.strip().lstrip("-").isdigit():
+        return int(value)
+    names = [n.lower() for n in class_names]
+    if value.strip().lower() in names:
+        return names.index(value.strip().lower())
+    known = ", ".join(class_names) if class_names else "none (use an index)"
+    raise FastARError(f"unknown class '{value}': give an index or a class name ({known})")
+
+
+@torch.no_grad()
+def codes_to_images(vq, codes: torch.Tensor, grid: tuple[int, int], chunk: int = 16) -> np.ndarray:
+    """Image codes ``[B, h*w]`` -> uint8 RGB ``[B, H, W, 3]``."""
+    out = []
+    for part in codes.split(chunk):
+        pixels = vq.decode_codes(part.view(-1, *grid)).float().clamp(-1, 1)
+        out.append(((pixels + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy())
+    return np.concatenate(out)
+
+
+@dataclass
+class LoadedModels:
+    ar: torch.nn.Module
+    vq: torch.nn.Module | None
+
+
+def load_models(model_path: str | None, vq_path: str | None, device: str = "auto", dtype: str = "auto") -> LoadedModels:
+    """The AR model and VQ decoder; both default to the bundled demo models."""
+    from .model_loaders import load_ar_model, load_vq_model
+    from .model_loaders.demo import DEMO_AR, DEMO_VQ
+
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    ar = load_ar_model(model_path or DEMO_AR, device=dev, dtype=dt)
+    if vq_path is None and model_path is None:
+        vq_path = DEMO_VQ
+    vq = load_vq_model(vq_path, device=dev, dtype=torch.float32 if dev.type == "cpu" else dt) if vq_path else None
+    if vq is not None and vq.cfg.codebook_size != ar.vocab_size:
+        raise FastARError(f"the VQ decoder has {vq.cfg.codebook_size} codes but the AR model predicts "
+                          f"{ar.vocab_size}: pick the VQ the model was trained with")
+    return LoadedModels(ar, vq)
+
+
+def conditioning_for(model, *, classes: list[str] | None = None, batch: int = 1,
+                     prompts: list[str] | None = None, t5_folder: str | None = None):
+    """Conditioning rows for a class-conditional (``classes``) or text-conditional (``prompts``) model."""
+    if batch < 1:
+        raise FastARError(f"batch {batch} must be at least 1")
+    if model.cfg.model_type == "t2i":
+        if not prompts or not t5_folder:
+            raise FastARError("this is a text-to-image model: give --prompt and --t5 (a local FLAN-T5 folder)")
+        from .model_loaders.t5 import encode_captions, load_t5_encoder
+
+        prompts = prompts * batch if len(prompts) == 1 else prompts
+        encoder = load_t5_encoder(t5_folder, device=model.device)
+        return encode_captions(encoder, prompts)
+    if prompts:
+        raise FastARError("this is a class-conditional model: give --class or --classes, not --prompt")
+    names = model.cfg.class_names
+    labels = [parse_class(c, names) for c in (classes or ["0"])]
+    if len(labels) == 1:
+        labels = labels * batch
+    return class_conditioning(model, labels)
