@@ -1,0 +1,153 @@
+"""Unit behaviour of the processing pipeline, the acceptance rules and the decoding loops."""
+import pytest
+import torch
+
+from fastar.errors import FastARError
+from fastar.model_loaders.protocol import ModelOutput
+from fastar.samplers.acceptance import ExactRule, GroupedRule, leading_accepts, positive_residual
+from fastar.samplers.decoders import DecoderSpec, decode
+from fastar.samplers.processing import SamplingSettings, probabilities
+from tiny_llamagen import tiny_conditioning, tiny_model
+
+
+def test_cfg_temperature_topk_topp_follow_the_official_order():
+    cond = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0]])
+    uncond = torch.tensor([[1.0, 1.0, 1.0, 1.0, 1.0]])
+    s = SamplingSettings(cfg_scale=2.0, temperature=0.5, top_k=4, top_p=0.99)
+    got = probabilities(ModelOutput(cond, uncond), s)
+    mixed = uncond + (cond - uncond) * 2.0  # [3, 1, 0, -1, -3]
+    logits = mixed / 0.5  # [6, 2, 0, -2, -6]
+    logits[0, 4] = float("-inf")  # top-k 4
+    probs = logits.softmax(-1)  # [0.9817, 0.0180, 0.0024, ...]: the 2nd token crosses 0.99, the 3rd is dropped
+    logits[0, 2:] = float("-inf")
+    assert torch.allclose(got, logits.softmax(-1), atol=1e-6)
+    assert probs[0, 0] < 0.99 < probs[0, :2].sum()
+
+
+def test_topk_keeps_ties_and_greedy_is_one_hot():
+    out = ModelOutput(torch.tensor([[1.0, 3.0, 3.0, 0.0]]))
+    assert (probabilities(out, SamplingSettings(cfg_scale=1.0, top_k=1)) > 0).sum() == 2
+    greedy = probabilities(out, SamplingSettings(cfg_scale=1.0, temperature=0.0))
+    assert greedy.sum() == 1 and greedy.max() == 1
+
+
+@pytest.mark.parametrize("bad", [dict(cfg_scale=-1), dict(temperature=-0.1), dict(top_k=-1), dict(top_p=0.0),
+                                 dict(top_p=1.5)])
+def test_out_of_range_sampling_settings_are_refused(bad):
+    with pytest.raises(FastARError):
+        SamplingSettings(**bad).validate()
+
+
+def test_leading_accepts_stops_at_the_first_rejection():
+    accepted = torch.tensor([[1, 1, 0, 1], [0, 1, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
+    assert leading_accepts(accepted).tolist() == [2, 0, 4]
+
+
+def test_residual_removes_the_draft_mass_and_falls_back_when_equal():
+    p = torch.tensor([0.5, 0.3, 0.2])
+    q = torch.tensor([0.2, 0.6, 0.2])
+    assert torch.allclose(positive_residual(p, q), torch.tensor([1.0, 0.0, 0.0]))
+    assert torch.allclose(positive_residual(p, p), p)
+
+
+def grouped(group, **kw):
+    embeddings = torch.eye(6)  # every pair of codes at the same distance
+    return GroupedRule(group, embeddings, **kw)
+
+
+def test_group_one_is_the_exact_rule():
+    p = torch.tensor([[[0.4, 0.3, 0.1, 0.1, 0.05, 0.05]]])
+    q = torch.full((1, 1, 6), 1 / 6)
+    x = torch.tensor([[1]])
+    assert torch.allclose(grouped(1).accept_probability(p, q, x), ExactRule().accept_probability(p, q, x))
+
+
+def test_group_sums_the_neighbours_by_target_rank():
+    p = torch.tensor([[[0.05, 0.4, 0.1, 0.3, 0.1, 0.05]]])  # ranks: 1 > 3 > {2, 4} > {0, 5}
+    q = torch.tensor([[[0.0, 0.1, 0.0, 0.9, 0.0, 0.0]]])
+    x = torch.tensor([[3]])  # rank 1: the group of size 3 is ranks 0..2 = codes 1, 3 and one 0.1 code
+    rule = grouped(3, prob_threshold=1.0, distance_threshold=10.0)
+    assert torch.allclose(rule.accept_probability(p, q, x), torch.tensor([[0.8 / 1.0]]))
+    assert ExactRule().accept_probability(p, q, x) < rule.accept_probability(p, q, x)
+
+
+def test_group_filters_by_probability_gap_distance_and_support():
+    p = torch.tensor([[[0.05, 0.4, 0.1, 0.3, 0.1, 0.05]]])
+    q = torch.tensor([[[0.0, 0.1, 0.0, 0.9, 0.0, 0.0]]])
+    x = torch.tensor([[3]])
+    # code 1 differs from p(x) by 0.1 > 0.05: dropped, like the 0.1 code (gap 0.2)
+    assert torch.allclose(grouped(3, prob_threshold=0.05, distance_threshold=10.0).accept_probability(p, q, x),
+                          torch.tensor([[0.3 / 0.9]]))
+    # all codes at normalised distance 1 (> 0.5): only x itself is left
+    assert torch.allclose(grouped(3, prob_threshold=1.0, distance_threshold=0.5).accept_probability(p, q, x),
+                          torch.tensor([[0.3 / 0.9]]))
+    # a code outside the target's support is never accepted
+    p_cut = torch.tensor([[[0.0, 0.5, 0.1, 0.3, 0.1, 0.0]]])
+    q_cut = torch.tensor([[[0.5, 0.5, 0.0, 0.0, 0.0, 0.0]]])
+    assert grouped(50, prob_threshold=1.0, distance_threshold=10.0).accept_probability(p_cut, q_cut, torch.tensor([[0]])) == 0
+
+
+def test_group_distance_is_scale_free():
+    e = torch.randn(6, 3, generator=torch.Generator().manual_seed(0))
+    p = torch.tensor([[[0.05, 0.4, 0.1, 0.3, 0.1, 0.05]]])
+    q = torch.tensor([[[0.1, 0.1, 0.1, 0.5, 0.1, 0.1]]])
+    x = torch.tensor([[3]])
+    small = GroupedRule(5, e, distance_threshold=0.8).accept_probability(p, q, x)
+    large = GroupedRule(5, e * 1000.0, distance_threshold=0.8).accept_probability(p, q, x)
+    assert torch.allclose(small, large)
+
+
+@pytest.mark.parametrize("decoder", ["ar", "sjd", "gsd"])
+def test_same_seed_same_tokens_other_seed_other_tokens(decoder):
+    model = tiny_model()
+    cond = tiny_conditioning(model)
+    spec = DecoderSpec(decoder, window=5, init="vertical", coupling="gumbel", group=3)
+    a, _ = decode(model, cond, SamplingSettings(cfg_scale=3.0), spec, seed=7)
+    b, _ = decode(model, cond, SamplingSettings(cfg_scale=3.0), spec, seed=7)
+    c, _ = decode(model, cond, SamplingSettings(cfg_scale=3.0), spec, seed=8)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+
+
+@pytest.mark.parametrize("window", [2, 6, 40])
+def test_stats_account_for_every_token(window):
+    model = tiny_model()
+    cond = tiny_conditioning(model)
+    codes, stats = decode(model, cond, SamplingSettings(), DecoderSpec("sjd", window=window), seed=0)
+    N = model.cfg.num_tokens
+    assert codes.shape == (2, N) and codes.min() >= 0 and codes.max() < model.vocab_size
+    per_row = torch.tensor(stats.accepted_per_iteration).sum(0)
+    assert per_row.tolist() == [N - 1, N - 1]  # token 0 comes from the prefill
+    assert stats.target_forwards == len(stats.accepted_per_iteration) == max(stats.row_forwards)
+    assert max(max(it) for it in stats.accepted_per_iteration) <= window
+    for row in stats.fixed_at:  # raster order: a token is never fixed before the one on its left
+        assert row[0] == 0 and all(a <= b for a, b in zip(row, row[1:]))
+    json_stats = stats.to_json()
+    for key in ("decoder", "tokens", "target_forwards", "step_compression", "accepted_per_iteration", "wall_time_s"):
+        assert key in json_stats
+    assert json_stats["step_compression"] == pytest.approx(N / stats.target_forwards)
+
+
+def test_window_and_choices_are_checked():
+    model = tiny_model()
+    cond = tiny_conditioning(model)
+    for spec in (DecoderSpec("sjd", window=1), DecoderSpec("sjd", init="diagonal"),
+                 DecoderSpec("sjd", coupling="loose"), DecoderSpec("gsd", group=0), DecoderSpec("nope")):
+        with pytest.raises(FastARError):
+            decode(model, cond, SamplingSettings(), spec, seed=0)
+
+
+def test_rows_of_a_batch_advance_independently():
+    """Greedy Jacobi with copy initialisation is deterministic, so each row must produce the same
+    codes in the same number of forwards whether it runs alone or beside another row."""
+    model = tiny_model(seed=3)
+    cond = tiny_conditioning(model)
+    settings = SamplingSettings(cfg_scale=2.0, temperature=0.0)
+    spec = DecoderSpec("sjd", window=6, init="horizontal")
+    both, stats = decode(model, cond, settings, spec, seed=0)
+    solo = [decode(model, type(cond)(cond.labels[i : i + 1]), settings, spec, seed=0) for i in range(2)]
+    for i, (codes, solo_stats) in enumerate(solo):
+        assert torch.equal(both[i], codes[0])
+        assert stats.row_forwards[i] == solo_stats.target_forwards
+    assert stats.row_forwards[0] != stats.row_forwards[1]
+    assert stats.target_forwards == max(stats.row_forwards)

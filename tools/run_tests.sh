@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The project's test command: sets up .venv if needed, then runs the whole suite.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+bash tools/setup_env.sh
+exec .venv/bin/python -m pytest -q "$@"
