@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--out", help="PNG path (batch > 1: PATH_0.png, PATH_1.png, ...)")
     gen.add_argument("--tokens-out", help="write the image codes as JSON")
     gen.add_argument("--stats-out", help="write the decode statistics as JSON")
+    gen.add_argument("--map-out", help="write the acceptance heatmap (iteration that fixed each token) as PNG")
     gen.add_argument("--quiet", action="store_true", help="no progress line")
 
     bench = sub.add_parser("bench", help="compare decoders side by side on the demo model")
@@ -104,6 +105,7 @@ def command_generate(args) -> int:
 
     from .pipeline import codes_to_images, conditioning_for, load_models
     from .samplers.decoders import decode
+    from .samplers.stats import acceptance_heatmap
 
     models = load_models(args.model, args.vq, args.device, args.dtype)
     classes = args.classes.split(",") if args.classes else [args.class_] if args.class_ else None
@@ -122,6 +124,9 @@ def command_generate(args) -> int:
         Path(args.tokens_out).write_text(json.dumps({"tokens": codes.tolist(), "grid": list(grid)}))
     if args.stats_out:
         Path(args.stats_out).write_text(json.dumps(stats.to_json(), indent=1))
+    if args.map_out:
+        for i, row in enumerate(stats.fixed_at):
+            Image.fromarray(acceptance_heatmap(row, grid)).save(numbered(Path(args.map_out), i, stats.batch))
     if args.out:
         if models.vq is None:
             print("no VQ decoder given (--vq): wrote tokens only", file=sys.stderr)
