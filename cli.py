@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--timing-runs", type=int, default=5, help="batch-1 runs per decoder for latency (interleaved)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--out", required=True, help="output folder for bench.json, bench.md, pareto.png")
+    bench.add_argument("--sweep-samples", type=int, help="images per slider-sweep point (default: half of --samples)")
     bench.add_argument("--no-pareto", action="store_true", help="skip the slider sweeps (faster)")
     return parser
 

@@ -186,7 +186,7 @@ def run_bench(args) -> dict:
         report["toy_tv_gsd"] = toy_total_variation(specs["gsd"])
     if not args.no_pareto:
         print("[bench] slider sweeps for the Pareto plot", flush=True)
-        sweep_labels = labels[: max(num_classes, args.samples // 2)]
+        sweep_labels = labels[: args.sweep_samples or max(num_classes, args.samples // 2)]
         report["pareto"] = sweep(models, judge, sampling, specs.get("sjd", spec_from(args, "sjd")),
                                  sweep_labels, args.seed, reference_feats)
         plot_pareto(report["pareto"], results, out_dir / "pareto.png")

@@ -1,0 +1,76 @@
+"""The command line on the bundled demo models, run as a user runs it (a real subprocess)."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from fastar.model_loaders.demo import DEMO_AR, DEMO_VQ
+
+pytestmark = pytest.mark.skipif(not (DEMO_AR.exists() and DEMO_VQ.exists()), reason="demo weights not built")
+
+
+def fastar(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "fastar", *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_generate_writes_images_tokens_stats_and_maps(tmp_path):
+    r = fastar("generate", "--classes", "0,3", "--decoder", "sjd", "--seed", 5, "--out", tmp_path / "img.png",
+               "--tokens-out", tmp_path / "t.json", "--stats-out", tmp_path / "s.json",
+               "--map-out", tmp_path / "map.png", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    for i in range(2):
+        image = Image.open(tmp_path / f"img_{i}.png")
+        assert image.size == (128, 128) and image.mode == "RGB"
+        assert np.asarray(image).std() > 5  # a picture, not a flat field
+        assert (tmp_path / f"map_{i}.png").exists()
+    tokens = json.loads((tmp_path / "t.json").read_text())
+    assert tokens["grid"] == [16, 16] and len(tokens["tokens"]) == 2 and len(tokens["tokens"][0]) == 256
+    stats = json.loads((tmp_path / "s.json").read_text())
+    assert stats["decoder"] == "sjd" and stats["tokens"] == [256, 256]
+    assert stats["step_compression"] == pytest.approx(256 / stats["target_forwards"])
+    assert stats["step_compression"] > 1.2  # the demo model is trained: Jacobi drafts get accepted
+    assert len(stats["accepted_per_iteration"]) == stats["target_forwards"] and stats["wall_time_s"] > 0
+
+
+def test_same_seed_same_tokens_and_class_repeats_over_batch(tmp_path):
+    runs = []
+    for name in ("a", "b"):
+        r = fastar("generate", "--class", "2", "--batch", 3, "--decoder", "gsd", "--seed", 11, "--quiet",
+                   "--tokens-out", tmp_path / f"{name}.json", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        runs.append(json.loads((tmp_path / f"{name}.json").read_text())["tokens"])
+    assert runs[0] == runs[1]
+    assert len(runs[0]) == 3 and runs[0][0] != runs[0][1]  # three independent rows of class 2
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--class", "99"], "out of range"),
+    (["--class", "not-a-class"], "unknown class"),
+    (["--cfg", "-2"], "cfg scale"),
+    (["--window", "1"], "window"),
+    (["--model", "missing.safetensors"], "missing.safetensors"),
+])
+def test_bad_input_gives_a_clear_error_and_exit_code(tmp_path, args, message):
+    r = fastar("generate", "--quiet", *args, cwd=tmp_path)
+    assert r.returncode == 2
+    assert message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bench_writes_json_markdown_and_pareto(tmp_path):
+    r = fastar("bench", "--decoders", "ar,sjd,gsd", "--samples", 8, "--timing-runs", 1, "--sweep-samples", 4,
+               "--out", tmp_path / "b", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "b" / "bench.json").read_text())
+    for name in ("ar", "sjd", "gsd"):
+        result = report["results"][name]
+        for key in ("step_compression", "latency_ratio", "class_accuracy", "frechet"):
+            assert key in result
+    assert report["results"]["ar"]["step_compression"] == pytest.approx(256 / 255)
+    assert report["results"]["ar"]["latency_ratio"] == pytest.approx(1.0)
+    assert report["results"]["sjd"]["step_compression"] > 1.2
+    assert (tmp_path / "b" / "bench.md").read_text().startswith("# FastAR benchmark")
+    assert Image.open(tmp_path / "b" / "pareto.png").size[0] > 400
