@@ -1,0 +1,276 @@
+"""Reading checkpoint files safely: one state dict of tensors plus what was saved beside it.
+
+Formats: ``.safetensors`` (with its metadata), pickled ``.pt/.pth/.bin/.ckpt`` through
+``torch.load(weights_only=True)`` with a one-entry allow-list (``argparse.Namespace``, for the training
+args), and HF-style folders (``config.json`` + single or sharded weights). Wrapper dicts are unwrapped,
+a DDP ``module.`` prefix is stripped and cache buffers are dropped. The family is read off the keys.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import re
+import zipfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from torch import nn
+
+from ..errors import FastARError
+
+PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+SAFE_GLOBALS = [argparse.Namespace]
+
+# Where the weights sit inside a saved dict, most preferred first: EMA weights over raw training weights.
+WRAPPERS = (("ema",), ("model_ema",), ("trainer", "ema_parameters"), ("model",), ("module",), ("state_dict",))
+KEY_PREFIXES = ("module.", "_orig_mod.")  # DDP and torch.compile wrappers
+CACHE_BUFFER = re.compile(r"(^|\.)kv_cache\.|(^|\.)(freqs_cis|causal_mask|inv_freq)$")
+
+# HF-style folders: an index of shards, or a single weights file.
+FOLDER_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+FOLDER_SINGLE_FILES = ("model.safetensors", "pytorch_model.bin")
+
+MODELS_HINT = "put downloaded models in ComfyUI's models/fastar folder, or give the full path"
+CORRUPT_HINT = "the file is truncated or corrupt: re-download it"
+
+AR_MODEL = "an AR model"
+VQ_TOKENIZER = "a VQ tokenizer"
+LOAD_AS = {
+    AR_MODEL: "load it as the AR model (the model loader), not as the image decoder",
+    VQ_TOKENIZER: "load it as the VQ decoder (the VQ loader), not as the AR model",
+}
+
+
+@dataclass
+class CheckpointInfo:
+    """What came with the weights."""
+
+    source: str  # how messages name the checkpoint
+    metadata: dict[str, str] = field(default_factory=dict)  # safetensors metadata
+    args: dict | None = None  # training args saved beside the weights
+    config: dict | None = None  # config.json of an HF-style folder
+
+    def settings(self) -> dict:
+        """Training args and config.json merged (args win): the named hyper-parameters we know."""
+        return {**(self.config or {}), **(self.args or {})}
+
+    def fastar_config(self) -> dict | None:
+        """The ``fastar_config`` JSON that FastAR writes into the safetensors metadata of its models."""
+        text = self.metadata.get("fastar_config")
+        if text is None:
+            return None
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise FastARError(f"{self.source}: its fastar_config metadata is not valid JSON ({e}); {CORRUPT_HINT}")
+
+
+def read_state_dict(path) -> tuple[dict[str, torch.Tensor], CheckpointInfo]:
+    """The weights of a checkpoint file or HF-style folder, cleaned, with what was saved beside them."""
+    path = Path(path)
+    if not path.exists():
+        raise FastARError(f"no checkpoint at {path}: {MODELS_HINT}")
+    if path.is_dir():
+        return read_folder(path)
+    info = CheckpointInfo(source=path.name)
+    suffix = path.suffix.lower()
+    if suffix == ".safetensors":
+        tensors, info.metadata = read_safetensors(path)
+    elif suffix in PICKLE_SUFFIXES:
+        tensors, info.args = unwrap_checkpoint(read_pickle(path))
+    else:
+        raise FastARError(
+            f"{path.name}: unknown checkpoint type {path.suffix!r}; FastAR reads .safetensors, "
+            f"{'/'.join(PICKLE_SUFFIXES)} files and HF-style model folders"
+        )
+    return clean_state_dict(tensors, info.source), info
+
+
+def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
+    except SafetensorError as e:
+        raise FastARError(f"{path.name}: {CORRUPT_HINT} ({e})") from e
+
+
+def read_pickle(path: Path):
+    """``torch.load`` restricted to tensors, plain containers and the allow-list; never runs code."""
+    try:
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
+    except PermissionError:
+        raise
+    except pickle.UnpicklingError as e:
+        refused = re.search(r"GLOBAL (\S+)", str(e))
+        if refused:
+            raise FastARError(
+                f"{path.name} needs the Python object {refused.group(1)} to load, which is refused for safety "
+                "(loading it could run arbitrary code). Convert the checkpoint to .safetensors in a trusted "
+                "environment, or use a safetensors release of the model"
+            ) from e
+        raise FastARError(f"{path.name}: {CORRUPT_HINT}") from e
+    except (RuntimeError, EOFError, ValueError, OSError) as e:
+        raise FastARError(f"{path.name}: {CORRUPT_HINT} ({e})") from e
+
+
+def read_folder(folder: Path) -> tuple[dict[str, torch.Tensor], CheckpointInfo]:
+    info = CheckpointInfo(source=folder.name, config=read_json(folder / "config.json"))
+    tensors: dict[str, torch.Tensor] = {}
+    for file in folder_weight_files(folder):
+        if file.suffix == ".safetensors":
+            shard, metadata = read_safetensors(file)
+            info.metadata = info.metadata or metadata
+        else:
+            shard, _ = unwrap_checkpoint(read_pickle(file))
+        tensors.update(shard)
+    return clean_state_dict(tensors, info.source), info
+
+
+def folder_weight_files(folder: Path) -> list[Path]:
+    for index_name in FOLDER_INDEXES:
+        index = read_json(folder / index_name)
+        if index is not None:
+            shards = [folder / name for name in sorted(set(index.get("weight_map", {}).values()))]
+            missing = [p.name for p in shards if not p.is_file()]
+            if missing:
+                raise FastARError(f"{folder.name}: {index_name} lists shards that are missing "
+                                  f"({', '.join(missing)}): download every shard of the model")
+            return shards
+    for name in FOLDER_SINGLE_FILES:
+        if (folder / name).is_file():
+            return [folder / name]
+    shards = sorted(folder.glob("*.safetensors"))
+    if not shards:
+        raise FastARError(
+            f"the folder {folder} holds no weights: expected model.safetensors, sharded *.safetensors with "
+            f"model.safetensors.index.json, or pytorch_model.bin; {MODELS_HINT}"
+        )
+    return shards
+
+
+def read_json(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise FastARError(f"{path.parent.name}/{path.name} is not valid JSON ({e}): re-download it") from e
+
+
+def unwrap_checkpoint(obj) -> tuple[dict[str, torch.Tensor], dict | None]:
+    """The tensors of a loaded checkpoint object, found inside wrapper dicts, and its training args."""
+    args = None
+    while isinstance(obj, Mapping):
+        saved = obj.get("args")
+        if args is None and isinstance(saved, (argparse.Namespace, Mapping)):
+            args = dict(vars(saved) if isinstance(saved, argparse.Namespace) else saved)
+        wrapper = next((w for w in WRAPPERS if isinstance(nested(obj, w), Mapping)), None)
+        if wrapper is None:
+            return {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}, args
+        obj = nested(obj, wrapper)
+    return {}, args
+
+
+def nested(obj: Mapping, keys: tuple[str, ...]):
+    for key in keys:
+        if not isinstance(obj, Mapping) or key not in obj:
+            return None
+        obj = obj[key]
+    return obj
+
+
+def clean_state_dict(tensors: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
+    """Strip wrapper prefixes, drop cache buffers; refuse a checkpoint without weights."""
+    for prefix in KEY_PREFIXES:
+        if tensors and all(k.startswith(prefix) for k in tensors):
+            tensors = {k[len(prefix):]: v for k, v in tensors.items()}
+    tensors = {k: v for k, v in tensors.items() if not CACHE_BUFFER.search(k)}
+    if not tensors:
+        raise FastARError(f"{source} holds no weights (no tensors found): pick the model's weights file, or "
+                          "re-download it if it is damaged")
+    return tensors
+
+
+# -- families ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    kind: str  # AR_MODEL or VQ_TOKENIZER
+    matches: Callable[[Mapping[str, torch.Tensor]], bool]
+
+
+def has_suffix(sd, suffix: str) -> bool:
+    return any(k.endswith(suffix) for k in sd)
+
+
+def has_prefix(sd, prefix: str) -> bool:
+    return any(k.startswith(prefix) for k in sd)
+
+
+# First match wins: put more specific families above the ones they resemble.
+FAMILIES = (
+    Family("llamagen-gpt", AR_MODEL,
+           lambda sd: "tok_embeddings.weight" in sd and has_suffix(sd, ".attention.wqkv.weight")),
+    Family("llamagen-gpt-hf", AR_MODEL,
+           lambda sd: "model.embed_tokens.weight" in sd and has_prefix(sd, "model.cls_embedding.")),
+    Family("llamagen-vq", VQ_TOKENIZER,
+           lambda sd: "quantize.embedding.weight" in sd and has_prefix(sd, "decoder.conv_blocks.")),
+)
+FAMILY_KIND = {f.name: f.kind for f in FAMILIES}
+
+
+def detect_family(sd: Mapping[str, torch.Tensor]) -> str | None:
+    """The family name of a state dict (see ``FAMILIES``), or None when no family matches."""
+    return next((f.name for f in FAMILIES if f.matches(sd)), None)
+
+
+def require_family(sd: Mapping[str, torch.Tensor], source: str, kind: str) -> str:
+    """The family of ``sd``, which must be a ``kind`` (AR_MODEL or VQ_TOKENIZER)."""
+    family = detect_family(sd)
+    if family is None:
+        supported = ", ".join(f.name for f in FAMILIES)
+        raise FastARError(
+            f"{source} is not a model FastAR knows: its keys ({sample_keys(sd)}) match none of the supported "
+            f"families ({supported}). Check that you picked the right file"
+        )
+    if FAMILY_KIND[family] != kind:
+        raise FastARError(f"{source} is {FAMILY_KIND[family]} ({family}), not {kind}: "
+                          f"{LOAD_AS[FAMILY_KIND[family]]}")
+    return family
+
+
+def sample_keys(keys, n: int = 4) -> str:
+    """A few keys for an error message: 'a, b, c (and 12 more)'."""
+    keys = list(keys)
+    more = f" (and {len(keys) - n} more)" if len(keys) > n else ""
+    return ", ".join(keys[:n]) + more
+
+
+def load_weights(model: nn.Module, sd: Mapping[str, torch.Tensor], source: str) -> None:
+    """Put ``sd`` into ``model`` (built on the meta device) strictly: every key present, none extra, same
+    shapes; otherwise a FastARError naming a few keys and what they suggest."""
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in sd]
+    unexpected = [k for k in sd if k not in expected]
+    wrong = [f"{k} {tuple(sd[k].shape)} vs {tuple(t.shape)}" for k, t in expected.items()
+             if k in sd and sd[k].shape != t.shape]
+    problems = []
+    if missing:
+        problems.append(f"missing {sample_keys(missing)} (an incomplete file, or a different model size)")
+    if unexpected:
+        stray = detect_family({k: sd[k] for k in unexpected})
+        suggests = f": these look like {FAMILY_KIND[stray]}, {LOAD_AS[FAMILY_KIND[stray]]}" if stray else ""
+        problems.append(f"unexpected {sample_keys(unexpected)}{suggests}")
+    if wrong:
+        problems.append(f"wrong shapes {sample_keys(wrong, 2)} (checkpoint vs model: the config saved with "
+                        "the weights does not match them)")
+    if problems:
+        raise FastARError(f"{source} does not fit the model it describes: " + "; ".join(problems))
+    model.load_state_dict(sd, strict=True, assign=True)
