@@ -1,0 +1,23 @@
+"""FastAR's ComfyUI nodes (V3 schema). Imported only inside ComfyUI, through the package's lazy
+``comfy_entrypoint`` (see the package ``__init__``); never imported by the CLI or the tests of the engine."""
+from __future__ import annotations
+
+from comfy_api.latest import ComfyExtension, io
+
+from .files import register_model_folders
+from .loader_nodes import ClassLabel, LoadARModel, LoadVQ, TextConditioning
+from .output_nodes import AcceptanceMap, Stats, VQDecode
+from .sampler_nodes import SamplerAR, SamplerGSD, SamplerSJD
+
+NODES = [LoadARModel, LoadVQ, ClassLabel, TextConditioning, SamplerAR, SamplerSJD, SamplerGSD, VQDecode,
+         AcceptanceMap, Stats]
+
+
+class FastARExtension(ComfyExtension):
+    async def get_node_list(self) -> list[type[io.ComfyNode]]:
+        return NODES
+
+
+async def comfy_entrypoint() -> FastARExtension:
+    register_model_folders()
+    return FastARExtension()

@@ -1,0 +1,219 @@
+"""Model files and folders in ComfyUI's ``fastar`` model folders: registration, listing, resolving, and a
+cheap look at a checkpoint (safetensors header only) so lists and validation do not load weights.
+
+Users' own ``fastar:`` paths from extra_model_paths.yaml are kept; ``models/fastar`` is added, and the
+pack's bundled ``demo/`` folder comes last, so the demo models are always in the lists.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+from functools import lru_cache
+from pathlib import Path
+
+import folder_paths
+
+from ..errors import FastARError
+from ..model_loaders.demo import DEMO_AR, DEMO_DIR
+
+FOLDER = "fastar"
+T5_FOLDERS = (FOLDER, "text_encoders")
+WEIGHT_SUFFIXES = {".safetensors", ".pt", ".pth", ".bin", ".ckpt"}
+WEIGHT_FILES_IN_FOLDER = ("model.safetensors.index.json", "pytorch_model.bin.index.json", "model.safetensors",
+                          "pytorch_model.bin")
+WHERE = ("put it in ComfyUI's models/fastar folder (or a fastar: path in extra_model_paths.yaml) and press R "
+         "to refresh the lists")
+
+AR, VQ, T5 = "ar", "vq", "t5"
+
+
+def register_model_folders() -> None:
+    """Add ``models/fastar`` (if the user has not declared ``fastar`` paths already, it becomes the
+    default) and the bundled demo folder, without touching paths users declared."""
+    declared = FOLDER in folder_paths.folder_names_and_paths
+    folder_paths.add_model_folder_path(FOLDER, os.path.join(folder_paths.models_dir, FOLDER), is_default=not declared)
+    folder_paths.add_model_folder_path(FOLDER, str(DEMO_DIR))
+    extensions = folder_paths.folder_names_and_paths[FOLDER][1]
+    if isinstance(extensions, set):
+        extensions.update(WEIGHT_SUFFIXES)
+
+
+def folder_roots(names=(FOLDER,)) -> list[Path]:
+    roots = []
+    for name in names:
+        try:
+            roots += [Path(p) for p in folder_paths.get_folder_paths(name)]
+        except KeyError:  # a folder name this ComfyUI does not know
+            continue
+    return roots
+
+
+# -- a cheap look inside ---------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=512)
+def _safetensors_header(path: str, mtime: float, size: int) -> dict | None:
+    try:
+        with open(path, "rb") as f:
+            length = struct.unpack("<Q", f.read(8))[0]
+            if length > min(size, 100_000_000):
+                return None
+            return json.loads(f.read(length))
+    except (OSError, struct.error, ValueError):
+        return None
+
+
+def safetensors_header(path: Path) -> dict | None:
+    """The JSON header of a safetensors file (tensor names, shapes, ``__metadata__``), or None."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return _safetensors_header(str(path), stat.st_mtime, stat.st_size)
+
+
+def header_kind(header: dict) -> str | None:
+    keys = header.keys()
+    if "tok_embeddings.weight" in keys or "model.embed_tokens.weight" in keys:
+        return AR
+    if "quantize.embedding.weight" in keys:
+        return VQ
+    return None
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def folder_kind(folder: Path) -> str | None:
+    """AR for a model folder (config.json/index + weights), T5 for a T5 encoder folder, else None."""
+    config = read_json(folder / "config.json") if (folder / "config.json").is_file() else None
+    if config is not None and (config.get("model_type") == "t5" or "T5" in " ".join(config.get("architectures", []))):
+        return T5
+    if (folder / "spiece.model").is_file():
+        return T5
+    if any((folder / name).is_file() for name in WEIGHT_FILES_IN_FOLDER):
+        return AR
+    if config is not None and any(folder.glob("*.safetensors")):
+        return AR
+    return None
+
+
+def file_kind(path: Path) -> str | None:
+    """AR or VQ for a safetensors file whose keys say so; None for other safetensors files; "?" for
+    pickles (their keys cannot be read without loading them)."""
+    if path.suffix.lower() == ".safetensors":
+        header = safetensors_header(path)
+        return header_kind(header) if header else "?"
+    return "?" if path.suffix.lower() in WEIGHT_SUFFIXES else None
+
+
+# -- lists -----------------------------------------------------------------------------------------
+
+
+def model_folders(roots: list[Path], kind: str) -> list[tuple[str, Path]]:
+    """HF-style folders of ``kind`` up to two levels below each root, named ``relative/path/``."""
+    found = []
+    for root in roots:
+        if not root.is_dir():
+            continue
+        for first in sorted(p for p in root.iterdir() if p.is_dir()):
+            for folder in (first, *sorted(p for p in first.iterdir() if p.is_dir())):
+                if folder_kind(folder) == kind:
+                    found.append((folder.relative_to(root).as_posix() + "/", folder))
+    return found
+
+
+def choices(kind: str) -> list[str]:
+    """The names shown in a loader's list: files of that kind (and pickles, which cannot be told apart
+    without loading), then HF-style model folders. Files inside model folders are not listed."""
+    roots = folder_roots()
+    folders = model_folders(roots, AR) + model_folders(roots, T5)
+    inside = tuple(name for name, _ in folders)
+    names = []
+    for name in folder_paths.get_filename_list(FOLDER):
+        if name.replace(os.sep, "/").startswith(inside) or name in names:
+            continue
+        path = folder_paths.get_full_path(FOLDER, name)
+        if path and file_kind(Path(path)) in (kind, "?"):
+            names.append(name)
+    if kind == AR:
+        names += [name for name, _ in model_folders(roots, AR)]
+    return names
+
+
+def t5_choices() -> list[str]:
+    seen, names = set(), []
+    for name, _ in model_folders(folder_roots(T5_FOLDERS), T5):
+        if name not in seen:
+            seen.add(name)
+            names.append(name)
+    return names
+
+
+def resolve(name: str, what: str, folders=(FOLDER,)) -> Path:
+    """The full path of a list entry; a FastARError that says where to put the file otherwise."""
+    if name.endswith("/"):
+        for root in folder_roots(folders):
+            if (root / name).is_dir():
+                return root / name.rstrip("/")
+    elif FOLDER in folders:
+        path = folder_paths.get_full_path(FOLDER, name)
+        if path is not None:
+            return Path(path)
+    raise FastARError(f"no {what} named '{name}' in the model folders: {WHERE}")
+
+
+def fingerprint(path: Path):
+    """Changes when the file (or a folder's files) changes on disk, so ComfyUI reloads it."""
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else []
+    out = []
+    for p in files:
+        try:
+            stat = p.stat()
+            out.append((p.name, stat.st_size, stat.st_mtime))
+        except OSError:
+            continue
+    return (str(path), tuple(out))
+
+
+def demo_class_names() -> list[str]:
+    """The demo model's class names (from its metadata), or none when it is not there."""
+    candidates = [DEMO_AR]
+    other = folder_paths.get_full_path(FOLDER, DEMO_AR.name)
+    if other:
+        candidates.insert(0, Path(other))
+    for path in candidates:
+        header = safetensors_header(path) if path.is_file() else None
+        config = (header or {}).get("__metadata__", {}).get("fastar_config")
+        if config:
+            try:
+                return list(json.loads(config).get("class_names") or [])
+            except ValueError:
+                continue
+    return []
+
+
+def checkpoint_kind_error(path: Path, kind: str) -> str | None:
+    """A readable reason why ``path`` is not a ``kind`` checkpoint, when a header look can tell."""
+    if path.is_dir():
+        found = folder_kind(path)
+        if found == T5:
+            return f"{path.name}/ is a T5 text encoder folder: pick it in FastAR Text Conditioning, not here"
+        return None
+    if path.suffix.lower() != ".safetensors":
+        return None
+    header = safetensors_header(path)
+    if header is None:
+        return f"{path.name} is not a readable safetensors file: it is truncated or corrupt, re-download it"
+    found = header_kind(header)
+    if found == kind:
+        return None
+    names = {AR: "an AR model (load it with FastAR Load AR Model)", VQ: "a VQ decoder (load it with FastAR Load VQ Decoder)"}
+    if found is None:
+        return f"{path.name} is neither an AR model nor a VQ decoder FastAR knows"
+    return f"{path.name} is {names[found]}, not {names[kind].split(' (')[0]}"

@@ -1,0 +1,269 @@
+"""Loaders and conditioning nodes: Load AR Model, Load VQ Decoder, Class Label, Text Conditioning."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+from comfy_api.latest import io
+
+from ..errors import FastARError
+from ..model_loaders.protocol import ClassConditioning
+from . import comfy_glue as glue
+from . import files
+from .values import CONDITIONING_TYPE, MODEL_TYPE, VQ_TYPE, Conditioning, ModelHandle
+
+FastARModel = io.Custom(MODEL_TYPE)
+FastARVQ = io.Custom(VQ_TYPE)
+FastARConditioning = io.Custom(CONDITIONING_TYPE)
+
+NOTHING_FOUND = "(none found: see the tooltip)"
+DTYPE_TOOLTIP = ("Weights precision. auto: ComfyUI's choice for your device (bf16 or fp16 on GPUs, fp32 on CPU). "
+                 "fp16/bf16 halve memory; fp32 is the reference.")
+
+
+def listed(names: list[str]) -> list[str]:
+    return names or [NOTHING_FOUND]
+
+
+def load_error(name: str, kind: str) -> str | None:
+    """Why ``name`` cannot be loaded as ``kind``, when a look at the file tells (before the run)."""
+    if name == NOTHING_FOUND:
+        return f"no {'AR model' if kind == files.AR else 'VQ decoder'} found: {files.WHERE}"
+    try:
+        path = files.resolve(name, "model")
+    except FastARError as e:
+        return str(e)
+    return files.checkpoint_kind_error(path, kind)
+
+
+def raise_if(message: str | None) -> None:
+    if message:
+        raise FastARError(message)
+
+
+class LoadARModel(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="FastARLoadModel",
+            display_name="FastAR Load AR Model",
+            category="FastAR/loaders",
+            description="Loads an autoregressive image model (LlamaGen class-to-image or text-to-image) from "
+                        "ComfyUI's models/fastar folder: a .safetensors/.pt file or a Hugging Face style folder. "
+                        "The bundled demo model (demo_c2i.safetensors) is always listed.",
+            inputs=[
+                io.Combo.Input("model_name", options=listed(files.choices(files.AR)),
+                               tooltip="Checkpoint file or HF-style folder (name ending in /) in models/fastar or a "
+                                       "fastar: path of extra_model_paths.yaml. demo_c2i.safetensors is the bundled "
+                                       "demo model (8 shape classes, 128 px, runs on CPU in seconds)."),
+                io.Combo.Input("dtype", options=list(glue.DTYPE_CHOICES), default="auto", tooltip=DTYPE_TOOLTIP),
+            ],
+            outputs=[FastARModel.Output("model", display_name="model", tooltip="The AR model, managed by ComfyUI (loaded to the GPU "
+                                                          "when sampling, offloaded when others need room).")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, model_name):
+        return load_error(model_name, files.AR) or True
+
+    @classmethod
+    def fingerprint_inputs(cls, model_name, dtype):
+        try:
+            return files.fingerprint(files.resolve(model_name, "model")), dtype
+        except FastARError:
+            return model_name, dtype
+
+    @classmethod
+    def execute(cls, model_name, dtype) -> io.NodeOutput:
+        from ..model_loaders import load_ar_model
+
+        raise_if(load_error(model_name, files.AR))
+        path = files.resolve(model_name, "AR model")
+        model = load_ar_model(path, device=glue.offload_device(), dtype=glue.choose_dtype(dtype, glue.load_device()))
+        return io.NodeOutput(ModelHandle(glue.make_patcher(model), model_name))
+
+
+class LoadVQ(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="FastARLoadVQ",
+            display_name="FastAR Load VQ Decoder",
+            category="FastAR/loaders",
+            description="Loads the VQ image tokenizer whose decoder turns image tokens into pixels (LlamaGen VQ-16 "
+                        "family). Use the VQ the AR model was trained with: demo_vq.safetensors for the demo model, "
+                        "vq_ds16_c2i.pt / vq_ds16_t2i.pt for LlamaGen.",
+            inputs=[
+                io.Combo.Input("vq_name", options=listed(files.choices(files.VQ)),
+                               tooltip="VQ checkpoint in models/fastar (or a fastar: path of extra_model_paths.yaml). "
+                                       "demo_vq.safetensors is the bundled demo tokenizer."),
+                io.Combo.Input("dtype", options=list(glue.DTYPE_CHOICES), default="auto", tooltip=DTYPE_TOOLTIP),
+            ],
+            outputs=[FastARVQ.Output("vq", display_name="vq", tooltip="The VQ decoder, managed by ComfyUI.")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, vq_name):
+        return load_error(vq_name, files.VQ) or True
+
+    @classmethod
+    def fingerprint_inputs(cls, vq_name, dtype):
+        try:
+            return files.fingerprint(files.resolve(vq_name, "VQ decoder")), dtype
+        except FastARError:
+            return vq_name, dtype
+
+    @classmethod
+    def execute(cls, vq_name, dtype) -> io.NodeOutput:
+        from ..model_loaders import load_vq_model
+
+        raise_if(load_error(vq_name, files.VQ))
+        path = files.resolve(vq_name, "VQ decoder")
+        vq = load_vq_model(path, device=glue.offload_device(),
+                           dtype=glue.choose_dtype(dtype, glue.load_device(), for_vq=True))
+        return io.NodeOutput(ModelHandle(glue.make_patcher(vq), vq_name))
+
+
+# -- class labels -----------------------------------------------------------------------------------
+
+USE_INDEX = "(use index)"
+IMAGENET_CLASSES = 1000
+MAX_INDEX = 100_000
+OPTION = re.compile(r"^(?P<name>.*) \((?P<demo>demo )?(?P<index>\d+)\)$")
+
+
+def imagenet_names() -> list[str]:
+    return (Path(__file__).with_name("imagenet_classes.txt")).read_text(encoding="utf-8").splitlines()
+
+
+def class_options() -> list[str]:
+    demo = [f"{name} (demo {i})" for i, name in enumerate(files.demo_class_names())]
+    return [USE_INDEX, *demo, *(f"{name} ({i})" for i, name in enumerate(imagenet_names()))]
+
+
+def resolve_class(model, class_name: str, index: int) -> tuple[int, str]:
+    """The label for ``model`` and how to name it; FastARErrors say what to pick instead."""
+    cfg = model.cfg
+    names = list(cfg.class_names or [])
+    if cfg.model_type != "c2i":
+        raise FastARError("this is a text-to-image model: use FastAR Text Conditioning, not FastAR Class Label")
+    if class_name == USE_INDEX:
+        label = index
+    else:
+        m = OPTION.match(class_name)
+        if m is None:
+            raise FastARError(f"unknown class '{class_name}': pick one from the list, or '{USE_INDEX}'")
+        label, name = int(m["index"]), m["name"]
+        if m["demo"]:
+            if name.lower() in (n.lower() for n in names):
+                label = [n.lower() for n in names].index(name.lower())
+            else:
+                raise FastARError(f"'{name}' is a class of the demo model, but this model "
+                                  f"({cfg.num_classes} classes{': ' + ', '.join(names) if names else ''}) has no "
+                                  f"such class: pick one of its classes or '{USE_INDEX}'")
+        elif cfg.num_classes != IMAGENET_CLASSES:
+            known = f": {', '.join(names)}" if names else ""
+            raise FastARError(f"'{name}' is an ImageNet class, but this model has {cfg.num_classes} classes{known}; "
+                              f"pick one of its classes or '{USE_INDEX}'")
+    if not 0 <= label < cfg.num_classes:
+        raise FastARError(f"class {label} is out of range: this model has classes 0..{cfg.num_classes - 1}")
+    if names:
+        return label, f"class {label} ({names[label]})"
+    if cfg.num_classes == IMAGENET_CLASSES:
+        return label, f"class {label} ({imagenet_names()[label]})"
+    return label, f"class {label}"
+
+
+class ClassLabel(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        options = class_options()
+        return io.Schema(
+            node_id="FastARClassLabel",
+            display_name="FastAR Class Label",
+            category="FastAR/conditioning",
+            description="The class to draw, for class-to-image models: the demo model's classes, the 1000 ImageNet "
+                        "classes of LlamaGen c2i models, or a raw index.",
+            inputs=[
+                FastARModel.Input("model", tooltip="The class-to-image model the label is for (checks the class "
+                                                   "exists in it)."),
+                io.Combo.Input("class_name", options=options, default=options[1] if len(options) > 1 else USE_INDEX,
+                               tooltip="Class to draw. '(demo N)' entries are the bundled demo model's classes; the "
+                                       "others are ImageNet classes for 1000-class LlamaGen models. Pick "
+                                       f"'{USE_INDEX}' to use the index below."),
+                io.Int.Input("index", default=-1, min=-1, max=MAX_INDEX,
+                             tooltip=f"Raw class index, used when class_name is '{USE_INDEX}' (-1 = not used). "
+                                     "0..7 for the demo model, 0..999 for ImageNet models."),
+            ],
+            outputs=[FastARConditioning.Output("conditioning", display_name="conditioning", tooltip="Class conditioning for a FastAR sampler.")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, class_name, index):
+        if class_name == USE_INDEX and index < 0:
+            return f"class_name is '{USE_INDEX}' but index is {index}: give an index of 0 or more, or pick a class"
+        if class_name != USE_INDEX and index >= 0:
+            return (f"both a class ('{class_name}') and an index ({index}) are given: set index to -1 to use the "
+                    f"class, or pick '{USE_INDEX}'")
+        if index > MAX_INDEX:
+            return f"index {index} is out of range: use 0..{MAX_INDEX}"
+        return True
+
+    @classmethod
+    def execute(cls, model: ModelHandle, class_name, index) -> io.NodeOutput:
+        label, text = resolve_class(model.module, class_name, index)
+        rows = ClassConditioning(torch.tensor([label], dtype=torch.long))
+        return io.NodeOutput(Conditioning("c2i", rows, text))
+
+
+# -- text ------------------------------------------------------------------------------------------
+
+
+class TextConditioning(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="FastARTextConditioning",
+            display_name="FastAR Text Conditioning",
+            category="FastAR/conditioning",
+            description="The prompt for text-to-image models (LlamaGen t2i), encoded by a local FLAN-T5-XL folder. "
+                        "Nothing is downloaded.",
+            inputs=[
+                FastARModel.Input("model", tooltip="The text-to-image model the prompt is for."),
+                io.String.Input("prompt", multiline=True, default="a photo of a red apple on a wooden table",
+                                tooltip="What to draw. LlamaGen t2i reads up to 120 T5 tokens."),
+                io.Combo.Input("t5_folder", options=listed(files.t5_choices()),
+                               tooltip="The google/flan-t5-xl folder (config.json, tokenizer, weights) in "
+                                       "models/fastar or models/text_encoders."),
+            ],
+            outputs=[FastARConditioning.Output("conditioning", display_name="conditioning", tooltip="Caption conditioning for a FastAR sampler.")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, prompt, t5_folder):
+        if not prompt.strip():
+            return "the prompt is empty: describe the image to draw"
+        if t5_folder == NOTHING_FOUND:
+            return ("no FLAN-T5 folder found: download google/flan-t5-xl as a folder into models/fastar or "
+                    "models/text_encoders and press R to refresh")
+        return True
+
+    @classmethod
+    def execute(cls, model: ModelHandle, prompt, t5_folder) -> io.NodeOutput:
+        from ..model_loaders.t5 import encode_captions, load_t5_encoder
+
+        if model.module.cfg.model_type != "t2i":
+            raise FastARError("this is a class-to-image model: use FastAR Class Label, not FastAR Text Conditioning")
+        folder = files.resolve(t5_folder, "FLAN-T5 folder", folders=files.T5_FOLDERS)
+        device = glue.load_device()
+        dtype = torch.bfloat16 if glue.choose_dtype("auto", device) == torch.bfloat16 else torch.float32  # no fp16: T5 overflows
+        encoder = load_t5_encoder(folder, device=device, dtype=dtype)
+        try:
+            rows = encode_captions(encoder, [prompt])
+        finally:
+            del encoder
+            glue.free_cache()
+        rows.embeddings, rows.mask = rows.embeddings.float().cpu(), rows.mask.cpu()
+        short = prompt.strip().splitlines()[0][:60]
+        return io.NodeOutput(Conditioning("t2i", rows, f"text: {short}"))

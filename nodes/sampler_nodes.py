@@ -1,0 +1,218 @@
+"""One sampler node per decoder (AR, SJD, GSD) on one base class: the base reads the shared widgets and
+runs ``samplers.decoders.decode``; a subclass only adds its decoder's widgets and builds its DecoderSpec.
+
+Widget order is part of saved workflows: append new widgets at the end, never insert or rename.
+"""
+from __future__ import annotations
+
+import torch
+from comfy_api.latest import io
+
+from ..errors import FastARError
+from ..model_loaders.protocol import CaptionConditioning, ClassConditioning
+from ..samplers.decoders import DecoderSpec, decode
+from ..samplers.drafts import COUPLINGS, INIT_STRATEGIES
+from ..samplers.processing import SamplingSettings
+from . import comfy_glue as glue
+from .loader_nodes import FastARConditioning, FastARModel, FastARVQ
+from .values import STATS_TYPE, TOKENS_TYPE, Conditioning, ModelHandle, Tokens
+
+FastARTokens = io.Custom(TOKENS_TYPE)
+FastARStats = io.Custom(STATS_TYPE)
+
+SPEC = DecoderSpec()
+SAMPLING = SamplingSettings()
+SEED_MAX = 0xFFFFFFFFFFFFFFFF
+
+LOSSLESS_NOTE = ("Lossless: samples exactly the distribution of plain AR sampling, but a given seed gives a "
+                 "different image than the AR sampler.")
+RELAXED_NOTE = ("Relaxed: trades fidelity for speed (accepts drafts that are close to, not exactly, what the model "
+                "would sample); group size 1 is exactly SJD. A given seed gives a different image than AR or SJD.")
+
+
+def slider(id, default, lo, hi, step, tooltip):
+    return io.Float.Input(id, default=default, min=lo, max=hi, step=step, display_mode=io.NumberDisplay.slider,
+                          tooltip=tooltip)
+
+
+def jacobi_inputs() -> list:
+    """SJD's widgets, shared by GSD."""
+    return [
+        io.Int.Input("window", default=SPEC.window, min=2, max=256,
+                     tooltip="Tokens per forward: the last fixed token plus window-1 draft tokens verified at once. "
+                             "At most this many tokens are fixed per forward; larger windows cost more per forward. "
+                             "16-32 is a good start."),
+        io.Combo.Input("init", options=list(INIT_STRATEGIES), default=SPEC.init,
+                       tooltip="How new draft tokens are initialised: random codes, copies of the token to the left "
+                               "(horizontal) or above (vertical), or samples from the latest distribution of the left "
+                               "or above position. All are lossless; the better the guess, the more tokens per forward."),
+        io.Combo.Input("coupling", options=list(COUPLINGS), default=SPEC.coupling,
+                       tooltip="How a draft is redrawn after a rejection: independent resampling (SJD), maximal "
+                               "coupling, or Gumbel coupling (SCD), which keeps drafts stable across iterations. "
+                               "All are lossless."),
+    ]
+
+
+class SamplerBase(io.ComfyNode):
+    """Shared widgets and execution; subclasses set the class attributes and ``decoder_inputs``/``spec``."""
+
+    DECODER = "ar"
+    NODE_ID = DISPLAY = DESCRIPTION = ""
+
+    @classmethod
+    def decoder_inputs(cls) -> list:
+        return []
+
+    @classmethod
+    def spec(cls, **decoder_widgets) -> DecoderSpec:
+        return DecoderSpec(decoder=cls.DECODER)
+
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id=cls.NODE_ID,
+            display_name=cls.DISPLAY,
+            category="FastAR/sampling",
+            description=cls.DESCRIPTION,
+            inputs=[
+                FastARModel.Input("model", tooltip="The AR model (FastAR Load AR Model)."),
+                FastARConditioning.Input("conditioning", tooltip="FastAR Class Label or FastAR Text Conditioning."),
+                FastARVQ.Input("preview_vq", optional=True,
+                               tooltip="Optional: the VQ decoder, for a live preview of the partly decoded image "
+                                       "(shown when ComfyUI runs with --preview-method other than none)."),
+                io.Int.Input("seed", default=0, min=0, max=SEED_MAX, control_after_generate=True,
+                             tooltip="All randomness comes from this seed: same seed, settings and device give the "
+                                     "same image."),
+                slider("cfg", SAMPLING.cfg_scale, 0.0, 20.0, 0.1,
+                       "Classifier-free guidance scale: higher follows the class or prompt more closely, 1.0 turns "
+                       "guidance off (and halves the work)."),
+                slider("temperature", SAMPLING.temperature, 0.0, 2.0, 0.01,
+                       "Sampling temperature: 1.0 is the model's distribution, lower is more conservative, 0 is "
+                       "greedy."),
+                io.Int.Input("top_k", default=SAMPLING.top_k, min=0, max=1_000_000,
+                             tooltip="Sample only among the k most likely codes (0 = off)."),
+                slider("top_p", SAMPLING.top_p, 0.0, 1.0, 0.01,
+                       "Nucleus sampling: keep the most likely codes that cover this probability mass (1.0 = off, "
+                       "must be above 0)."),
+                io.Int.Input("batch", default=1, min=1, max=64,
+                             tooltip="Images per run, all with the same conditioning (each row is its own sample)."),
+                *cls.decoder_inputs(),
+            ],
+            outputs=[
+                FastARTokens.Output("tokens", display_name="tokens", tooltip="Image tokens: connect to FastAR VQ Decode."),
+                FastARStats.Output("stats", display_name="stats", tooltip="Decode statistics: connect to FastAR Stats or FastAR "
+                                                    "Acceptance Map."),
+            ],
+            hidden=[io.Hidden.unique_id],
+        )
+
+    @classmethod
+    def validate_inputs(cls, cfg, temperature, top_k, top_p):
+        try:
+            SamplingSettings(cfg_scale=cfg, temperature=temperature, top_k=top_k, top_p=top_p).validate()
+        except FastARError as e:
+            return str(e)
+        return True
+
+    @classmethod
+    def execute(cls, model: ModelHandle, conditioning: Conditioning, seed, cfg, temperature, top_k, top_p, batch,
+                preview_vq: ModelHandle | None = None, **decoder_widgets) -> io.NodeOutput:
+        ar = model.module
+        if conditioning.model_type != ar.cfg.model_type:
+            kind = {"c2i": "class-to-image", "t2i": "text-to-image"}
+            raise FastARError(f"the conditioning is for a {kind[conditioning.model_type]} model but {model.name} is "
+                              f"{kind.get(ar.cfg.model_type, ar.cfg.model_type)}: use "
+                              f"{'FastAR Class Label' if ar.cfg.model_type == 'c2i' else 'FastAR Text Conditioning'}")
+        sampling = SamplingSettings(cfg_scale=cfg, temperature=temperature, top_k=top_k, top_p=top_p).validate()
+        spec = cls.spec(**decoder_widgets)
+        rows = repeat_rows(conditioning.rows, batch)
+        vq = preview_vq.module if preview_vq is not None and glue.previews_enabled() else None
+        if vq is not None and vq.cfg.codebook_size != ar.vocab_size:
+            vq = None  # FastAR VQ Decode reports the mismatch
+        patchers = [model.patcher] + ([preview_vq.patcher] if vq is not None else [])
+        glue.load_for_inference(patchers, working_memory(ar, batch, sampling.use_cfg, spec))
+
+        total = ar.grid[0] * ar.grid[1]
+        preview = (lambda tokens, done: glue.partial_image(vq, tokens, done, ar.grid)) if vq is not None else None
+        progress = glue.DecodeProgress(cls.hidden.unique_id, total, spec.decoder.upper(), preview)
+        try:
+            codes, stats = decode(ar, rows, sampling, spec, seed=seed, on_iteration=progress)
+        finally:
+            glue.free_cache()
+        stats.settings = {**stats.settings, "seed": seed, "cfg": cfg, "temperature": temperature, "top_k": top_k,
+                          "top_p": top_p, "conditioning": conditioning.label, "model": model.name}
+        return io.NodeOutput(Tokens(codes.cpu(), tuple(ar.grid), ar.vocab_size), stats)
+
+
+def repeat_rows(rows, batch: int):
+    if isinstance(rows, ClassConditioning):
+        return ClassConditioning(rows.labels.repeat(batch))
+    if isinstance(rows, CaptionConditioning):
+        return CaptionConditioning(rows.embeddings.repeat(batch, 1, 1), rows.mask.repeat(batch, 1))
+    raise FastARError("unknown conditioning: connect FastAR Class Label or FastAR Text Conditioning")
+
+
+def working_memory(ar, batch: int, use_cfg: bool, spec: DecoderSpec) -> int:
+    """Bytes a decode needs beyond the weights, asked for up front: the static KV cache (what
+    ``session.cache_bytes`` will be) plus the per-forward activations and processed distributions."""
+    cfg = ar.cfg
+    window = 1 if spec.decoder == "ar" else spec.window
+    rows = batch * (2 if use_cfg else 1)
+    slots = cfg.cls_token_num + cfg.num_tokens + window
+    element = torch.finfo(ar.dtype).bits // 8
+    kv_cache = 2 * cfg.n_layer * rows * cfg.n_kv_head * slots * cfg.head_dim * element
+    activations = rows * (window + cfg.cls_token_num) * (cfg.dim * 4 + cfg.ffn_hidden * 3) * element * 2
+    distributions = 8 * batch * window * cfg.vocab_size * 4  # p, q, residuals, noise in fp32
+    return int(kv_cache + activations + distributions)
+
+
+class SamplerAR(SamplerBase):
+    DECODER = "ar"
+    NODE_ID = "FastARSamplerAR"
+    DISPLAY = "FastAR Sampler (AR baseline)"
+    DESCRIPTION = ("Plain autoregressive sampling, one model forward per token: the exact baseline the "
+                   "accelerated samplers are measured against.")
+
+
+class SamplerSJD(SamplerBase):
+    DECODER = "sjd"
+    NODE_ID = "FastARSamplerSJD"
+    DISPLAY = "FastAR Sampler (SJD, lossless)"
+    DESCRIPTION = ("Speculative Jacobi Decoding: verifies a window of draft tokens per forward and keeps the "
+                   "accepted ones, so several tokens are fixed per forward. " + LOSSLESS_NOTE)
+
+    @classmethod
+    def decoder_inputs(cls) -> list:
+        return jacobi_inputs()
+
+    @classmethod
+    def spec(cls, window=SPEC.window, init=SPEC.init, coupling=SPEC.coupling, **more) -> DecoderSpec:
+        return DecoderSpec(decoder=cls.DECODER, window=window, init=init, coupling=coupling, **more)
+
+
+class SamplerGSD(SamplerSJD):
+    DECODER = "gsd"
+    NODE_ID = "FastARSamplerGSD"
+    DISPLAY = "FastAR Sampler (GSD, relaxed)"
+    DESCRIPTION = ("Grouped Speculative Decoding: SJD that also accepts a draft when a group of similar, similarly "
+                   "likely codes covers it. Faster than SJD. " + RELAXED_NOTE)
+
+    @classmethod
+    def decoder_inputs(cls) -> list:
+        return [
+            *jacobi_inputs(),
+            io.Int.Input("group", default=SPEC.group, min=1, max=1000,
+                         tooltip="Group size G, the speed/quality slider: how many similar codes may stand in for a "
+                                 "draft. 1 = exactly SJD (lossless); larger is faster and less faithful."),
+            slider("prob_threshold", SPEC.prob_threshold, 0.0, 1.0, 0.01,
+                   "Drop group members whose probability differs from the draft's by more than this."),
+            slider("distance_threshold", SPEC.distance_threshold, 0.0, 4.0, 0.01,
+                   "Drop group members whose code embedding is farther from the draft's than this (in units of "
+                   "the mean squared distance between two codes)."),
+        ]
+
+    @classmethod
+    def spec(cls, group=SPEC.group, prob_threshold=SPEC.prob_threshold,
+             distance_threshold=SPEC.distance_threshold, **jacobi) -> DecoderSpec:
+        return super().spec(group=group, prob_threshold=prob_threshold, distance_threshold=distance_threshold,
+                            **jacobi)

@@ -1,0 +1,48 @@
+"""What travels between FastAR nodes (the payloads of the custom socket types). Plain data, no ComfyUI.
+
+ComfyUI caches node outputs, so these objects are shared between runs: nodes never mutate them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Socket type names, as they appear in /object_info and in saved workflows: never rename them.
+MODEL_TYPE = "FASTAR_MODEL"
+VQ_TYPE = "FASTAR_VQ"
+CONDITIONING_TYPE = "FASTAR_CONDITIONING"
+TOKENS_TYPE = "FASTAR_TOKENS"
+STATS_TYPE = "FASTAR_STATS"
+
+
+@dataclass(frozen=True)
+class ModelHandle:
+    """A loaded model (AR model or VQ decoder) under ComfyUI's memory management."""
+
+    patcher: object  # a comfy ModelPatcher whose .model is a nodes.comfy_glue.Holder
+    name: str  # the file or folder name, for messages
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The FastAR model itself (LlamaGenGPT, VQModel)."""
+        return self.patcher.model.inner
+
+
+@dataclass(frozen=True)
+class Conditioning:
+    """Conditioning for one image; the sampler repeats it over its batch. ``rows`` is a protocol
+    conditioning (ClassConditioning or CaptionConditioning) with one row, on the CPU."""
+
+    model_type: str  # "c2i" or "t2i"
+    rows: object
+    label: str  # how the stats and messages name it ("class 3 (ring)", "text: a red cube")
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Image codes in raster order, ``codes`` [B, h*w] int64 on the CPU."""
+
+    codes: torch.Tensor
+    grid: tuple[int, int]
+    vocab_size: int

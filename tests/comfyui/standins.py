@@ -1,0 +1,122 @@
+"""Tiny stand-in checkpoints for the ComfyUI tests, written in the formats of the real ones:
+a demo-like c2i model (FastAR safetensors with class names) and its VQ, an official-format LlamaGen c2i
+``.pt`` (1000 classes) and its ``vq_ds16``-style ``.pt``, a t2i model with a tiny FLAN-T5 folder, a slow
+model for the interrupt test, and a corrupt file. Random weights: the images are noise, the plumbing is real.
+
+Run as a script to write them into a folder: ``python tests/comfyui/standins.py DIR [--demo]``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from fastar.model_loaders.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
+from fastar.model_loaders.vq import VQConfig, VQModel
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "comfyui"))
+from workflows import FLAN_T5, LLAMAGEN_C2I, LLAMAGEN_T2I, LLAMAGEN_VQ_C2I, LLAMAGEN_VQ_T2I  # noqa: E402
+
+DEMO_CLASSES = ["circle", "square", "triangle", "stripes", "checkerboard", "ring", "cross", "blob"]
+VQ_CONFIG = VQConfig(codebook_size=512, embed_dim=8, z_channels=64, ch=32, ch_mult=(1, 1, 2, 2), num_res_blocks=1,
+                     with_encoder=False)
+
+
+def randomised(module: torch.nn.Module, seed: int, scale: float = 0.2) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return {k: (torch.randn(v.shape, generator=generator) * scale).contiguous() for k, v in module.state_dict().items()}
+
+
+def gpt_sd(cfg: LlamaGenConfig, seed: int) -> dict[str, torch.Tensor]:
+    with torch.device("meta"):
+        model = LlamaGenGPT(cfg)
+    return randomised(model, seed)
+
+
+def vq_sd(seed: int) -> dict[str, torch.Tensor]:
+    with torch.device("meta"):
+        model = VQModel(VQ_CONFIG)
+    return randomised(model, seed, 0.1)
+
+
+def save_with_config(path: Path, sd, cfg) -> Path:
+    save_file(sd, str(path), metadata={"fastar_config": json.dumps(dataclasses.asdict(cfg))})
+    return path
+
+
+def demo_config(**overrides) -> LlamaGenConfig:
+    fields = dict(dim=64, n_layer=2, n_head=4, vocab_size=512, grid=(16, 16), model_type="c2i", num_classes=8,
+                  class_names=list(DEMO_CLASSES))
+    return LlamaGenConfig(**{**fields, **overrides})
+
+
+def write_demo(folder: Path) -> None:
+    """demo_c2i.safetensors + demo_vq.safetensors, shaped like the bundled demo models."""
+    save_with_config(folder / "demo_c2i.safetensors", gpt_sd(demo_config(), 1), demo_config())
+    save_with_config(folder / "demo_vq.safetensors", vq_sd(2), VQ_CONFIG)
+
+
+def write_llamagen(folder: Path) -> None:
+    """Official-format pickles under the names of the LlamaGen release (the real-checkpoint workflows
+    name them): a 1000-class c2i GPT with training args, its VQ, and a t2i GPT (caption dim 32, 120
+    caption tokens as the official ones) with a tiny FLAN-T5 folder."""
+    args = argparse.Namespace(gpt_model="custom", image_size=128, downsample_size=8, n_head=4)
+    c2i = LlamaGenConfig(dim=64, n_layer=2, n_head=4, vocab_size=512, grid=(16, 16), num_classes=1000)
+    torch.save({"model": gpt_sd(c2i, 3), "args": args}, folder / LLAMAGEN_C2I)
+    torch.save({"model": vq_sd(4)}, folder / LLAMAGEN_VQ_C2I)
+    t2i = LlamaGenConfig(dim=64, n_layer=2, n_head=4, vocab_size=512, grid=(16, 16), model_type="t2i",
+                         caption_dim=32, cls_token_num=120)
+    torch.save({"model": gpt_sd(t2i, 5), "args": args}, folder / LLAMAGEN_T2I)
+    torch.save({"model": vq_sd(7)}, folder / LLAMAGEN_VQ_T2I)
+    write_t5(folder / FLAN_T5.rstrip("/"))
+
+
+def write_t5(folder: Path) -> None:
+    """A random 1-layer T5 encoder (d_model 32) with a word-level tokenizer: a real transformers folder."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, T5Config, T5EncoderModel
+
+    folder.mkdir(parents=True, exist_ok=True)
+    words = "<pad> </s> <unk> a an the photo of red green blue cube apple ball on wooden table".split()
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+    fast.save_pretrained(folder)
+    config = T5Config(vocab_size=len(words), d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4,
+                      decoder_start_token_id=0)
+    torch.manual_seed(0)
+    T5EncoderModel(config).save_pretrained(folder)
+
+
+def write_slow(folder: Path) -> None:
+    """A wider model on a 32x32 grid: an AR decode of it takes many seconds on a CPU (interrupt test)."""
+    cfg = demo_config(dim=256, n_layer=6, n_head=8, grid=(32, 32), class_names=[])
+    save_with_config(folder / "slow_c2i.safetensors", gpt_sd(cfg, 6), cfg)
+
+
+def write_corrupt(folder: Path) -> None:
+    data = (folder / "demo_c2i.safetensors").read_bytes() if (folder / "demo_c2i.safetensors").exists() else b""
+    (folder / "corrupt_c2i.pt").write_bytes(b"PK\x03\x04 not really a checkpoint" + data[:100])
+
+
+def write_all(folder: Path, demo: bool) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    if demo:
+        write_demo(folder)
+    write_llamagen(folder)
+    write_slow(folder)
+    write_corrupt(folder)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--demo", action="store_true", help="also write demo_c2i/demo_vq stand-ins")
+    a = parser.parse_args()
+    write_all(a.folder, a.demo)
+    print(f"stand-ins written to {a.folder}", file=sys.stderr)

@@ -1,0 +1,225 @@
+"""Writes the example workflows in workflows/ (UI format, as the web UI saves them) from a running
+ComfyUI's /object_info, so sockets and widget order always match the nodes. Thumbnails (.jpg) are made
+by tools/comfyui/browser.py from the canvas.
+
+    .comfyui/venv/bin/python tools/comfyui/workflows.py     # starts its own ComfyUI, writes workflows/*.json
+"""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import harness
+
+OUT = harness.ROOT / "workflows"
+WIDGET_TYPES = ("INT", "FLOAT", "STRING", "BOOLEAN", "COMBO")
+
+# Files the real-checkpoint workflows name: the LlamaGen release's own file names.
+LLAMAGEN_C2I = "c2i_L_256.pt"
+LLAMAGEN_VQ_C2I = "vq_ds16_c2i.pt"
+LLAMAGEN_T2I = "t2i_XL_stage1_256.pt"
+LLAMAGEN_VQ_T2I = "vq_ds16_t2i.pt"
+FLAN_T5 = "flan-t5-xl/"
+
+
+class Graph:
+    def __init__(self, info: dict):
+        self.info, self.nodes, self.links, self.groups = info, [], [], []
+
+    def node(self, kind: str, pos, widgets=(), title=None, width=320, color=None):
+        info = self.info.get(kind)
+        inputs, outputs, height = [], [], 46
+        if info is not None:
+            for section in ("required", "optional"):
+                for name, spec in info["input"].get(section, {}).items():
+                    is_widget = isinstance(spec[0], list) or spec[0] in WIDGET_TYPES
+                    height += 26 if is_widget else 22
+                    if not is_widget:
+                        inputs.append({"name": name, "type": spec[0], "link": None})
+            for i, (name, kind_out) in enumerate(zip(info["output_name"], info["output"])):
+                outputs.append({"name": name, "type": kind_out, "links": [], "slot_index": i})
+            height += 22 * max(len(info["output"]) - len(inputs), 0)
+        node = {"id": len(self.nodes) + 1, "type": kind, "pos": list(pos), "size": [width, height], "flags": {},
+                "order": len(self.nodes), "mode": 0, "inputs": inputs, "outputs": outputs,
+                "properties": {"Node name for S&R": kind}, "widgets_values": list(widgets)}
+        if title:
+            node["title"] = title
+        if color:
+            node["color"], node["bgcolor"] = color
+        self.nodes.append(node)
+        return node
+
+    def note(self, pos, text: str, width=420, height=180, title="Note"):
+        node = self.node("Note", pos, [text], title=title, width=width)
+        node["size"] = [width, height]
+        return node
+
+    def connect(self, src: dict, output: str, dst: dict, input_name: str):
+        slot = next(o for o in src["outputs"] if o["name"] == output)
+        target = next(i for i in dst["inputs"] if i["name"] == input_name)
+        link_id = len(self.links) + 1
+        self.links.append([link_id, src["id"], slot["slot_index"], dst["id"], dst["inputs"].index(target), slot["type"]])
+        slot["links"].append(link_id)
+        target["link"] = link_id
+
+    def group(self, title, bounding, color="#3f789e"):
+        self.groups.append({"title": title, "bounding": list(bounding), "color": color, "font_size": 24, "flags": {}})
+
+    def to_json(self) -> dict:
+        return {"last_node_id": len(self.nodes), "last_link_id": len(self.links), "nodes": self.nodes,
+                "links": self.links, "groups": self.groups, "config": {}, "extra": {"ds": {"scale": 0.8,
+                "offset": [40, 60]}}, "version": 0.4}
+
+
+def sampler_widgets(seed=7, cfg=4.0, temperature=1.0, top_k=0, top_p=1.0, batch=1):
+    return [seed, "fixed", cfg, temperature, top_k, top_p, batch]
+
+
+SJD = dict(window=16, init="random", coupling="independent")
+
+
+def loaders(g: Graph, model: str, vq: str, y=0):
+    ar = g.node("FastARLoadModel", (0, y), [model, "auto"])
+    vq_node = g.node("FastARLoadVQ", (0, y + 140), [vq, "auto"])
+    return ar, vq_node
+
+
+def demo_sjd(info) -> dict:
+    g = Graph(info)
+    ar, vq = loaders(g, "demo_c2i.safetensors", "demo_vq.safetensors")
+    label = g.node("FastARClassLabel", (0, 290), ["circle (demo 0)", -1])
+    sampler = g.node("FastARSamplerSJD", (360, 0), sampler_widgets(batch=4) + [32, "random", "independent"])
+    decode = g.node("FastARVQDecode", (720, 0), [])
+    save = g.node("SaveImage", (1060, 0), ["FastAR_demo"], width=360)
+    stats = g.node("FastARStats", (720, 120), [], width=320)
+    amap = g.node("FastARAcceptanceMap", (720, 420), [16])
+    preview = g.node("PreviewImage", (1060, 420), [], width=360)
+    for dst in (label, sampler):
+        g.connect(ar, "model", dst, "model")
+    g.connect(label, "conditioning", sampler, "conditioning")
+    g.connect(vq, "vq", sampler, "preview_vq")
+    g.connect(vq, "vq", decode, "vq")
+    g.connect(sampler, "tokens", decode, "tokens")
+    g.connect(decode, "image", save, "images")
+    g.connect(sampler, "stats", stats, "stats")
+    g.connect(sampler, "stats", amap, "stats")
+    g.connect(amap, "image", preview, "images")
+    g.note((0, 430), "FastAR demo: Speculative Jacobi Decoding (SJD) on the bundled demo model, no download.\n\n"
+                     "Press Queue. The sampler shows a live preview (start ComfyUI with --preview-method auto), "
+                     "FastAR Stats shows how many tokens each model forward fixed, and the acceptance map shows "
+                     "when each token was fixed.\n\nSJD is lossless: same distribution as plain AR sampling.",
+           width=320, height=260)
+    return g.to_json()
+
+
+def compare(info) -> dict:
+    g = Graph(info)
+    ar, vq = loaders(g, "demo_c2i.safetensors", "demo_vq.safetensors")
+    label = g.node("FastARClassLabel", (0, 290), ["ring (demo 5)", -1])
+    g.connect(ar, "model", label, "model")
+    g.note((0, 430), "AR vs SJD vs GSD on the same class and seed.\n\nAR is the exact baseline (one forward per "
+                     "token). SJD is lossless (same distribution as AR, but a given seed gives a different image). "
+                     "GSD is relaxed: it trades fidelity for speed; group 1 is exactly SJD.\n\nThe SJD and GSD "
+                     "stats take the AR stats as baseline and show the measured speed-up.",
+           width=320, height=280)
+    rows = [("FastARSamplerAR", "AR (baseline)", []),
+            ("FastARSamplerSJD", "SJD (lossless)", [16, "random", "independent"]),
+            ("FastARSamplerGSD", "GSD (relaxed)", [16, "random", "independent", 10, 0.15, 0.5])]
+    ar_stats = None
+    for i, (kind, title, extra) in enumerate(rows):
+        y = i * 560
+        sampler = g.node(kind, (360, y), sampler_widgets(seed=3) + extra, title=f"Sampler: {title}")
+        decode = g.node("FastARVQDecode", (720, y), [])
+        image = g.node("PreviewImage", (1060, y), [], title=f"Image: {title}", width=300)
+        stats = g.node("FastARStats", (720, y + 110), [], title=f"Stats: {title}")
+        amap = g.node("FastARAcceptanceMap", (1380, y), [16])
+        amap_view = g.node("PreviewImage", (1380, y + 110), [], title=f"Acceptance map: {title}", width=300)
+        g.connect(ar, "model", sampler, "model")
+        g.connect(label, "conditioning", sampler, "conditioning")
+        g.connect(vq, "vq", sampler, "preview_vq")
+        g.connect(vq, "vq", decode, "vq")
+        g.connect(sampler, "tokens", decode, "tokens")
+        g.connect(decode, "image", image, "images")
+        g.connect(sampler, "stats", stats, "stats")
+        g.connect(sampler, "stats", amap, "stats")
+        g.connect(amap, "image", amap_view, "images")
+        if ar_stats is None:
+            ar_stats = sampler
+        else:
+            g.connect(ar_stats, "stats", stats, "ar_baseline")
+        g.group(title, (340, y - 40, 1360, 540))
+    return g.to_json()
+
+
+def llamagen_c2i(info) -> dict:
+    g = Graph(info)
+    ar, vq = loaders(g, LLAMAGEN_C2I, LLAMAGEN_VQ_C2I)
+    label = g.node("FastARClassLabel", (0, 290), ["golden retriever (207)", -1])
+    sampler = g.node("FastARSamplerSJD", (360, 0), sampler_widgets(seed=42, top_k=2000) + [32, "random", "gumbel"])
+    decode = g.node("FastARVQDecode", (720, 0), [])
+    save = g.node("SaveImage", (1060, 0), ["FastAR_llamagen_c2i"], width=360)
+    stats = g.node("FastARStats", (720, 120), [])
+    for dst in (label, sampler):
+        g.connect(ar, "model", dst, "model")
+    g.connect(label, "conditioning", sampler, "conditioning")
+    g.connect(vq, "vq", sampler, "preview_vq")
+    g.connect(vq, "vq", decode, "vq")
+    g.connect(sampler, "tokens", decode, "tokens")
+    g.connect(decode, "image", save, "images")
+    g.connect(sampler, "stats", stats, "stats")
+    g.note((0, 430), f"LlamaGen class-to-image (ImageNet) with SJD.\n\nDownload from the LlamaGen release "
+                     f"(FoundationVision/LlamaGen on Hugging Face) into ComfyUI/models/fastar/:\n- {LLAMAGEN_C2I} "
+                     f"(or any c2i_*.pt: B, L, XL, XXL, 3B; 256 or 384 px)\n- {LLAMAGEN_VQ_C2I}\nthen press R and "
+                     "pick them in the loaders. Official settings: cfg 4.0, top-k 2000.", width=320, height=260)
+    return g.to_json()
+
+
+def llamagen_t2i(info) -> dict:
+    g = Graph(info)
+    ar, vq = loaders(g, LLAMAGEN_T2I, LLAMAGEN_VQ_T2I)
+    text = g.node("FastARTextConditioning", (0, 290), ["a photo of a red apple on a wooden table", FLAN_T5],
+                  width=320)
+    sampler = g.node("FastARSamplerSJD", (360, 0), sampler_widgets(seed=42, cfg=7.5) + [32, "random", "gumbel"])
+    decode = g.node("FastARVQDecode", (720, 0), [])
+    save = g.node("SaveImage", (1060, 0), ["FastAR_llamagen_t2i"], width=360)
+    stats = g.node("FastARStats", (720, 120), [])
+    for dst in (text, sampler):
+        g.connect(ar, "model", dst, "model")
+    g.connect(text, "conditioning", sampler, "conditioning")
+    g.connect(vq, "vq", sampler, "preview_vq")
+    g.connect(vq, "vq", decode, "vq")
+    g.connect(sampler, "tokens", decode, "tokens")
+    g.connect(decode, "image", save, "images")
+    g.connect(sampler, "stats", stats, "stats")
+    g.note((0, 500), f"LlamaGen text-to-image with SJD.\n\nDownload into ComfyUI/models/fastar/:\n- {LLAMAGEN_T2I} "
+                     f"(or t2i_XL_stage2_512.pt) and {LLAMAGEN_VQ_T2I} from the LlamaGen release "
+                     "(FoundationVision/LlamaGen on Hugging Face)\n- the google/flan-t5-xl repository as a folder "
+                     "named flan-t5-xl (models/fastar or models/text_encoders)\nthen press R. Official setting: "
+                     "cfg 7.5.", width=320, height=250)
+    return g.to_json()
+
+
+WORKFLOWS = {
+    "fastar_demo_sjd": demo_sjd,
+    "fastar_compare_ar_sjd_gsd": compare,
+    "fastar_llamagen_c2i": llamagen_c2i,
+    "fastar_llamagen_t2i": llamagen_t2i,
+}
+
+
+def write_all(info: dict, out: Path = OUT) -> list[Path]:
+    out.mkdir(exist_ok=True)
+    paths = []
+    for name, build in WORKFLOWS.items():
+        path = out / f"{name}.json"
+        path.write_text(json.dumps(build(info), indent=1) + "\n")
+        paths.append(path)
+    return paths
+
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory() as base, harness.Server(Path(base)) as server:
+        for p in write_all(server.object_info()):
+            print(f"wrote {p.relative_to(harness.ROOT)}", file=sys.stderr)
