@@ -116,7 +116,7 @@ def progress_text(text: str, node_id) -> None:
 class DecodeProgress:
     """The ``on_iteration`` callback of a decode: honours Cancel within one iteration, drives the
     progress bar, and sends a live preview of the partly decoded image (throttled: a VQ decode costs,
-    so previews take at most about a sixth of the time)."""
+    so previews take at most about a sixth of the time; the last one shows the finished image)."""
 
     MIN_UPDATE_S = 0.1
     FIRST_PREVIEW_S = 0.3
@@ -137,7 +137,7 @@ class DecodeProgress:
             return
         self.last_update = now
         image = None
-        if self.preview is not None and now >= self.next_preview and done < total:
+        if self.preview is not None and (now >= self.next_preview or done >= total):
             image = self.preview(tokens, done)
             cost = time.perf_counter() - now
             self.next_preview = time.perf_counter() + max(self.MIN_PREVIEW_S, 5 * cost)

@@ -1,0 +1,203 @@
+"""Drive the real ComfyUI web UI in headless Debian Chromium (through Playwright, no browser download):
+load a workflow from workflows/ into the canvas, press Run, wait for the run to finish, take screenshots.
+
+    python tools/comfyui/browser.py run --url URL --workflow workflows/x.json --screenshot out.png
+    python tools/comfyui/browser.py thumbnail --url URL --workflow workflows/x.json --out workflows/x.jpg
+
+Runs under .comfyui/venv (which has playwright). Prints one JSON line with what happened; exits non-zero
+when the run did not succeed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+
+# Registered before the app loads: records the server's execution events of this tab.
+LISTEN = """
+window.__fastar = {events: [], previews: 0};
+"""
+HOOK = """
+() => {
+  const api = window.comfyAPI?.api?.api ?? window.app?.api;
+  for (const kind of ["execution_start", "execution_success", "execution_error", "execution_interrupted",
+                      "executed", "progress"]) {
+    api.addEventListener(kind, (e) => window.__fastar.events.push({kind, detail: e.detail}));
+  }
+  api.addEventListener("b_preview", () => { window.__fastar.previews += 1; });
+  return true;
+}
+"""
+
+
+def open_ui(playwright, url: str, size=(1600, 1000)):
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+    page = browser.new_page(viewport={"width": size[0], "height": size[1]})
+    page.add_init_script(LISTEN)
+    page.goto(url, wait_until="domcontentloaded", timeout=120_000)
+    page.wait_for_function("() => window.app && window.app.graph && (window.comfyAPI?.api?.api ?? window.app.api)",
+                           timeout=120_000)
+    page.evaluate(HOOK)
+    time.sleep(1.5)  # first-run dialogs (the template browser for a new user) open now
+    return browser, page
+
+
+def close_dialogs(page) -> None:
+    for _ in range(3):
+        page.keyboard.press("Escape")
+        time.sleep(0.2)
+
+
+def load_from_templates(page, workflow: Path) -> bool:
+    """What an artist does: open the template browser, pick the pack, click the workflow's card."""
+    name = Path(workflow).stem
+    expected = len(json.loads(Path(workflow).read_text())["nodes"])
+    try:
+        card = page.get_by_text(name, exact=True).first
+        if not card.is_visible():
+            close_dialogs(page)
+            page.get_by_text("Templates", exact=True).first.click(timeout=5_000)
+        page.get_by_text("FastAR", exact=True).first.click(timeout=10_000)
+        page.get_by_text(name, exact=True).first.click(timeout=10_000)
+        page.wait_for_function("(n) => window.app.graph._nodes.length === n", arg=expected, timeout=20_000)
+    except Exception as e:  # noqa: BLE001 - any UI difference: report and fall back
+        print(f"template browser path failed ({type(e).__name__}: {str(e).splitlines()[0]})", file=sys.stderr)
+        return False
+    close_dialogs(page)
+    return True
+
+
+def load_workflow(page, workflow: Path) -> None:
+    """What opening the file in the UI does: the graph replaces the canvas."""
+    data = json.loads(Path(workflow).read_text())
+    page.evaluate("async (data) => { await window.app.loadGraphData(data); }", data)
+    page.wait_for_function("(n) => window.app.graph._nodes.length === n",
+                           arg=len(data["nodes"]), timeout=30_000)
+    time.sleep(0.5)
+
+
+FIT = """
+() => {
+  const c = window.app.canvas, nodes = window.app.graph._nodes;
+  if (!nodes.length) return;
+  let [x0, y0, x1, y1] = [Infinity, Infinity, -Infinity, -Infinity];
+  for (const n of nodes) {
+    x0 = Math.min(x0, n.pos[0]); y0 = Math.min(y0, n.pos[1] - 30);
+    x1 = Math.max(x1, n.pos[0] + n.size[0]); y1 = Math.max(y1, n.pos[1] + n.size[1]);
+  }
+  const w = c.canvas.width / (window.devicePixelRatio || 1), h = c.canvas.height / (window.devicePixelRatio || 1);
+  const scale = Math.min(1.0, (w - 120) / (x1 - x0), (h - 160) / (y1 - y0));
+  c.ds.scale = scale;
+  c.ds.offset = [60 / scale - x0, 110 / scale - y0];
+  c.setDirty(true, true);
+}
+"""
+
+
+def fit_view(page) -> None:
+    """Show the whole graph (as the UI's fit-view does)."""
+    page.evaluate(FIT)
+    time.sleep(0.3)
+
+
+def press_run(page) -> str:
+    """Click the UI's Run (Queue) button; falls back to the app's own queue call if no button is found."""
+    for selector in ('[data-testid="queue-button"]', 'button:has-text("Run")', 'button:has-text("Queue")'):
+        button = page.locator(selector).first
+        if button.count() and button.is_visible():
+            button.click()
+            return selector
+    page.evaluate("() => window.app.queuePrompt(0, 1)")
+    return "app.queuePrompt"
+
+
+def wait_for_run(page, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        events = page.evaluate("() => window.__fastar.events.map(e => e.kind)")
+        for end in ("execution_success", "execution_error", "execution_interrupted"):
+            if end in events:
+                return {"result": end, "events": events}
+        time.sleep(0.5)
+    return {"result": "timeout", "events": page.evaluate("() => window.__fastar.events.map(e => e.kind)")}
+
+
+def command_run(args) -> int:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser, page = open_ui(p, args.url)
+        try:
+            from_templates = load_from_templates(page, args.workflow)
+            if not from_templates:
+                close_dialogs(page)
+                load_workflow(page, args.workflow)
+            fit_view(page)
+            page.screenshot(path=str(args.screenshot.with_name(args.screenshot.stem + "_loaded.png")))
+            how = press_run(page)
+            outcome = wait_for_run(page, args.timeout)
+            time.sleep(1.5)  # images and the stats text arrive with the last events
+            fit_view(page)
+            page.screenshot(path=str(args.screenshot))
+            errors = page.evaluate(
+                "() => window.__fastar.events.filter(e => e.kind === 'execution_error').map(e => e.detail)")
+            executed = page.evaluate(
+                "() => window.__fastar.events.filter(e => e.kind === 'executed').map(e => e.detail.node)")
+            previews = page.evaluate("() => window.__fastar.previews")
+            stats_text = page.evaluate("""() => window.app.graph._nodes.filter(n => n.type === 'FastARStats')
+                .map(n => (n.widgets || []).filter(w => w.name === 'fastar_stats').map(w => w.value).join(''))""")
+        finally:
+            browser.close()
+    report = {"loaded_from": "template browser" if from_templates else "app.loadGraphData", "queued_with": how, "result": outcome["result"], "executed_nodes": executed, "errors": errors,
+              "previews": previews, "stats_text": stats_text, "screenshot": str(args.screenshot)}
+    print(json.dumps(report))
+    return 0 if outcome["result"] == "execution_success" else 1
+
+
+def command_thumbnail(args) -> int:
+    from PIL import Image
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser, page = open_ui(p, args.url, size=(1600, 1000))
+        try:
+            close_dialogs(page)
+            load_workflow(page, args.workflow)
+            fit_view(page)
+            png = args.out.with_suffix(".png.tmp")
+            page.locator("canvas").first.screenshot(path=str(png), type="png")
+        finally:
+            browser.close()
+    image = Image.open(png).convert("RGB")
+    image.thumbnail((args.width, args.width))
+    image.save(args.out, "JPEG", quality=82)
+    png.unlink()
+    print(json.dumps({"thumbnail": str(args.out), "size": image.size}))
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run")
+    run.add_argument("--url", required=True)
+    run.add_argument("--workflow", type=Path, required=True)
+    run.add_argument("--screenshot", type=Path, required=True)
+    run.add_argument("--timeout", type=float, default=300)
+    thumb = sub.add_parser("thumbnail")
+    thumb.add_argument("--url", required=True)
+    thumb.add_argument("--workflow", type=Path, required=True)
+    thumb.add_argument("--out", type=Path, required=True)
+    thumb.add_argument("--width", type=int, default=640)
+    args = parser.parse_args(argv)
+    return {"run": command_run, "thumbnail": command_thumbnail}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
