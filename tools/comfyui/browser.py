@@ -171,10 +171,12 @@ def command_thumbnail(args) -> int:
             load_workflow(page, args.workflow)
             fit_view(page)
             png = args.out.with_suffix(".png.tmp")
-            page.locator("canvas").first.screenshot(path=str(png), type="png")
+            target = page.locator("#graph-canvas")
+            (target if target.count() else page).screenshot(path=str(png), type="png")
         finally:
             browser.close()
     image = Image.open(png).convert("RGB")
+    image = image.crop((56, 72, image.width, image.height))  # no banner, tabs or side bar
     image.thumbnail((args.width, args.width))
     image.save(args.out, "JPEG", quality=82)
     png.unlink()

@@ -5,12 +5,15 @@ format that /prompt takes. Standard library only: it runs under any Python.
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -196,6 +199,78 @@ def execution_error(entry: dict) -> dict | None:
 
 def output_images(entry: dict) -> list[dict]:
     return [image for output in entry.get("outputs", {}).values() for image in output.get("images", [])]
+
+
+class Events:
+    """The server's websocket messages to this client (a minimal RFC 6455 client, text and binary
+    frames): ``messages`` holds ``(time, kind, data)``; binary preview images count as kind "preview"."""
+
+    def __init__(self, server: Server):
+        self.messages: list[tuple[float, str, object]] = []
+        self.sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.sock.sendall((f"GET /ws?clientId={server.client_id} HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+                           f"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                           "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+        header = b""
+        while b"\r\n\r\n" not in header:
+            header += self.sock.recv(1)
+        if b" 101 " not in header.split(b"\r\n")[0]:
+            raise ConnectionError(f"websocket refused: {header[:200]!r}")
+        self.sock.settimeout(None)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _exact(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = self.sock.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError("closed")
+            data += chunk
+        return data
+
+    def _read(self) -> None:
+        try:
+            while True:
+                first, second = self._exact(2)
+                length = second & 0x7F
+                if length == 126:
+                    length = struct.unpack(">H", self._exact(2))[0]
+                elif length == 127:
+                    length = struct.unpack(">Q", self._exact(8))[0]
+                payload = self._exact(length)
+                opcode = first & 0x0F
+                now = time.monotonic()
+                if opcode == 1:
+                    message = json.loads(payload)
+                    self.messages.append((now, message.get("type"), message.get("data")))
+                elif opcode == 2:
+                    kind = struct.unpack(">I", payload[:4])[0]
+                    self.messages.append((now, "preview" if kind in (1, 4) else f"binary{kind}", payload[8:]))
+                elif opcode == 8:
+                    return
+        except (OSError, ConnectionError, ValueError):
+            return
+
+    def of(self, kind: str, prompt_id: str | None = None) -> list:
+        return [(t, d) for t, k, d in list(self.messages)
+                if k == kind and (prompt_id is None or not isinstance(d, dict) or d.get("prompt_id") in (None, prompt_id))]
+
+    def wait_for(self, kind: str, prompt_id: str | None = None, timeout: float = 120.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = self.of(kind, prompt_id)
+            if found:
+                return found[0]
+            time.sleep(0.02)
+        raise TimeoutError(f"no {kind} message within {timeout:.0f} s")
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
 
 
 # -- UI format -> API format ---------------------------------------------------------------------------

@@ -1,0 +1,115 @@
+"""What a real ComfyUI shows of the pack: every node in /object_info with the expected inputs, tooltips,
+sliders, seeds and custom types; model lists from the fastar folders (extra_model_paths.yaml honoured,
+demo model listed); the example workflows in the template browser; the stats display script."""
+import re
+
+import pytest
+from conftest import WORKFLOWS
+
+NODES = {
+    "FastARLoadModel": ["model_name", "dtype"],
+    "FastARLoadVQ": ["vq_name", "dtype"],
+    "FastARClassLabel": ["model", "class_name", "index"],
+    "FastARTextConditioning": ["model", "prompt", "t5_folder"],
+    "FastARSamplerAR": ["model", "conditioning", "seed", "cfg", "temperature", "top_k", "top_p", "batch"],
+    "FastARSamplerSJD": ["model", "conditioning", "seed", "cfg", "temperature", "top_k", "top_p", "batch",
+                         "window", "init", "coupling"],
+    "FastARSamplerGSD": ["model", "conditioning", "seed", "cfg", "temperature", "top_k", "top_p", "batch",
+                         "window", "init", "coupling", "group", "prob_threshold", "distance_threshold"],
+    "FastARVQDecode": ["vq", "tokens"],
+    "FastARAcceptanceMap": ["stats", "scale"],
+    "FastARStats": ["stats"],
+}
+OUTPUTS = {
+    "FastARLoadModel": ["FASTAR_MODEL"], "FastARLoadVQ": ["FASTAR_VQ"], "FastARClassLabel": ["FASTAR_CONDITIONING"],
+    "FastARTextConditioning": ["FASTAR_CONDITIONING"], "FastARSamplerAR": ["FASTAR_TOKENS", "FASTAR_STATS"],
+    "FastARSamplerSJD": ["FASTAR_TOKENS", "FASTAR_STATS"], "FastARSamplerGSD": ["FASTAR_TOKENS", "FASTAR_STATS"],
+    "FastARVQDecode": ["IMAGE"], "FastARAcceptanceMap": ["IMAGE"], "FastARStats": ["STRING", "STRING"],
+}
+
+
+def inputs_of(info: dict) -> dict:
+    return {**info["input"].get("required", {}), **info["input"].get("optional", {})}
+
+
+def test_every_node_is_registered_with_its_inputs_in_order(object_info, comfy):
+    fastar = sorted(k for k in object_info if k.startswith("FastAR"))
+    assert fastar == sorted(NODES)
+    for node, expected in NODES.items():
+        info = object_info[node]
+        assert info["input_order"]["required"] == expected, node  # widget order is part of saved workflows
+        assert info["output"] == OUTPUTS[node], node
+        assert info["category"].startswith("FastAR/") and info["description"]
+    assert "IMPORT FAILED" not in comfy.log()
+
+
+def test_every_input_has_a_tooltip_floats_are_sliders_seeds_advance(object_info):
+    for node in NODES:
+        for name, spec in inputs_of(object_info[node]).items():
+            options = spec[1] if len(spec) > 1 else {}
+            assert options.get("tooltip"), f"{node}.{name} has no tooltip"
+            if spec[0] == "FLOAT":
+                assert options.get("display") == "slider" and "min" in options and "max" in options, (node, name)
+            if name == "seed":
+                assert options.get("control_after_generate") is True
+    for sampler in ("FastARSamplerAR", "FastARSamplerSJD", "FastARSamplerGSD"):
+        assert inputs_of(object_info[sampler])["preview_vq"][0] == "FASTAR_VQ"
+
+
+def test_no_tokens_disguised_as_latents(object_info):
+    for node in NODES:
+        info = object_info[node]
+        assert "LATENT" not in info["output"]
+        assert all(spec[0] != "LATENT" for spec in inputs_of(info).values())
+
+
+def test_tooltips_say_which_decoders_are_lossless(object_info):
+    sjd, gsd = object_info["FastARSamplerSJD"]["description"], object_info["FastARSamplerGSD"]["description"]
+    assert "Lossless" in sjd and "different image" in sjd
+    assert "Relaxed" in gsd and "trades fidelity for speed" in gsd
+    assert "lossless" in inputs_of(object_info["FastARSamplerGSD"])["group"][1]["tooltip"]
+
+
+def test_model_lists_come_from_the_fastar_folders(object_info):
+    models = inputs_of(object_info["FastARLoadModel"])["model_name"][1]["options"]
+    vqs = inputs_of(object_info["FastARLoadVQ"])["vq_name"][1]["options"]
+    assert "demo_c2i.safetensors" in models and "demo_vq.safetensors" not in models
+    assert "demo_vq.safetensors" in vqs and "demo_c2i.safetensors" not in vqs
+    assert "c2i_L_256.pt" in models and "t2i_XL_stage1_256.pt" in models  # from extra_model_paths.yaml
+    assert not any(name.startswith("flan-t5-xl") for name in models)  # a T5 folder is no AR model
+    assert inputs_of(object_info["FastARTextConditioning"])["t5_folder"][1]["options"] == ["flan-t5-xl/"]
+
+
+def test_class_list_has_demo_and_imagenet_names(object_info):
+    options = inputs_of(object_info["FastARClassLabel"])["class_name"][1]["options"]
+    assert options[0] == "(use index)"
+    assert "circle (demo 0)" in options and "blob (demo 7)" in options
+    assert "tench (0)" in options and "golden retriever (207)" in options and "toilet tissue (999)" in options
+    assert len(options) == 1 + 8 + 1000
+
+
+def test_example_workflows_are_in_the_template_browser(comfy):
+    templates = comfy.get("/workflow_templates")
+    assert sorted(templates["FastAR"]) == sorted(p.stem for p in WORKFLOWS)
+    for path in WORKFLOWS:
+        assert path.with_suffix(".jpg").exists(), f"{path.name} has no thumbnail"
+        served = comfy.get(f"/api/workflow_templates/FastAR/{path.name}")
+        assert served["nodes"]
+
+
+def test_stats_display_script_is_served(comfy):
+    extensions = comfy.get("/extensions")
+    script = next(e for e in extensions if re.search(r"/FastAR/.*fastar_stats\.js$", e))
+    import urllib.request
+
+    with urllib.request.urlopen(comfy.url + script) as response:
+        assert b"FastARStats" in response.read()
+
+
+@pytest.mark.parametrize("workflow", [p.stem for p in WORKFLOWS])
+def test_workflows_are_ui_format_with_fastar_nodes(workflow, object_info):
+    from conftest import workflow_prompt
+
+    prompt = workflow_prompt(workflow, object_info)
+    kinds = {n["class_type"] for n in prompt.values()}
+    assert "FastARVQDecode" in kinds and kinds & {"SaveImage", "PreviewImage"}

@@ -1,0 +1,169 @@
+"""Runs through the real ComfyUI's HTTP API: every example workflow, same seed twice, progress with live
+previews, cancel, and errors (rejected at validation, or an execution error carrying FastAR's message)."""
+import io
+import time
+
+import numpy as np
+import pytest
+from conftest import WORKFLOWS, node_of, workflow_prompt
+from PIL import Image
+
+import harness
+
+
+def images_of(comfy, entry) -> list[np.ndarray]:
+    return [np.asarray(Image.open(io.BytesIO(comfy.fetch(image))).convert("RGB")) for image in
+            harness.output_images(entry)]
+
+
+@pytest.mark.parametrize("workflow", [p.stem for p in WORKFLOWS])
+def test_example_workflow_runs_and_makes_images(workflow, comfy, object_info):
+    entry = comfy.run(workflow_prompt(workflow, object_info))
+    assert entry["status"]["status_str"] == "success", harness.execution_error(entry)
+    images = images_of(comfy, entry)
+    assert images and all(image.ndim == 3 and image.shape[2] == 3 for image in images)
+    assert all(image.std() > 1 for image in images)  # pictures, not flat fields
+    texts = [out["text"][0] for out in entry["outputs"].values() if "text" in out]
+    assert texts and all("step compression" in text and "tokens/s" in text for text in texts)
+
+
+def test_compare_workflow_measures_speedup_against_ar(comfy, object_info):
+    entry = comfy.run(workflow_prompt("fastar_compare_ar_sjd_gsd", object_info))
+    texts = sorted(out["text"][0] for out in entry["outputs"].values() if "text" in out)
+    assert [t.split(" ")[0] for t in texts] == ["AR", "GSD", "SJD"]
+    assert "model forwards: 255" in texts[0]
+    assert all("speed-up vs AR (measured)" in t for t in texts[1:])
+
+
+def fresh_run(comfy, prompt):
+    comfy.request("/free", {"free_memory": True})  # drops ComfyUI's output cache: the sampler runs again
+    time.sleep(0.5)
+    entry = comfy.run(prompt)
+    assert entry["status"]["status_str"] == "success", harness.execution_error(entry)
+    cached = [d for kind, d in harness.status_messages(entry) if kind == "execution_cached"]
+    sampler = next(k for k, n in prompt.items() if n["class_type"].startswith("FastARSampler"))
+    assert not cached or sampler not in cached[0]["nodes"]
+    return images_of(comfy, entry)
+
+
+def test_same_seed_same_image_and_another_seed_another(comfy, object_info):
+    prompt = workflow_prompt("fastar_demo_sjd", object_info)
+    first, again = fresh_run(comfy, prompt), fresh_run(comfy, prompt)
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))
+    node_of(prompt, "FastARSamplerSJD")["inputs"]["seed"] = 12345
+    other = fresh_run(comfy, prompt)
+    assert not np.array_equal(first[0], other[0])
+
+
+def test_progress_and_live_previews_arrive_while_decoding(comfy, object_info, events):
+    prompt = workflow_prompt("fastar_compare_ar_sjd_gsd", object_info)
+    node_of(prompt, "FastARSamplerAR")["inputs"]["seed"] = 99  # not cached
+    answer = comfy.queue(prompt)
+    entry = comfy.wait(answer["prompt_id"])
+    assert entry["status"]["status_str"] == "success"
+    time.sleep(0.5)
+    progress = [d for _, d in events.of("progress", answer["prompt_id"])]
+    ar_node = next(k for k, n in prompt.items() if n["class_type"] == "FastARSamplerAR")
+    ar_progress = [d for d in progress if d["node"] == ar_node]
+    assert ar_progress and ar_progress[-1]["value"] == ar_progress[-1]["max"] == 256
+    assert len(ar_progress) < 255  # throttled, not one message per token
+    assert events.of("preview"), "no live preview image was sent"
+
+
+SLOW = {
+    "1": {"class_type": "FastARLoadModel", "inputs": {"model_name": "slow_c2i.safetensors", "dtype": "fp32"}},
+    "2": {"class_type": "FastARClassLabel", "inputs": {"model": ["1", 0], "class_name": "(use index)", "index": 3}},
+    "3": {"class_type": "FastARSamplerAR", "inputs": {"model": ["1", 0], "conditioning": ["2", 0], "seed": 1,
+                                                       "cfg": 4.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
+                                                       "batch": 16}},
+    "4": {"class_type": "FastARStats", "inputs": {"stats": ["3", 1]}},
+}
+
+
+def test_interrupt_stops_a_long_decode_promptly_and_the_next_run_works(comfy, object_info, events):
+    answer = comfy.queue(SLOW)
+    assert not answer.get("node_errors"), answer
+    prompt_id = answer["prompt_id"]
+    events.wait_for("progress", prompt_id, timeout=120)  # the decode is under way
+    time.sleep(0.5)
+    asked = time.monotonic()
+    comfy.interrupt()
+    stopped, _ = events.wait_for("execution_interrupted", prompt_id, timeout=60)
+    assert stopped - asked < 3.0, f"cancel took {stopped - asked:.1f} s"
+    progress = [d for _, d in events.of("progress", prompt_id)]
+    assert progress[-1]["value"] < progress[-1]["max"]  # it really stopped mid-decode
+    entry = comfy.run(workflow_prompt("fastar_demo_sjd", object_info))
+    assert entry["status"]["status_str"] == "success"
+
+
+# -- errors ----------------------------------------------------------------------------------------
+
+
+def rejected(comfy, prompt) -> str:
+    answer = comfy.queue(prompt)
+    assert "prompt_id" not in answer, "the prompt was accepted"
+    return " | ".join(f"{e['message']}: {e['details']}" for node in answer["node_errors"].values()
+                      for e in node["errors"])
+
+
+def demo(object_info):
+    return workflow_prompt("fastar_demo_sjd", object_info)
+
+
+@pytest.mark.parametrize("node,field,value,message", [
+    ("FastARSamplerSJD", "top_p", 0.0, "top-p 0.0 is out of range"),
+    ("FastARSamplerSJD", "cfg", -1.0, "cfg scale -1.0 is out of range"),
+    ("FastARSamplerSJD", "window", 1, "smaller than min of 2"),
+    ("FastARSamplerSJD", "batch", 0, "smaller than min of 1"),
+    ("FastARSamplerSJD", "init", "diagonal", "not in"),
+    ("FastARClassLabel", "class_name", "(use index)", "give an index of 0 or more"),
+    ("FastARClassLabel", "index", 5, "both a class"),
+    ("FastARLoadModel", "model_name", "demo_vq.safetensors", "is a VQ decoder (load it with FastAR Load VQ Decoder)"),
+    ("FastARLoadModel", "model_name", "missing.safetensors", "put it in ComfyUI's models/fastar folder"),
+    ("FastARLoadVQ", "vq_name", "demo_c2i.safetensors", "is an AR model"),
+])
+def test_bad_widget_values_are_rejected_before_the_run(comfy, object_info, node, field, value, message):
+    prompt = demo(object_info)
+    node_of(prompt, node)["inputs"][field] = value
+    assert message in rejected(comfy, prompt)
+
+
+def failed(comfy, prompt) -> dict:
+    answer = comfy.queue(prompt)
+    assert "prompt_id" in answer and not answer["node_errors"], answer
+    entry = comfy.wait(answer["prompt_id"])
+    error = harness.execution_error(entry)
+    assert error is not None, "the run did not fail"
+    return error
+
+
+def test_corrupt_checkpoint_gives_fastar_message(comfy, object_info):
+    prompt = demo(object_info)
+    node_of(prompt, "FastARLoadModel")["inputs"]["model_name"] = "corrupt_c2i.pt"
+    error = failed(comfy, prompt)
+    assert error["node_type"] == "FastARLoadModel"
+    assert "corrupt_c2i.pt" in error["exception_message"] and "corrupt" in error["exception_message"]
+    assert error["exception_type"].endswith("FastARError")
+
+
+def test_class_out_of_range_for_the_model_gives_fastar_message(comfy, object_info):
+    prompt = demo(object_info)
+    label = node_of(prompt, "FastARClassLabel")["inputs"]
+    label["class_name"], label["index"] = "(use index)", 12
+    error = failed(comfy, prompt)
+    assert "class 12 is out of range: this model has classes 0..7" in error["exception_message"]
+
+
+def test_imagenet_class_on_the_demo_model_says_what_to_pick(comfy, object_info):
+    prompt = demo(object_info)
+    node_of(prompt, "FastARClassLabel")["inputs"]["class_name"] = "golden retriever (207)"
+    error = failed(comfy, prompt)
+    assert "ImageNet class" in error["exception_message"] and "8 classes" in error["exception_message"]
+
+
+def test_text_conditioning_on_a_class_model_gives_fastar_message(comfy, object_info):
+    prompt = workflow_prompt("fastar_llamagen_t2i", object_info)
+    node_of(prompt, "FastARTextConditioning")["inputs"]["prompt"] = "a blue ball"
+    node_of(prompt, "FastARLoadModel")["inputs"]["model_name"] = "demo_c2i.safetensors"
+    error = failed(comfy, prompt)
+    assert "class-to-image model: use FastAR Class Label" in error["exception_message"]
