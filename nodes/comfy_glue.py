@@ -141,7 +141,8 @@ class DecodeProgress:
             image = self.preview(tokens, done)
             cost = time.perf_counter() - now
             self.next_preview = time.perf_counter() + max(self.MIN_PREVIEW_S, 5 * cost)
-        self.bar.update_absolute(done, total, ("JPEG", image, preview_size()) if image is not None else None)
+        preview = ("JPEG", image, min(preview_size(), max(image.size))) if image is not None else None
+        self.bar.update_absolute(done, total, preview)
         progress_text(f"{self.label}: {done}/{total} tokens, {done / max(self.iterations, 1):.2f} per forward",
                       self.node_id)
 

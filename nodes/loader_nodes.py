@@ -37,6 +37,12 @@ def load_error(name: str, kind: str) -> str | None:
     return files.checkpoint_kind_error(path, kind)
 
 
+def dtype_error(dtype: str) -> str | None:
+    if dtype not in glue.DTYPE_CHOICES:
+        return f"unknown dtype '{dtype}': choose one of {', '.join(glue.DTYPE_CHOICES)}"
+    return None
+
+
 def raise_if(message: str | None) -> None:
     if message:
         raise FastARError(message)
@@ -64,8 +70,8 @@ class LoadARModel(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, model_name):
-        return load_error(model_name, files.AR) or True
+    def validate_inputs(cls, model_name, dtype):
+        return dtype_error(dtype) or load_error(model_name, files.AR) or True
 
     @classmethod
     def fingerprint_inputs(cls, model_name, dtype):
@@ -104,8 +110,8 @@ class LoadVQ(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, vq_name):
-        return load_error(vq_name, files.VQ) or True
+    def validate_inputs(cls, vq_name, dtype):
+        return dtype_error(dtype) or load_error(vq_name, files.VQ) or True
 
     @classmethod
     def fingerprint_inputs(cls, vq_name, dtype):
@@ -201,6 +207,8 @@ class ClassLabel(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, class_name, index):
+        if class_name not in class_options():
+            return f"unknown class '{class_name}': pick one from the list, or '{USE_INDEX}' and an index"
         if class_name == USE_INDEX and index < 0:
             return f"class_name is '{USE_INDEX}' but index is {index}: give an index of 0 or more, or pick a class"
         if class_name != USE_INDEX and index >= 0:

@@ -116,4 +116,5 @@ class Stats(io.ComfyNode):
         import json
 
         text = summary(stats, ar_baseline)
-        return io.NodeOutput(text, json.dumps(stats.to_json()), ui={"text": [text]})
+        data = stats.to_json()
+        return io.NodeOutput(text, json.dumps(data), ui={"text": [text], "fastar_stats": [data]})

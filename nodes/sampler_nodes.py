@@ -11,7 +11,7 @@ from comfy_api.latest import io
 from ..errors import FastARError
 from ..model_loaders.protocol import CaptionConditioning, ClassConditioning
 from ..samplers.decoders import DecoderSpec, decode
-from ..samplers.drafts import COUPLINGS, INIT_STRATEGIES
+from ..samplers.drafts import COUPLINGS, INIT_STRATEGIES, check_choice
 from ..samplers.processing import SamplingSettings
 from . import comfy_glue as glue
 from .loader_nodes import FastARConditioning, FastARModel, FastARVQ
@@ -107,9 +107,15 @@ class SamplerBase(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, cfg, temperature, top_k, top_p):
+    def validate_inputs(cls, cfg, temperature, top_k, top_p, init=None, coupling=None):
+        """Before the run: the engine's own range rules, and the choices (ComfyUI 0.3.75 does not check
+        V3 combo values itself)."""
         try:
             SamplingSettings(cfg_scale=cfg, temperature=temperature, top_k=top_k, top_p=top_p).validate()
+            if init is not None:
+                check_choice("initialisation", init, INIT_STRATEGIES)
+            if coupling is not None:
+                check_choice("coupling", coupling, COUPLINGS)
         except FastARError as e:
             return str(e)
         return True
@@ -152,18 +158,24 @@ def repeat_rows(rows, batch: int):
     raise FastARError("unknown conditioning: connect FastAR Class Label or FastAR Text Conditioning")
 
 
-def working_memory(ar, batch: int, use_cfg: bool, spec: DecoderSpec) -> int:
-    """Bytes a decode needs beyond the weights, asked for up front: the static KV cache (what
-    ``session.cache_bytes`` will be) plus the per-forward activations and processed distributions."""
+def kv_cache_bytes(ar, batch: int, use_cfg: bool, window: int) -> int:
+    """The static KV cache a decode allocates (what ``session.cache_bytes`` will say), known up front."""
     cfg = ar.cfg
-    window = 1 if spec.decoder == "ar" else spec.window
     rows = batch * (2 if use_cfg else 1)
     slots = cfg.cls_token_num + cfg.num_tokens + window
+    return 2 * cfg.n_layer * rows * cfg.n_kv_head * slots * cfg.head_dim * (torch.finfo(ar.dtype).bits // 8)
+
+
+def working_memory(ar, batch: int, use_cfg: bool, spec: DecoderSpec) -> int:
+    """Bytes a decode needs beyond the weights, asked of ComfyUI before loading: the KV cache plus the
+    per-forward activations and the processed distributions (fp32)."""
+    cfg = ar.cfg
+    window = 1 if spec.decoder == "ar" else min(spec.window, cfg.num_tokens)
+    rows = batch * (2 if use_cfg else 1)
     element = torch.finfo(ar.dtype).bits // 8
-    kv_cache = 2 * cfg.n_layer * rows * cfg.n_kv_head * slots * cfg.head_dim * element
     activations = rows * (window + cfg.cls_token_num) * (cfg.dim * 4 + cfg.ffn_hidden * 3) * element * 2
-    distributions = 8 * batch * window * cfg.vocab_size * 4  # p, q, residuals, noise in fp32
-    return int(kv_cache + activations + distributions)
+    distributions = 8 * batch * window * cfg.vocab_size * 4  # p, q, residuals, noise
+    return int(kv_cache_bytes(ar, batch, use_cfg, window) + activations + distributions)
 
 
 class SamplerAR(SamplerBase):

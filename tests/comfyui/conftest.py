@@ -2,36 +2,21 @@
 started on a free port by tools/comfyui/harness.py, stopped by its PID), with FastAR linked in as a
 custom node and the stand-in checkpoints in a ``fastar:`` folder declared in extra_model_paths.yaml.
 
-Everything here skips, with the reason, when the ComfyUI environment is not installed.
+Tests that need ComfyUI skip, with the reason, when its environment is not installed.
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
+from comfyui_helpers import REAL_DEMO, harness
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools" / "comfyui"))
-
-import harness  # noqa: E402
-import standins  # noqa: E402
-
-from fastar.model_loaders.demo import DEMO_AR, DEMO_VQ  # noqa: E402
-
-WORKFLOWS = sorted((ROOT / "workflows").glob("*.json"))
-REAL_DEMO = DEMO_AR.exists() and DEMO_VQ.exists()
+import standins
 
 
-def pytest_collection_modifyitems(config, items):
+@pytest.fixture(scope="session")
+def comfy_env() -> None:
     problem = harness.installed()
-    if problem is None:
-        return
-    skip = pytest.mark.skip(reason=f"ComfyUI tier: {problem}")
-    here = Path(__file__).parent
-    for item in items:
-        if Path(str(item.fspath)).parent == here:
-            item.add_marker(skip)
+    if problem is not None:
+        pytest.skip(f"ComfyUI tier: {problem}")
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +28,7 @@ def models(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def comfy(tmp_path_factory, models):
+def comfy(comfy_env, tmp_path_factory, models):
     base = tmp_path_factory.mktemp("comfyui_base")
     server = harness.Server(base, model_folders=[models], extra_args=["--preview-method", "auto"])
     server.start()
@@ -62,10 +47,3 @@ def events(comfy):
     yield listener
     listener.close()
 
-
-def workflow_prompt(name: str, object_info: dict) -> dict:
-    return harness.ui_to_api(harness.load_workflow(ROOT / "workflows" / f"{name}.json"), object_info)
-
-
-def node_of(prompt: dict, class_type: str) -> dict:
-    return next(n for n in prompt.values() if n["class_type"] == class_type)

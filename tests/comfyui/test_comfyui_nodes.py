@@ -4,7 +4,7 @@ demo model listed); the example workflows in the template browser; the stats dis
 import re
 
 import pytest
-from conftest import WORKFLOWS
+from comfyui_helpers import WORKFLOWS, workflow_prompt
 
 NODES = {
     "FastARLoadModel": ["model_name", "dtype"],
@@ -108,8 +108,6 @@ def test_stats_display_script_is_served(comfy):
 
 @pytest.mark.parametrize("workflow", [p.stem for p in WORKFLOWS])
 def test_workflows_are_ui_format_with_fastar_nodes(workflow, object_info):
-    from conftest import workflow_prompt
-
     prompt = workflow_prompt(workflow, object_info)
     kinds = {n["class_type"] for n in prompt.values()}
     assert "FastARVQDecode" in kinds and kinds & {"SaveImage", "PreviewImage"}

@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import WORKFLOWS, node_of, workflow_prompt
+from comfyui_helpers import WORKFLOWS, node_of, workflow_prompt
 from PIL import Image
 
 import harness
@@ -115,7 +115,10 @@ def demo(object_info):
     ("FastARSamplerSJD", "cfg", -1.0, "cfg scale -1.0 is out of range"),
     ("FastARSamplerSJD", "window", 1, "smaller than min of 2"),
     ("FastARSamplerSJD", "batch", 0, "smaller than min of 1"),
-    ("FastARSamplerSJD", "init", "diagonal", "not in"),
+    ("FastARSamplerSJD", "init", "diagonal", "unknown initialisation 'diagonal'"),
+    ("FastARSamplerSJD", "coupling", "none", "unknown coupling 'none'"),
+    ("FastARLoadModel", "dtype", "fp8", "unknown dtype 'fp8'"),
+    ("FastARClassLabel", "class_name", "unicorn", "unknown class 'unicorn'"),
     ("FastARClassLabel", "class_name", "(use index)", "give an index of 0 or more"),
     ("FastARClassLabel", "index", 5, "both a class"),
     ("FastARLoadModel", "model_name", "demo_vq.safetensors", "is a VQ decoder (load it with FastAR Load VQ Decoder)"),

@@ -107,7 +107,7 @@ def demo_sjd(info) -> dict:
     g.connect(sampler, "stats", amap, "stats")
     g.connect(amap, "image", preview, "images")
     g.note((0, 430), "FastAR demo: Speculative Jacobi Decoding (SJD) on the bundled demo model, no download.\n\n"
-                     "Press Queue. The sampler shows a live preview (start ComfyUI with --preview-method auto), "
+                     "Press Run. The sampler shows a live preview (start ComfyUI with --preview-method auto), "
                      "FastAR Stats shows how many tokens each model forward fixed, and the acceptance map shows "
                      "when each token was fixed.\n\nSJD is lossless: same distribution as plain AR sampling.",
            width=320, height=260)

@@ -1,0 +1,115 @@
+"""Checks of the node layer's ComfyUI glue inside ComfyUI's own Python (run by test_comfyui_internals.py
+with .comfyui/venv/bin/python): the memory request matches the KV cache a decode really allocates, the
+model patcher loads and offloads FastAR models, Cancel aborts a decode within one iteration and the next
+decode works, and the live preview greys out what is not decoded yet.
+
+    python tests/comfyui/in_comfy_checks.py COMFYUI_DIR REPO_ROOT
+"""
+import importlib.util
+import sys
+from pathlib import Path
+
+comfy_dir, root = Path(sys.argv[1]), Path(sys.argv[2])
+sys.path.insert(0, str(comfy_dir))
+sys.argv = [sys.argv[0], "--cpu"]  # ComfyUI's own arguments, parsed as main.py does
+import comfy.options  # noqa: E402
+
+comfy.options.enable_args_parsing()
+spec = importlib.util.spec_from_file_location("fastar", root / "__init__.py", submodule_search_locations=[str(root)])
+package = importlib.util.module_from_spec(spec)
+sys.modules["fastar"] = package
+spec.loader.exec_module(package)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import comfy.model_management as mm  # noqa: E402
+from fastar.model_loaders.llamagen_gpt import LlamaGenConfig, LlamaGenGPT  # noqa: E402
+from fastar.model_loaders.protocol import CaptionConditioning, ClassConditioning  # noqa: E402
+from fastar.model_loaders.vq import VQConfig, VQModel  # noqa: E402
+from fastar.nodes import comfy_glue as glue  # noqa: E402
+from fastar.nodes.sampler_nodes import kv_cache_bytes, working_memory  # noqa: E402
+from fastar.samplers.decoders import DecoderSpec, decode  # noqa: E402
+from fastar.samplers.processing import SamplingSettings  # noqa: E402
+
+
+def model(model_type="c2i", dtype=torch.float32, **kw):
+    cfg = LlamaGenConfig(dim=32, n_layer=2, n_head=4, n_kv_head=2, vocab_size=64, grid=(4, 6), model_type=model_type,
+                         num_classes=10, caption_dim=16, cls_token_num=1 if model_type == "c2i" else 5, **kw)
+    torch.manual_seed(0)
+    m = LlamaGenGPT(cfg).to(dtype).eval()
+    for p in m.parameters():
+        p.data.normal_(0, 0.2)
+    return m
+
+
+def rows(m, batch):
+    if m.cfg.model_type == "c2i":
+        return ClassConditioning(torch.arange(batch) % 10)
+    return CaptionConditioning(torch.randn(batch, 5, 16), torch.ones(batch, 5, dtype=torch.bool))
+
+
+def check_memory_request():
+    for model_type in ("c2i", "t2i"):
+        for dtype in (torch.float32, torch.bfloat16):
+            m = model(model_type, dtype)
+            for batch, cfg, window in ((1, True, 1), (3, False, 8), (2, True, 64)):
+                session = m.start(rows(m, batch), cfg=cfg, max_window=min(window, 24))
+                assert kv_cache_bytes(m, batch, cfg, min(window, 24)) == session.cache_bytes, (model_type, batch)
+                spec = DecoderSpec("ar" if window == 1 else "sjd", window=max(window, 2))
+                assert working_memory(m, batch, cfg, spec) > session.cache_bytes
+    print("ok memory request = KV cache size + working memory")
+
+
+def check_patcher_load_offload():
+    m = model()
+    patcher = glue.make_patcher(m)
+    assert patcher.model.inner is m and patcher.load_device == mm.get_torch_device()
+    glue.load_for_inference([patcher], working_memory(m, 1, True, DecoderSpec("sjd")))
+    assert any(loaded.model is patcher for loaded in mm.current_loaded_models), "not registered with ComfyUI"
+    assert all(p.device == patcher.load_device for p in m.parameters())
+    mm.unload_all_models()
+    assert not any(loaded.model is patcher for loaded in mm.current_loaded_models), "not offloaded"
+    assert all(p.device == patcher.offload_device for p in m.parameters())
+    glue.load_for_inference([patcher], 0)  # loads again after the offload
+    print(f"ok patcher loads and offloads ({type(patcher).__name__}, load {patcher.load_device})")
+
+
+def check_cancel_within_one_iteration():
+    m = model()
+    done = []
+    progress = glue.DecodeProgress(None, 24, "SJD")
+
+    def on_iteration(n, total, tokens):
+        done.append(n)
+        if len(done) == 2:
+            mm.interrupt_current_processing(True)  # what /interrupt does, between two iterations
+        progress(n, total, tokens)
+
+    try:
+        decode(m, rows(m, 2), SamplingSettings(), DecoderSpec("sjd", window=2), seed=1, on_iteration=on_iteration)
+        raise AssertionError("the decode was not interrupted")
+    except mm.InterruptProcessingException:
+        pass
+    assert len(done) == 2, f"stopped after {len(done)} iterations"
+    codes, _ = decode(m, rows(m, 2), SamplingSettings(), DecoderSpec("sjd"), seed=1)
+    assert codes.shape == (2, 24)
+    print("ok cancel within one iteration, the next decode works")
+
+
+def check_partial_preview():
+    vq = VQModel(VQConfig(codebook_size=64, embed_dim=4, z_channels=32, ch=32, ch_mult=(1, 2), num_res_blocks=1,
+                          with_encoder=False)).eval()
+    tokens = torch.randint(0, 64, (1, 24))
+    image = glue.partial_image(vq, tokens, 8, (4, 6))
+    assert image.size == (12, 8)
+    pixels = torch.from_numpy(np.asarray(image).copy())
+    assert (pixels[4:] == 128).all() and (pixels[2:4, 4:] == 128).all()  # rows 1.3 and up not decoded yet
+    print("ok live preview shows the decoded part only")
+
+
+check_memory_request()
+check_patcher_load_offload()
+check_cancel_within_one_iteration()
+check_partial_preview()
+print("all in-ComfyUI checks passed")

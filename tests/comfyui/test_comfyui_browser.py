@@ -1,0 +1,53 @@
+"""A real browser on the real web UI: headless Debian Chromium (driven by Playwright from
+tools/comfyui/browser.py, no browser download) opens ComfyUI, picks the demo workflow in the template
+browser, presses Run, and the run succeeds with the stats shown on the node. The screenshots stay in
+the test's temporary folder (printed) as the CI artifact."""
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from comfyui_helpers import ROOT
+
+import harness
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def browser_ready() -> str | None:
+    if not CHROMIUM.exists():
+        return "Debian chromium is not installed (apt-get install chromium)"
+    if harness.installed() is None:
+        check = subprocess.run([str(harness.python()), "-c", "import playwright"], capture_output=True)
+        if check.returncode != 0:
+            return "playwright is not installed in the ComfyUI environment"
+    return None
+
+
+pytestmark = pytest.mark.skipif(browser_ready() is not None, reason=str(browser_ready()))
+
+
+@pytest.mark.parametrize("workflow", ["fastar_demo_sjd"])
+def test_workflow_from_template_browser_runs_in_chromium(comfy, tmp_path, workflow):
+    comfy.request("/free", {"free_memory": True})  # a real run, not a cached one
+    screenshot = tmp_path / f"{workflow}.png"
+    result = subprocess.run(
+        [str(harness.python()), str(ROOT / "tools" / "comfyui" / "browser.py"), "run", "--url", comfy.url,
+         "--workflow", str(ROOT / "workflows" / f"{workflow}.json"), "--screenshot", str(screenshot),
+         "--timeout", "240"], capture_output=True, text=True, timeout=420)
+    print(f"browser screenshots: {screenshot} and {screenshot.with_name(screenshot.stem + '_loaded.png')}")
+    print(result.stderr[-2000:])
+    assert result.stdout.strip(), result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["result"] == "execution_success", report
+    assert report["loaded_from"] == "template browser", report
+    assert report["queued_with"] != "app.queuePrompt", report  # the Run button was clicked
+    assert not report["errors"]
+    assert any("step compression" in text for text in report["stats_text"]), report
+    assert report["previews"] > 0, "no live preview reached the browser"
+    assert screenshot.stat().st_size > 20_000
+    artifacts = ROOT / "out" / "comfyui"
+    if artifacts.parent.exists():  # the git-ignored out/ folder: easy to find after a local run
+        artifacts.mkdir(exist_ok=True)
+        shutil.copy(screenshot, artifacts / screenshot.name)
