@@ -32,6 +32,24 @@ def port_or_free(port: int) -> int:
             return harness.free_port()
 
 
+def screenshot(server: harness.Server, path: Path) -> None:
+    import subprocess
+
+    from PIL import Image
+
+    server.request("/free", {"free_memory": True})  # a real run with its live preview, not a cached one
+    raw = path.with_name(path.stem + "_full.png")
+    subprocess.run([sys.executable, str(Path(__file__).with_name("browser.py")), "run", "--url", server.url,
+                    "--workflow", str(WORKFLOW), "--screenshot", str(raw)], check=True)
+    image = Image.open(raw).convert("RGB")
+    image = image.crop((56, 72, image.width, image.height))  # no banner, tabs or side bar
+    image.thumbnail((1200, 1200))
+    image.quantize(colors=128, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
+    raw.unlink()
+    raw.with_name(raw.stem + "_loaded.png").unlink(missing_ok=True)
+    print(f"wrote {path}", file=sys.stderr)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=harness.ROOT / "out" / "comfyui_demo",
@@ -39,6 +57,9 @@ def main(argv=None) -> int:
     parser.add_argument("--port", type=int, default=0, help=f"server port (default: {DEFAULT_PORT} if free)")
     parser.add_argument("--models", type=Path, action="append", default=[],
                         help="an extra fastar model folder (as a fastar: path in extra_model_paths.yaml)")
+    parser.add_argument("--screenshot", type=Path,
+                        help="also run the workflow in headless Chromium and save a screenshot of the canvas "
+                             "(PNG, 1200 px wide: docs/comfyui_workflow.png is made this way)")
     parser.add_argument("--keep-running", action="store_true",
                         help="keep ComfyUI running after the demo (stop it with Ctrl-C)")
     args = parser.parse_args(argv)
@@ -82,6 +103,8 @@ def main(argv=None) -> int:
         print(f"ran {WORKFLOW.relative_to(harness.ROOT)} in {time.monotonic() - started:.1f} s", file=sys.stderr)
         print("\n".join(texts), file=sys.stderr)
         print(f"wrote {len(written)} image(s) and stats.json to {args.out}", file=sys.stderr)
+        if args.screenshot:
+            screenshot(server, args.screenshot)
         if args.keep_running:
             print(f"\nOpen {server.url} in a browser: Templates > FastAR > fastar_demo_sjd, then Run.\n"
                   "Press Ctrl-C to stop ComfyUI.", file=sys.stderr)

@@ -2,7 +2,8 @@
 ComfyUI's /object_info, so sockets and widget order always match the nodes. Thumbnails (.jpg) are made
 by tools/comfyui/browser.py from the canvas.
 
-    .comfyui/venv/bin/python tools/comfyui/workflows.py     # starts its own ComfyUI, writes workflows/*.json
+    .comfyui/venv/bin/python tools/comfyui/workflows.py [--thumbnails]
+starts its own ComfyUI, writes workflows/*.json and, with --thumbnails, their .jpg from headless Chromium.
 """
 from __future__ import annotations
 
@@ -220,6 +221,11 @@ def write_all(info: dict, out: Path = OUT) -> list[Path]:
 
 
 if __name__ == "__main__":
+    import subprocess
+
     with tempfile.TemporaryDirectory() as base, harness.Server(Path(base)) as server:
         for p in write_all(server.object_info()):
             print(f"wrote {p.relative_to(harness.ROOT)}", file=sys.stderr)
+            if "--thumbnails" in sys.argv:
+                subprocess.run([sys.executable, str(Path(__file__).with_name("browser.py")), "thumbnail", "--url",
+                                server.url, "--workflow", str(p), "--out", str(p.with_suffix(".jpg"))], check=True)
