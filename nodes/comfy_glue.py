@@ -76,6 +76,12 @@ def load_for_inference(patchers: list, memory_required: int) -> None:
             inner.to(patcher.load_device)  # not comfy.ops layers: a partial load must become a full one
 
 
+def make_room(nbytes: int) -> None:
+    """Offload other models until ``nbytes`` fit on the load device (for models ComfyUI does not manage,
+    such as the T5 text encoder that is used once and dropped)."""
+    mm.free_memory(nbytes, load_device())
+
+
 def free_cache() -> None:
     mm.soft_empty_cache()
 

@@ -265,7 +265,9 @@ class TextConditioning(io.ComfyNode):
             raise FastARError("this is a class-to-image model: use FastAR Class Label, not FastAR Text Conditioning")
         folder = files.resolve(t5_folder, "FLAN-T5 folder", folders=files.T5_FOLDERS)
         device = glue.load_device()
-        dtype = torch.bfloat16 if glue.choose_dtype("auto", device) == torch.bfloat16 else torch.float32  # no fp16: T5 overflows
+        dtype = torch.bfloat16 if glue.choose_dtype("auto", device) == torch.bfloat16 else torch.float32  # T5 overflows in fp16
+        on_disk = sum(f.stat().st_size for f in folder.iterdir() if f.suffix in (".safetensors", ".bin"))
+        glue.make_room(on_disk * (2 if dtype == torch.float32 else 1))
         encoder = load_t5_encoder(folder, device=device, dtype=dtype)
         try:
             rows = encode_captions(encoder, [prompt])

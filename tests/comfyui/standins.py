@@ -76,6 +76,18 @@ def write_llamagen(folder: Path) -> None:
     write_t5(folder / FLAN_T5.rstrip("/"))
 
 
+HF_FOLDER = "LlamaGen-c2i-tiny"
+
+
+def write_hf_folder(folder: Path) -> None:
+    """A Hugging Face style model folder: config.json beside model.safetensors (official key names)."""
+    folder = folder / HF_FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = LlamaGenConfig(dim=64, n_layer=2, n_head=4, vocab_size=512, grid=(16, 16), num_classes=1000)
+    save_file(gpt_sd(cfg, 8), str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({"n_head": 4, "image_size": 128, "downsample_size": 8}))
+
+
 def write_t5(folder: Path) -> None:
     """A random 1-layer T5 encoder (d_model 32) with a word-level tokenizer: a real transformers folder."""
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -109,6 +121,7 @@ def write_all(folder: Path, demo: bool) -> None:
     if demo:
         write_demo(folder)
     write_llamagen(folder)
+    write_hf_folder(folder)
     write_slow(folder)
     write_corrupt(folder)
 

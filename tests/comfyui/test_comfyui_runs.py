@@ -27,6 +27,18 @@ def test_example_workflow_runs_and_makes_images(workflow, comfy, object_info):
     assert texts and all("step compression" in text and "tokens/s" in text for text in texts)
 
 
+def test_hf_style_model_folder_is_listed_and_runs(comfy, object_info):
+    from standins import HF_FOLDER
+
+    options = object_info["FastARLoadModel"]["input"]["required"]["model_name"][1]["options"]
+    assert f"{HF_FOLDER}/" in options
+    prompt = workflow_prompt("fastar_llamagen_c2i", object_info)
+    node_of(prompt, "FastARLoadModel")["inputs"]["model_name"] = f"{HF_FOLDER}/"
+    entry = comfy.run(prompt)
+    assert entry["status"]["status_str"] == "success", harness.execution_error(entry)
+    assert images_of(comfy, entry)
+
+
 def test_compare_workflow_measures_speedup_against_ar(comfy, object_info):
     entry = comfy.run(workflow_prompt("fastar_compare_ar_sjd_gsd", object_info))
     texts = sorted(out["text"][0] for out in entry["outputs"].values() if "text" in out)
