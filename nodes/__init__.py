@@ -5,7 +5,7 @@ from __future__ import annotations
 from comfy_api.latest import ComfyExtension, io
 
 from .files import register_model_folders
-from .loader_nodes import ClassLabel, LoadARModel, LoadVQ, TextConditioning
+from .loader_nodes import ClassLabel, LoadARModel, LoadVQ, TextConditioning, check_class_labels
 from .output_nodes import AcceptanceMap, Stats, VQDecode
 from .sampler_nodes import SamplerAR, SamplerGSD, SamplerSJD
 
@@ -18,6 +18,18 @@ class FastARExtension(ComfyExtension):
         return NODES
 
 
+def register_prompt_checks() -> None:
+    """Cross-node checks before validation (a class against the linked model's classes)."""
+    try:
+        from server import PromptServer
+        add = getattr(PromptServer.instance, "add_on_prompt_handler", None)
+    except (ImportError, AttributeError):
+        return
+    if add is not None:
+        add(check_class_labels)
+
+
 async def comfy_entrypoint() -> FastARExtension:
     register_model_folders()
+    register_prompt_checks()
     return FastARExtension()

@@ -198,6 +198,35 @@ def demo_class_names() -> list[str]:
     return []
 
 
+def class_info(path: Path) -> dict | None:
+    """``model_type``, ``num_classes`` and ``class_names`` of an AR checkpoint, when its safetensors header
+    (or an HF folder's shard headers) tells; None when only loading it would (pickles)."""
+    if path.is_dir():
+        headers = [safetensors_header(p) for p in sorted(path.glob("*.safetensors"))]
+    elif path.suffix.lower() == ".safetensors":
+        headers = [safetensors_header(path)]
+    else:
+        return None
+    for header in headers:
+        if not header:
+            continue
+        config = header.get("__metadata__", {}).get("fastar_config")
+        if config:
+            try:
+                saved = json.loads(config)
+                return {"model_type": saved.get("model_type", "c2i"), "num_classes": saved.get("num_classes", 1000),
+                        "class_names": list(saved.get("class_names") or [])}
+            except ValueError:
+                return None
+        for prefix in ("", "model."):
+            table = header.get(f"{prefix}cls_embedding.embedding_table.weight")
+            if table:
+                return {"model_type": "c2i", "num_classes": table["shape"][0] - 1, "class_names": []}
+            if f"{prefix}cls_embedding.cap_proj.fc1.weight" in header:
+                return {"model_type": "t2i", "num_classes": 0, "class_names": []}
+    return None
+
+
 def checkpoint_kind_error(path: Path, kind: str) -> str | None:
     """A readable reason why ``path`` is not a ``kind`` checkpoint, when a header look can tell."""
     if path.is_dir():
@@ -213,7 +242,8 @@ def checkpoint_kind_error(path: Path, kind: str) -> str | None:
     found = header_kind(header)
     if found == kind:
         return None
-    names = {AR: "an AR model (load it with FastAR Load AR Model)", VQ: "a VQ decoder (load it with FastAR Load VQ Decoder)"}
+    names = {AR: "an AR model (load it with FastAR Load AR Model)",
+             VQ: "a VQ decoder (load it with FastAR Load VQ Decoder)"}
     if found is None:
         return f"{path.name} is neither an AR model nor a VQ decoder FastAR knows"
     return f"{path.name} is {names[found]}, not {names[kind].split(' (')[0]}"

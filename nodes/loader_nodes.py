@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from comfy_api.latest import io
@@ -65,8 +66,9 @@ class LoadARModel(io.ComfyNode):
                                        "demo model (8 shape classes, 128 px, runs on CPU in seconds)."),
                 io.Combo.Input("dtype", options=list(glue.DTYPE_CHOICES), default="auto", tooltip=DTYPE_TOOLTIP),
             ],
-            outputs=[FastARModel.Output("model", display_name="model", tooltip="The AR model, managed by ComfyUI (loaded to the GPU "
-                                                          "when sampling, offloaded when others need room).")],
+            outputs=[FastARModel.Output("model", display_name="model",
+                                        tooltip="The AR model, managed by ComfyUI (loaded to the GPU "
+                                                "when sampling, offloaded when others need room).")],
         )
 
     @classmethod
@@ -106,7 +108,8 @@ class LoadVQ(io.ComfyNode):
                                        "demo_vq.safetensors is the bundled demo tokenizer."),
                 io.Combo.Input("dtype", options=list(glue.DTYPE_CHOICES), default="auto", tooltip=DTYPE_TOOLTIP),
             ],
-            outputs=[FastARVQ.Output("vq", display_name="vq", tooltip="The VQ decoder, managed by ComfyUI.")],
+            outputs=[FastARVQ.Output("vq", display_name="vq",
+                                     tooltip="The VQ decoder, managed by ComfyUI.")],
         )
 
     @classmethod
@@ -134,6 +137,7 @@ class LoadVQ(io.ComfyNode):
 # -- class labels -----------------------------------------------------------------------------------
 
 USE_INDEX = "(use index)"
+REFUSED = "\u2715 "  # marks a class_name that check_class_labels found wrong for the linked model
 IMAGENET_CLASSES = 1000
 MAX_INDEX = 100_000
 OPTION = re.compile(r"^(?P<name>.*) \((?P<demo>demo )?(?P<index>\d+)\)$")
@@ -146,6 +150,20 @@ def imagenet_names() -> list[str]:
 def class_options() -> list[str]:
     demo = [f"{name} (demo {i})" for i, name in enumerate(files.demo_class_names())]
     return [USE_INDEX, *demo, *(f"{name} ({i})" for i, name in enumerate(imagenet_names()))]
+
+
+def widget_error(class_name: str, index: int) -> str | None:
+    """What is wrong with the Class Label's widgets on their own."""
+    if class_name not in class_options():
+        return f"unknown class '{class_name}': pick one from the list, or '{USE_INDEX}' and an index"
+    if class_name == USE_INDEX and index < 0:
+        return f"class_name is '{USE_INDEX}' but index is {index}: give an index of 0 or more, or pick a class"
+    if class_name != USE_INDEX and index >= 0:
+        return (f"both a class ('{class_name}') and an index ({index}) are given: set index to -1 to use the "
+                f"class, or pick '{USE_INDEX}'")
+    if index > MAX_INDEX:
+        return f"index {index} is out of range: use 0..{MAX_INDEX}"
+    return None
 
 
 def resolve_class(model, class_name: str, index: int) -> tuple[int, str]:
@@ -202,27 +220,60 @@ class ClassLabel(io.ComfyNode):
                              tooltip=f"Raw class index, used when class_name is '{USE_INDEX}' (-1 = not used). "
                                      "0..7 for the demo model, 0..999 for ImageNet models."),
             ],
-            outputs=[FastARConditioning.Output("conditioning", display_name="conditioning", tooltip="Class conditioning for a FastAR sampler.")],
+            outputs=[FastARConditioning.Output("conditioning", display_name="conditioning",
+                                               tooltip="Class conditioning for a FastAR sampler.")],
         )
 
     @classmethod
     def validate_inputs(cls, class_name, index):
-        if class_name not in class_options():
-            return f"unknown class '{class_name}': pick one from the list, or '{USE_INDEX}' and an index"
-        if class_name == USE_INDEX and index < 0:
-            return f"class_name is '{USE_INDEX}' but index is {index}: give an index of 0 or more, or pick a class"
-        if class_name != USE_INDEX and index >= 0:
-            return (f"both a class ('{class_name}') and an index ({index}) are given: set index to -1 to use the "
-                    f"class, or pick '{USE_INDEX}'")
-        if index > MAX_INDEX:
-            return f"index {index} is out of range: use 0..{MAX_INDEX}"
-        return True
+        if class_name.startswith(REFUSED):
+            return class_name[len(REFUSED):]
+        return widget_error(class_name, index) or True
 
     @classmethod
     def execute(cls, model: ModelHandle, class_name, index) -> io.NodeOutput:
         label, text = resolve_class(model.module, class_name, index)
         rows = ClassConditioning(torch.tensor([label], dtype=torch.long))
         return io.NodeOutput(Conditioning("c2i", rows, text))
+
+
+def check_class_labels(request: dict) -> dict:
+    """ComfyUI on-prompt hook: before validation, a Class Label wired straight to a Load AR Model is
+    checked against that model's classes, read off the checkpoint's header (no weights are loaded). A
+    wrong class is marked so that validation refuses the prompt with the reason on the Class Label node,
+    before anything runs. Checkpoints whose classes a header cannot tell (pickles) are checked when the
+    node runs."""
+    prompt = request.get("prompt") if isinstance(request, dict) else None
+    if not isinstance(prompt, dict):
+        return request
+    for node in prompt.values():
+        try:
+            if not isinstance(node, dict) or node.get("class_type") != "FastARClassLabel":
+                continue
+            inputs = node.get("inputs", {})
+            link, class_name, index = inputs.get("model"), inputs.get("class_name"), inputs.get("index", -1)
+            loader = prompt.get(str(link[0])) if isinstance(link, list) and len(link) == 2 else None
+            if not isinstance(loader, dict) or loader.get("class_type") != "FastARLoadModel":
+                continue
+            model_name = loader.get("inputs", {}).get("model_name")
+            if not isinstance(model_name, str) or not isinstance(class_name, str) or class_name.startswith(REFUSED):
+                continue
+            if widget_error(class_name, int(index)):
+                continue  # the node's own validation says what is wrong
+            try:
+                info = files.class_info(files.resolve(model_name, "model"))
+            except FastARError:
+                continue  # the loader's own validation reports a missing file
+            if info is None:
+                continue
+            cfg = SimpleNamespace(model_type=info["model_type"], num_classes=info["num_classes"],
+                                  class_names=info["class_names"])
+            resolve_class(SimpleNamespace(cfg=cfg), class_name, int(index))
+        except FastARError as e:
+            inputs["class_name"] = f"{REFUSED}{e} (model: {model_name})"
+        except Exception:  # noqa: BLE001 - never break a prompt over a pre-check; the run checks again
+            continue
+    return request
 
 
 # -- text ------------------------------------------------------------------------------------------
@@ -245,7 +296,8 @@ class TextConditioning(io.ComfyNode):
                                tooltip="The google/flan-t5-xl folder (config.json, tokenizer, weights) in "
                                        "models/fastar or models/text_encoders."),
             ],
-            outputs=[FastARConditioning.Output("conditioning", display_name="conditioning", tooltip="Caption conditioning for a FastAR sampler.")],
+            outputs=[FastARConditioning.Output("conditioning", display_name="conditioning",
+                                               tooltip="Caption conditioning for a FastAR sampler.")],
         )
 
     @classmethod
@@ -265,7 +317,8 @@ class TextConditioning(io.ComfyNode):
             raise FastARError("this is a class-to-image model: use FastAR Class Label, not FastAR Text Conditioning")
         folder = files.resolve(t5_folder, "FLAN-T5 folder", folders=files.T5_FOLDERS)
         device = glue.load_device()
-        dtype = torch.bfloat16 if glue.choose_dtype("auto", device) == torch.bfloat16 else torch.float32  # T5 overflows in fp16
+        # bf16 where ComfyUI would use it, else fp32: T5 overflows in fp16
+        dtype = torch.bfloat16 if glue.choose_dtype("auto", device) == torch.bfloat16 else torch.float32
         on_disk = sum(f.stat().st_size for f in folder.iterdir() if f.suffix in (".safetensors", ".bin"))
         glue.make_room(on_disk * (2 if dtype == torch.float32 else 1))
         encoder = load_t5_encoder(folder, device=device, dtype=dtype)

@@ -26,7 +26,8 @@ class VQDecode(io.ComfyNode):
                 FastARVQ.Input("vq", tooltip="The VQ decoder (FastAR Load VQ Decoder) matching the AR model."),
                 FastARTokens.Input("tokens", tooltip="Image tokens from a FastAR sampler."),
             ],
-            outputs=[io.Image.Output("image", display_name="image", tooltip="The decoded images (one per batch row).")],
+            outputs=[io.Image.Output("image", display_name="image",
+                                     tooltip="The decoded images (one per batch row).")],
         )
 
     @classmethod
@@ -58,7 +59,8 @@ class AcceptanceMap(io.ComfyNode):
                 io.Int.Input("scale", default=16, min=1, max=64,
                              tooltip="Pixels per token in the heatmap (16 matches a VQ-16 image)."),
             ],
-            outputs=[io.Image.Output("image", display_name="image", tooltip="One heatmap per batch row.")],
+            outputs=[io.Image.Output("image", display_name="image",
+                                     tooltip="One heatmap per batch row.")],
         )
 
     @classmethod
@@ -106,8 +108,10 @@ class Stats(io.ComfyNode):
                                   tooltip="Optional: stats of a FastAR Sampler (AR baseline) run, for a measured "
                                           "speed-up; without it the speed-up is estimated from the forward counts."),
             ],
-            outputs=[io.String.Output("text", display_name="text", tooltip="The summary as text."),
-                     io.String.Output("json", display_name="json", tooltip="All statistics as JSON (as the CLI's --stats-out).")],
+            outputs=[io.String.Output("text", display_name="text",
+                                      tooltip="The summary as text."),
+                     io.String.Output("json", display_name="json",
+                                      tooltip="All statistics as JSON (as the CLI's --stats-out).")],
             is_output_node=True,
         )
 

@@ -44,8 +44,9 @@ def jacobi_inputs() -> list:
                              "16-32 is a good start."),
         io.Combo.Input("init", options=list(INIT_STRATEGIES), default=SPEC.init,
                        tooltip="How new draft tokens are initialised: random codes, copies of the token to the left "
-                               "(horizontal) or above (vertical), or samples from the latest distribution of the left "
-                               "or above position. All are lossless; the better the guess, the more tokens per forward."),
+                               "(horizontal) or above (vertical), or samples from the latest distribution of the "
+                               "left or above position. All are lossless; the better the guess, the more tokens per "
+                               "forward."),
         io.Combo.Input("coupling", options=list(COUPLINGS), default=SPEC.coupling,
                        tooltip="How a draft is redrawn after a rejection: independent resampling (SJD), maximal "
                                "coupling, or Gumbel coupling (SCD), which keeps drafts stable across iterations. "
@@ -99,9 +100,11 @@ class SamplerBase(io.ComfyNode):
                 *cls.decoder_inputs(),
             ],
             outputs=[
-                FastARTokens.Output("tokens", display_name="tokens", tooltip="Image tokens: connect to FastAR VQ Decode."),
-                FastARStats.Output("stats", display_name="stats", tooltip="Decode statistics: connect to FastAR Stats or FastAR "
-                                                    "Acceptance Map."),
+                FastARTokens.Output("tokens", display_name="tokens",
+                                    tooltip="Image tokens: connect to FastAR VQ Decode."),
+                FastARStats.Output("stats", display_name="stats",
+                                   tooltip="Decode statistics: connect to FastAR Stats or FastAR "
+                                           "Acceptance Map."),
             ],
             hidden=[io.Hidden.unique_id],
         )

@@ -6,6 +6,8 @@ Tests that need ComfyUI skip, with the reason, when its environment is not insta
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from comfyui_helpers import REAL_DEMO, harness
 

@@ -161,19 +161,27 @@ def test_corrupt_checkpoint_gives_fastar_message(comfy, object_info):
     assert error["exception_type"].endswith("FastARError")
 
 
-def test_class_out_of_range_for_the_model_gives_fastar_message(comfy, object_info):
+def test_class_out_of_range_for_the_linked_model_is_rejected_before_the_run(comfy, object_info):
     prompt = demo(object_info)
     label = node_of(prompt, "FastARClassLabel")["inputs"]
     label["class_name"], label["index"] = "(use index)", 12
-    error = failed(comfy, prompt)
-    assert "class 12 is out of range: this model has classes 0..7" in error["exception_message"]
+    assert "class 12 is out of range: this model has classes 0..7" in rejected(comfy, prompt)
 
 
-def test_imagenet_class_on_the_demo_model_says_what_to_pick(comfy, object_info):
+def test_imagenet_class_on_the_demo_model_is_rejected_before_the_run(comfy, object_info):
     prompt = demo(object_info)
     node_of(prompt, "FastARClassLabel")["inputs"]["class_name"] = "golden retriever (207)"
+    message = rejected(comfy, prompt)
+    assert "ImageNet class" in message and "8 classes" in message and "circle" in message
+
+
+def test_class_out_of_range_for_a_pickled_model_gives_fastar_message_at_run(comfy, object_info):
+    prompt = workflow_prompt("fastar_llamagen_c2i", object_info)  # a .pt: its classes show when it is loaded
+    label = node_of(prompt, "FastARClassLabel")["inputs"]
+    label["class_name"], label["index"] = "(use index)", 1500
     error = failed(comfy, prompt)
-    assert "ImageNet class" in error["exception_message"] and "8 classes" in error["exception_message"]
+    assert error["node_type"] == "FastARClassLabel"
+    assert "class 1500 is out of range: this model has classes 0..999" in error["exception_message"]
 
 
 def test_text_conditioning_on_a_class_model_gives_fastar_message(comfy, object_info):

@@ -154,7 +154,8 @@ def command_run(args) -> int:
                 .map(n => (n.widgets || []).filter(w => w.name === 'fastar_stats').map(w => w.value).join(''))""")
         finally:
             browser.close()
-    report = {"loaded_from": "template browser" if from_templates else "app.loadGraphData", "queued_with": how, "result": outcome["result"], "executed_nodes": executed, "errors": errors,
+    report = {"loaded_from": "template browser" if from_templates else "app.loadGraphData", "queued_with": how,
+              "result": outcome["result"], "executed_nodes": executed, "errors": errors,
               "previews": previews, "stats_text": stats_text, "screenshot": str(args.screenshot)}
     print(json.dumps(report))
     return 0 if outcome["result"] == "execution_success" else 1

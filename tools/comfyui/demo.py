@@ -75,8 +75,8 @@ def main(argv=None) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
 
-    server = harness.Server(harness.HOME / "base", model_folders=[m.resolve() for m in args.models], port=port_or_free(args.port),
-                            extra_args=["--preview-method", "auto"])
+    server = harness.Server(harness.HOME / "base", model_folders=[m.resolve() for m in args.models],
+                            port=port_or_free(args.port), extra_args=["--preview-method", "auto"])
     print("starting ComfyUI with the FastAR pack ...", file=sys.stderr)
     started = time.monotonic()
     server.start()

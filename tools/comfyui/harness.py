@@ -254,8 +254,10 @@ class Events:
             return
 
     def of(self, kind: str, prompt_id: str | None = None) -> list:
-        return [(t, d) for t, k, d in list(self.messages)
-                if k == kind and (prompt_id is None or not isinstance(d, dict) or d.get("prompt_id") in (None, prompt_id))]
+        def matches(data) -> bool:
+            return prompt_id is None or not isinstance(data, dict) or data.get("prompt_id") in (None, prompt_id)
+
+        return [(t, d) for t, k, d in list(self.messages) if k == kind and matches(d)]
 
     def wait_for(self, kind: str, prompt_id: str | None = None, timeout: float = 120.0):
         deadline = time.monotonic() + timeout

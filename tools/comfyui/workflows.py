@@ -61,7 +61,8 @@ class Graph:
         slot = next(o for o in src["outputs"] if o["name"] == output)
         target = next(i for i in dst["inputs"] if i["name"] == input_name)
         link_id = len(self.links) + 1
-        self.links.append([link_id, src["id"], slot["slot_index"], dst["id"], dst["inputs"].index(target), slot["type"]])
+        self.links.append([link_id, src["id"], slot["slot_index"], dst["id"], dst["inputs"].index(target),
+                           slot["type"]])
         slot["links"].append(link_id)
         target["link"] = link_id
 
