@@ -46,6 +46,8 @@ def test_workflow_from_template_browser_runs_in_chromium(comfy, tmp_path, workfl
     assert not report["errors"]
     assert any("step compression" in text for text in report["stats_text"]), report
     assert report["previews"] > 0, "no live preview reached the browser"
+    assert all(not values for values in report["saved_stats_widgets"]), "the stats display was saved in the workflow"
+    assert all(set(inputs) <= {"stats", "ar_baseline"} for inputs in report["queued_stats_inputs"])
     assert screenshot.stat().st_size > 20_000
     artifacts = ROOT / "out" / "comfyui"
     if artifacts.parent.exists():  # the git-ignored out/ folder: easy to find after a local run

@@ -150,13 +150,18 @@ def command_run(args) -> int:
             executed = page.evaluate(
                 "() => window.__fastar.events.filter(e => e.kind === 'executed').map(e => e.detail.node)")
             previews = page.evaluate("() => window.__fastar.previews")
+            saved = page.evaluate("""() => window.app.graph.serialize().nodes
+                .filter(n => n.type === 'FastARStats').map(n => n.widgets_values ?? [])""")
+            queued = page.evaluate("""async () => Object.values((await window.app.graphToPrompt()).output)
+                .filter(n => n.class_type === 'FastARStats').map(n => Object.keys(n.inputs))""")
             stats_text = page.evaluate("""() => window.app.graph._nodes.filter(n => n.type === 'FastARStats')
                 .map(n => (n.widgets || []).filter(w => w.name === 'fastar_stats').map(w => w.value).join(''))""")
         finally:
             browser.close()
     report = {"loaded_from": "template browser" if from_templates else "app.loadGraphData", "queued_with": how,
               "result": outcome["result"], "executed_nodes": executed, "errors": errors,
-              "previews": previews, "stats_text": stats_text, "screenshot": str(args.screenshot)}
+              "previews": previews, "stats_text": stats_text,
+              "saved_stats_widgets": saved, "queued_stats_inputs": queued, "screenshot": str(args.screenshot)}
     print(json.dumps(report))
     return 0 if outcome["result"] == "execution_success" else 1
 
