@@ -105,7 +105,12 @@ def check_partial_preview():
     assert image.size == (12, 8)
     pixels = torch.from_numpy(np.asarray(image).copy())
     assert (pixels[4:] == 128).all() and (pixels[2:4, 4:] == 128).all()  # rows 1.3 and up not decoded yet
-    print("ok live preview shows the decoded part only")
+    assert not glue.previews_enabled()  # started without --preview-method: ComfyUI's default is none
+    from comfy.cli_args import LatentPreviewMethod, args
+
+    args.preview_method = LatentPreviewMethod.Auto
+    assert glue.previews_enabled()
+    print("ok live preview shows the decoded part only, and follows --preview-method")
 
 
 check_memory_request()

@@ -131,7 +131,7 @@ def compare(info) -> dict:
             ("FastARSamplerGSD", "GSD (relaxed)", [16, "random", "independent", 10, 0.15, 0.5])]
     ar_stats = None
     for i, (kind, title, extra) in enumerate(rows):
-        y = i * 560
+        y = i * 720  # room for the sampler's live preview
         sampler = g.node(kind, (360, y), sampler_widgets(seed=3) + extra, title=f"Sampler: {title}")
         decode = g.node("FastARVQDecode", (720, y), [])
         image = g.node("PreviewImage", (1060, y), [], title=f"Image: {title}", width=300)
@@ -151,7 +151,7 @@ def compare(info) -> dict:
             ar_stats = sampler
         else:
             g.connect(ar_stats, "stats", stats, "ar_baseline")
-        g.group(title, (340, y - 40, 1360, 540))
+        g.group(title, (340, y - 40, 1360, 700))
     return g.to_json()
 
 
