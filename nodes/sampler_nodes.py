@@ -10,6 +10,7 @@ from comfy_api.latest import io
 
 from ..errors import FastARError
 from ..model_loaders.protocol import CaptionConditioning, ClassConditioning
+from ..pipeline import class_conditioning
 from ..samplers.decoders import DecoderSpec, decode
 from ..samplers.drafts import COUPLINGS, INIT_STRATEGIES, check_choice
 from ..samplers.processing import SamplingSettings
@@ -134,6 +135,7 @@ class SamplerBase(io.ComfyNode):
                               f"{'FastAR Class Label' if ar.cfg.model_type == 'c2i' else 'FastAR Text Conditioning'}")
         sampling = SamplingSettings(cfg_scale=cfg, temperature=temperature, top_k=top_k, top_p=top_p).validate()
         spec = cls.spec(**decoder_widgets)
+        check_fits(ar, conditioning.rows)
         rows = repeat_rows(conditioning.rows, batch)
         vq = preview_vq.module if preview_vq is not None and glue.previews_enabled() else None
         if vq is not None and vq.cfg.codebook_size != ar.vocab_size:
@@ -151,6 +153,18 @@ class SamplerBase(io.ComfyNode):
         stats.settings = {**stats.settings, "seed": seed, "cfg": cfg, "temperature": temperature, "top_k": top_k,
                           "top_p": top_p, "conditioning": conditioning.label, "model": model.name}
         return io.NodeOutput(Tokens(codes.cpu(), tuple(ar.grid), ar.vocab_size), stats)
+
+
+def check_fits(ar, rows) -> None:
+    """The conditioning was made for this model: classes in range, caption features of its width."""
+    if isinstance(rows, ClassConditioning):
+        class_conditioning(ar, rows.labels.tolist())  # FastARError naming the model's classes
+    elif isinstance(rows, CaptionConditioning):
+        tokens, width = rows.embeddings.shape[-2:]
+        if width != ar.cfg.caption_dim or tokens != ar.cfg.cls_token_num:
+            raise FastARError(f"the text encoder gives {tokens} x {width} caption features but this model expects "
+                              f"{ar.cfg.cls_token_num} x {ar.cfg.caption_dim}: use the FLAN-T5 the model was "
+                              "trained with (google/flan-t5-xl for LlamaGen)")
 
 
 def repeat_rows(rows, batch: int):

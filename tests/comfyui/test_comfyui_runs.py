@@ -190,3 +190,13 @@ def test_text_conditioning_on_a_class_model_gives_fastar_message(comfy, object_i
     node_of(prompt, "FastARLoadModel")["inputs"]["model_name"] = "demo_c2i.safetensors"
     error = failed(comfy, prompt)
     assert "class-to-image model: use FastAR Class Label" in error["exception_message"]
+
+
+def test_label_made_for_another_model_gives_fastar_message(comfy, object_info):
+    prompt = demo(object_info)  # the sampler uses the demo model (8 classes) ...
+    prompt["90"] = {"class_type": "FastARLoadModel", "inputs": {"model_name": "c2i_L_256.pt", "dtype": "auto"}}
+    label = node_of(prompt, "FastARClassLabel")["inputs"]  # ... the label is an ImageNet class of another model
+    label["model"], label["class_name"] = ["90", 0], "golden retriever (207)"
+    error = failed(comfy, prompt)
+    assert error["node_type"].startswith("FastARSampler")
+    assert "class 207 is out of range: this model has classes 0..7" in error["exception_message"]
