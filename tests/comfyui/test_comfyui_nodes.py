@@ -104,6 +104,9 @@ def test_stats_display_script_is_served(comfy):
 
     with urllib.request.urlopen(comfy.url + script) as response:
         assert b"FastARStats" in response.read()
+    for node in NODES:  # the per-node help the UI's node library shows
+        with urllib.request.urlopen(f"{comfy.url}/extensions/FastAR/docs/{node}.md") as response:
+            assert response.read().startswith(f"# {node}".encode())
 
 
 @pytest.mark.parametrize("workflow", [p.stem for p in WORKFLOWS])
