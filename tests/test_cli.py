@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,7 +10,7 @@ from PIL import Image
 
 from fastar.model_loaders.demo import DEMO_AR, DEMO_VQ
 
-pytestmark = pytest.mark.skipif(not (DEMO_AR.exists() and DEMO_VQ.exists()), reason="demo weights not built")
+needs_demo = pytest.mark.skipif(not (DEMO_AR.exists() and DEMO_VQ.exists()), reason="demo weights not built")
 
 
 def fastar(*args, cwd):
@@ -17,6 +18,7 @@ def fastar(*args, cwd):
                           text=True, timeout=600)
 
 
+@needs_demo
 def test_generate_writes_images_tokens_stats_and_maps(tmp_path):
     r = fastar("generate", "--classes", "0,3", "--decoder", "sjd", "--seed", 5, "--out", tmp_path / "img.png",
                "--tokens-out", tmp_path / "t.json", "--stats-out", tmp_path / "s.json",
@@ -36,6 +38,7 @@ def test_generate_writes_images_tokens_stats_and_maps(tmp_path):
     assert len(stats["accepted_per_iteration"]) == stats["target_forwards"] and stats["wall_time_s"] > 0
 
 
+@needs_demo
 def test_same_seed_same_tokens_and_class_repeats_over_batch(tmp_path):
     runs = []
     for name in ("a", "b"):
@@ -47,6 +50,7 @@ def test_same_seed_same_tokens_and_class_repeats_over_batch(tmp_path):
     assert len(runs[0]) == 3 and runs[0][0] != runs[0][1]  # three independent rows of class 2
 
 
+@needs_demo
 @pytest.mark.parametrize("args,message", [
     (["--class", "99"], "out of range"),
     (["--class", "not-a-class"], "unknown class"),
@@ -60,6 +64,7 @@ def test_bad_input_gives_a_clear_error_and_exit_code(tmp_path, args, message):
     assert message in r.stderr and "Traceback" not in r.stderr
 
 
+@needs_demo
 def test_bench_writes_json_markdown_and_pareto(tmp_path):
     r = fastar("bench", "--decoders", "ar,sjd,gsd", "--samples", 8, "--timing-runs", 1, "--sweep-samples", 4,
                "--out", tmp_path / "b", cwd=tmp_path)
@@ -74,3 +79,18 @@ def test_bench_writes_json_markdown_and_pareto(tmp_path):
     assert report["results"]["sjd"]["step_compression"] > 1.2
     assert (tmp_path / "b" / "bench.md").read_text().startswith("# FastAR benchmark")
     assert Image.open(tmp_path / "b" / "pareto.png").size[0] > 400
+
+
+def test_text_to_image_from_an_official_pickle_and_a_local_t5_folder(tmp_path):
+    sys.path.insert(0, str(Path(__file__).parent / "comfyui"))
+    import standins
+
+    standins.write_llamagen(tmp_path)
+    r = fastar("generate", "--model", standins.LLAMAGEN_T2I, "--vq", standins.LLAMAGEN_VQ_T2I,
+               "--prompt", "a red apple on a wooden table", "--prompt", "a blue cube", "--t5", standins.FLAN_T5,
+               "--decoder", "sjd", "--quiet", "--out", "t2i.png", "--tokens-out", "t.json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads((tmp_path / "t.json").read_text())["tokens"]) == 2
+    assert Image.open(tmp_path / "t2i_1.png").size == (128, 128)
+    r = fastar("generate", "--model", standins.LLAMAGEN_T2I, "--class", "3", "--quiet", cwd=tmp_path)
+    assert r.returncode == 2 and "--prompt" in r.stderr
