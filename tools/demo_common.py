@@ -1,0 +1,86 @@
+"""Helpers shared by the demo training tools: tensors <-> images, fp16 safetensors with config, loaders."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from ..model_loaders.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
+from ..model_loaders.vq import VQConfig, VQModel
+
+DATA_DIR = Path(__file__).resolve().parent.parent / ".data"  # git-ignored caches
+OUT_DIR = Path(__file__).resolve().parent.parent / "out"  # git-ignored previews
+
+
+def setup(seed: int) -> torch.Generator:
+    """Two CPU threads (the machine is shared), global seeds for module init, a generator for the rest."""
+    torch.set_num_threads(2)
+    torch.set_flush_denormal(True)  # cheap insurance: denormal floats are very slow on CPUs
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+def to_tensor(images) -> torch.Tensor:
+    """uint8 [B, H, W, 3] (numpy or torch) -> float [B, 3, H, W] in [-1, 1]."""
+    x = torch.as_tensor(np.asarray(images)) if not torch.is_tensor(images) else images
+    return x.permute(0, 3, 1, 2).contiguous().float() / 127.5 - 1.0
+
+
+def to_uint8(x: torch.Tensor) -> np.ndarray:
+    """float [B, 3, H, W] in [-1, 1] -> uint8 [B, H, W, 3]."""
+    return ((x.detach().float().clamp(-1, 1) + 1) * 127.5 + 0.5).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    """PSNR in dB of images in [-1, 1] (peak-to-peak 2)."""
+    mse = (a.clamp(-1, 1) - b.clamp(-1, 1)).pow(2).mean().item()
+    return 10 * np.log10(4.0 / max(mse, 1e-12))
+
+
+def save_fp16(module: torch.nn.Module, cfg, path) -> None:
+    """State dict in fp16 (official key names) with the config as JSON under ``fastar_config``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sd = {k: (v.half() if v.is_floating_point() else v).detach().contiguous() for k, v in module.state_dict().items()}
+    meta = asdict(cfg) if not isinstance(cfg, dict) else cfg
+    save_file(sd, str(path), metadata={"fastar_config": json.dumps(meta)})
+    print(f"saved {path.name}: {path.stat().st_size / 1e6:.2f} MB")
+
+
+def read_config(path) -> dict:
+    with safe_open(str(path), "pt") as f:
+        return json.loads(f.metadata()["fastar_config"])
+
+
+def load_vq(path) -> VQModel:
+    model = VQModel(VQConfig(**read_config(path)))
+    model.load_state_dict({k: v.float() for k, v in load_file(str(path)).items()})
+    return model.eval()
+
+
+def load_ar(path) -> LlamaGenGPT:
+    model = LlamaGenGPT(LlamaGenConfig(**read_config(path)))
+    model.load_state_dict({k: v.float() for k, v in load_file(str(path)).items()})
+    return model.eval()
+
+
+def cosine_lr(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -> float:
+    """Linear warmup then cosine decay to ``floor * peak``."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    t = (step - warmup) / max(1, total - warmup)
+    return peak * (floor + (1 - floor) * 0.5 * (1 + np.cos(np.pi * min(t, 1.0))))
+
+
+class Timer:
+    def __init__(self):
+        self.start = time.time()
+
+    def __str__(self):
+        return f"{time.time() - self.start:.0f}s"

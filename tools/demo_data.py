@@ -1,0 +1,127 @@
+"""Procedural 128x128 RGB images in 8 classes: the training data of the bundled demo models.
+
+Every image is drawn from a ``numpy.random.Generator``, so a seed fixes the data set. Shapes are
+signed-distance masks with a one-pixel soft edge, painted in one colour over a flat background of the
+complementary colour; colours, position, size, period and a small rotation vary within a class. No noise on
+purpose: it would cost VQ codes and AR capacity without making the classes any more interesting.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+SIZE = 128
+CLASS_NAMES = ["circle", "square", "triangle", "stripes", "checkerboard", "ring", "cross", "blob"]
+
+_Y, _X = np.mgrid[0:SIZE, 0:SIZE].astype(np.float32) + 0.5
+
+
+def _col(a: np.ndarray) -> np.ndarray:
+    """Per-image parameters [n] -> [n, 1, 1] to broadcast over the pixel grid."""
+    return a.astype(np.float32)[:, None, None]
+
+
+def _frame(rng, n, min_r, max_r, max_angle):
+    """Rotated coordinates around a random centre, and a radius (all in pixels)."""
+    r = rng.uniform(min_r, max_r, n)
+    cx, cy = (rng.uniform(r + 4, SIZE - r - 4) for _ in range(2))
+    theta = rng.uniform(-max_angle, max_angle, n)
+    c, s = _col(np.cos(theta)), _col(np.sin(theta))
+    dx, dy = _X - _col(cx), _Y - _col(cy)
+    return c * dx + s * dy, -s * dx + c * dy, _col(r)
+
+
+def _fill(d):
+    """Signed distance (negative inside) -> coverage in [0, 1], antialiased over one pixel."""
+    return np.clip(0.5 - d, 0.0, 1.0)
+
+
+def _circle(rng, n):
+    u, v, r = _frame(rng, n, 14, 44, 0)
+    return _fill(np.sqrt(u * u + v * v) - r)
+
+
+def _square(rng, n):
+    u, v, r = _frame(rng, n, 12, 38, np.pi / 9)
+    return _fill(np.maximum(np.abs(u), np.abs(v)) - r)
+
+
+def _triangle(rng, n):
+    u, v, r = _frame(rng, n, 18, 48, np.pi / 9)
+    # equilateral, pointing up: intersection of three half-planes at distance r/2 from the centre
+    d = np.maximum(np.maximum(-v, 0.866 * u + 0.5 * v), -0.866 * u + 0.5 * v) - r / 2
+    return _fill(d)
+
+
+def _ring(rng, n):
+    u, v, r = _frame(rng, n, 20, 46, 0)
+    width = r * _col(rng.uniform(0.15, 0.3, n))
+    return _fill(np.abs(np.sqrt(u * u + v * v) - r) - width)
+
+
+def _cross(rng, n):
+    u, v, r = _frame(rng, n, 20, 46, np.pi / 9)
+    w = r * _col(rng.uniform(0.2, 0.35, n))
+    au, av = np.abs(u), np.abs(v)
+    return _fill(np.minimum(np.maximum(au - r, av - w), np.maximum(au - w, av - r)))
+
+
+def _waves(rng, n, max_angle):
+    """Phase-shifted rotated coordinates scaled so that one period is 2 units."""
+    period = _col(rng.uniform(20, 44, n))
+    u, v, _ = _frame(rng, n, 0, 0, max_angle)
+    phase = _col(rng.uniform(0, 2, n))
+    return u * 2 / period + phase, v * 2 / period + phase, period
+
+
+def _stripes(rng, n):
+    u, _, period = _waves(rng, n, np.pi / 2)
+    # distance to the nearest stripe edge, in pixels, signed by the square wave
+    return _fill(-np.sin(np.pi * u) * period / (2 * np.pi))
+
+
+def _checkerboard(rng, n):
+    u, v, period = _waves(rng, n, np.pi / 12)
+    return _fill(-np.sin(np.pi * u) * np.sin(np.pi * v) * period / np.pi)
+
+
+def _blob(rng, n):
+    u, v, r = _frame(rng, n, 20, 40, np.pi)
+    stretch = _col(rng.uniform(1.0, 1.8, n))
+    return np.exp(-0.5 * ((u / stretch) ** 2 + (v * stretch) ** 2) / (r / 1.5) ** 2)
+
+
+_DRAW = [_circle, _square, _triangle, _stripes, _checkerboard, _ring, _cross, _blob]
+assert len(_DRAW) == len(CLASS_NAMES)
+
+
+# Colours are complementary corners of the RGB cube (black/white, red/cyan, green/magenta,
+# blue/yellow, either way round). The LlamaGen VQ decoder ends in GroupNorm, which at the demo width is
+# an instance norm per channel: it keeps only where each channel is above or below its image mean, so
+# a decoder this small can only paint colours that differ from the background in every channel.
+LOW, HIGH = 0.1, 0.9
+
+
+def _colours(rng, n):
+    """Background and foreground colours: opposite corners of the RGB cube."""
+    bits = rng.integers(0, 2, (n, 3)).astype(np.float32)
+    return LOW + (HIGH - LOW) * bits, LOW + (HIGH - LOW) * (1 - bits)
+
+
+def make_batch(rng: np.random.Generator, n: int, classes=None):
+    """``n`` images (uint8 [n, 128, 128, 3]) and their labels (int64 [n]).
+
+    ``classes``: labels to draw (array of length ``n``); default uniform over ``CLASS_NAMES``."""
+    labels = rng.integers(0, len(CLASS_NAMES), n) if classes is None else np.asarray(classes, dtype=np.int64)
+    mask = np.empty((n, SIZE, SIZE), np.float32)
+    for k, draw in enumerate(_DRAW):
+        idx = np.flatnonzero(labels == k)
+        if len(idx):
+            mask[idx] = draw(rng, len(idx))
+    bg, fg = _colours(rng, n)
+    img = bg[:, None, None] * (1 - mask[..., None]) + fg[:, None, None] * mask[..., None]
+    return (img * 255 + 0.5).clip(0, 255).astype(np.uint8), labels.astype(np.int64)
+
+
+def balanced_labels(n: int) -> np.ndarray:
+    """``n`` labels cycling through the classes (balanced evaluation sets)."""
+    return np.arange(n) % len(CLASS_NAMES)
