@@ -88,6 +88,17 @@ def loaders(g: Graph, model: str, vq: str, y=0):
     return ar, vq_node
 
 
+def wire_sampler(g: Graph, ar, vq, conditioner, sampler, decode, stats) -> None:
+    """The links every FastAR graph has: model and conditioning into the sampler, the VQ into its live
+    preview and the decoder, tokens into the decoder, the decode statistics into the stats node."""
+    g.connect(ar, "model", sampler, "model")
+    g.connect(conditioner, "conditioning", sampler, "conditioning")
+    g.connect(vq, "vq", sampler, "preview_vq")
+    g.connect(vq, "vq", decode, "vq")
+    g.connect(sampler, "tokens", decode, "tokens")
+    g.connect(sampler, "stats", stats, "stats")
+
+
 def demo_sjd(info) -> dict:
     g = Graph(info)
     ar, vq = loaders(g, "demo_c2i.safetensors", "demo_vq.safetensors")
@@ -98,14 +109,9 @@ def demo_sjd(info) -> dict:
     stats = g.node("FastARStats", (720, 120), [], width=320)
     amap = g.node("FastARAcceptanceMap", (720, 420), [16])
     preview = g.node("PreviewImage", (1060, 420), [], width=360)
-    for dst in (label, sampler):
-        g.connect(ar, "model", dst, "model")
-    g.connect(label, "conditioning", sampler, "conditioning")
-    g.connect(vq, "vq", sampler, "preview_vq")
-    g.connect(vq, "vq", decode, "vq")
-    g.connect(sampler, "tokens", decode, "tokens")
+    g.connect(ar, "model", label, "model")
+    wire_sampler(g, ar, vq, label, sampler, decode, stats)
     g.connect(decode, "image", save, "images")
-    g.connect(sampler, "stats", stats, "stats")
     g.connect(sampler, "stats", amap, "stats")
     g.connect(amap, "image", preview, "images")
     g.note((0, 430), "FastAR demo: Speculative Jacobi Decoding (SJD) on the bundled demo model, no download.\n\n"
@@ -138,13 +144,8 @@ def compare(info) -> dict:
         stats = g.node("FastARStats", (720, y + 110), [], title=f"Stats: {title}")
         amap = g.node("FastARAcceptanceMap", (1380, y), [16])
         amap_view = g.node("PreviewImage", (1380, y + 110), [], title=f"Acceptance map: {title}", width=300)
-        g.connect(ar, "model", sampler, "model")
-        g.connect(label, "conditioning", sampler, "conditioning")
-        g.connect(vq, "vq", sampler, "preview_vq")
-        g.connect(vq, "vq", decode, "vq")
-        g.connect(sampler, "tokens", decode, "tokens")
+        wire_sampler(g, ar, vq, label, sampler, decode, stats)
         g.connect(decode, "image", image, "images")
-        g.connect(sampler, "stats", stats, "stats")
         g.connect(sampler, "stats", amap, "stats")
         g.connect(amap, "image", amap_view, "images")
         if ar_stats is None:
@@ -163,14 +164,9 @@ def llamagen_c2i(info) -> dict:
     decode = g.node("FastARVQDecode", (720, 0), [])
     save = g.node("SaveImage", (1060, 0), ["FastAR_llamagen_c2i"], width=360)
     stats = g.node("FastARStats", (720, 120), [])
-    for dst in (label, sampler):
-        g.connect(ar, "model", dst, "model")
-    g.connect(label, "conditioning", sampler, "conditioning")
-    g.connect(vq, "vq", sampler, "preview_vq")
-    g.connect(vq, "vq", decode, "vq")
-    g.connect(sampler, "tokens", decode, "tokens")
+    g.connect(ar, "model", label, "model")
+    wire_sampler(g, ar, vq, label, sampler, decode, stats)
     g.connect(decode, "image", save, "images")
-    g.connect(sampler, "stats", stats, "stats")
     g.note((0, 430), f"LlamaGen class-to-image (ImageNet) with SJD.\n\nDownload from the LlamaGen release "
                      f"(FoundationVision/LlamaGen on Hugging Face) into ComfyUI/models/fastar/:\n- {LLAMAGEN_C2I} "
                      f"(or any c2i_*.pt: B, L, XL, XXL, 3B; 256 or 384 px)\n- {LLAMAGEN_VQ_C2I}\nthen press R and "
@@ -187,14 +183,9 @@ def llamagen_t2i(info) -> dict:
     decode = g.node("FastARVQDecode", (720, 0), [])
     save = g.node("SaveImage", (1060, 0), ["FastAR_llamagen_t2i"], width=360)
     stats = g.node("FastARStats", (720, 120), [])
-    for dst in (text, sampler):
-        g.connect(ar, "model", dst, "model")
-    g.connect(text, "conditioning", sampler, "conditioning")
-    g.connect(vq, "vq", sampler, "preview_vq")
-    g.connect(vq, "vq", decode, "vq")
-    g.connect(sampler, "tokens", decode, "tokens")
+    g.connect(ar, "model", text, "model")
+    wire_sampler(g, ar, vq, text, sampler, decode, stats)
     g.connect(decode, "image", save, "images")
-    g.connect(sampler, "stats", stats, "stats")
     g.note((0, 500), f"LlamaGen text-to-image with SJD.\n\nDownload into ComfyUI/models/fastar/:\n- {LLAMAGEN_T2I} "
                      f"(or t2i_XL_stage2_512.pt) and {LLAMAGEN_VQ_T2I} from the LlamaGen release "
                      "(FoundationVision/LlamaGen on Hugging Face)\n- the google/flan-t5-xl repository as a folder "
