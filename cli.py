@@ -31,7 +31,7 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--group", type=int, default=SPEC_DEFAULTS.group, help="GSD group size G (1 = SJD)")
     p.add_argument("--prob-threshold", type=float, default=SPEC_DEFAULTS.prob_threshold, help="GSD delta")
     p.add_argument("--distance-threshold", type=float, default=SPEC_DEFAULTS.distance_threshold,
-                   help="GSD d, in units of the mean squared distance between two codes")
+                   help="GSD d: keep group members among the draft's nearest codes (0.5 = nearer half, 1 = all)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "fp16", "bf16"])
 

@@ -235,9 +235,9 @@ class SamplerGSD(SamplerSJD):
                                  "draft. 1 = exactly SJD (lossless); larger is faster and less faithful."),
             slider("prob_threshold", SPEC.prob_threshold, 0.0, 1.0, 0.01,
                    "Drop group members whose probability differs from the draft's by more than this."),
-            slider("distance_threshold", SPEC.distance_threshold, 0.0, 4.0, 0.01,
-                   "Drop group members whose code embedding is farther from the draft's than this (in units of "
-                   "the mean squared distance between two codes)."),
+            slider("distance_threshold", SPEC.distance_threshold, 0.0, 1.0, 0.01,
+                   "Drop group members that are not among the draft's nearest codes: 0.5 keeps the nearer half "
+                   "of the codebook (by code-embedding distance), 1.0 keeps all."),
         ]
 
     @classmethod

@@ -6,6 +6,7 @@ any draft source.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -49,11 +50,12 @@ class GroupedRule(ExactRule):
     """GSD: accept x when its dynamic cluster's target mass covers its draft mass.
 
     The cluster is the codes whose rank under p is within ``group // 2`` of x's rank, minus those whose
-    probability differs from p(x) by more than ``prob_threshold`` or whose embedding distance to x
-    exceeds ``distance_threshold``. Codes outside the target's support (cut by top-k/top-p) are never
-    accepted. Distances are squared L2 divided by the mean squared distance
-    between two codes of the table, so one threshold means the same on every model. ``group=1`` is
-    exactly SJD. Relaxed: trades fidelity for speed. The residual is the exact rule's.
+    probability differs from p(x) by more than ``prob_threshold`` or that lie farther from x than
+    ``distance_threshold``. Codes outside the target's support (cut by top-k/top-p) are never accepted.
+    Distance is rank-based, so one threshold means the same on every model: D(x, c) is the fraction of
+    codes nearer to x than c is (0.5 keeps the nearer half). Raw L2 distances in a wide embedding table
+    all sit close to their mean, where any absolute or mean-scaled threshold keeps everything or nothing.
+    ``group=1`` is exactly SJD. Relaxed: trades fidelity for speed. The residual is the exact rule's.
     """
 
     group: int
@@ -65,12 +67,11 @@ class GroupedRule(ExactRule):
     def __post_init__(self):
         if self.group < 1:
             raise FastARError(f"GSD group size {self.group} must be at least 1 (1 = plain SJD)")
-        if self.prob_threshold < 0 or self.distance_threshold < 0:
-            raise FastARError("GSD thresholds must be non-negative")
-        e = self.embeddings.detach().float()
-        self.embeddings = e
-        # mean squared distance between two random codes = 2 * mean squared deviation from the centroid
-        self.distance_scale = float(2.0 * (e - e.mean(0)).pow(2).sum(-1).mean().clamp_min(_TINY))
+        if self.prob_threshold < 0 or not 0 <= self.distance_threshold <= 1:
+            raise FastARError("GSD thresholds: the probability gap must be >= 0 and the distance (a fraction "
+                              "of the codes) between 0 and 1")
+        self.embeddings = self.embeddings.detach().float()
+        self.radius = neighbourhood_radius(self.embeddings, self.distance_threshold)
 
     def accept_probability(self, p, q, x):
         half = self.group // 2
@@ -84,11 +85,24 @@ class GroupedRule(ExactRule):
         members = order.gather(-1, ranks.clamp(0, p.shape[-1] - 1))
         p_members, q_members = p.gather(-1, members), q.gather(-1, members)
         close_prob = (p_members - at(p, x).unsqueeze(-1)).abs() <= self.prob_threshold
-        e = self.embeddings.to(p.device)
-        dist = (e[members] - e[x].unsqueeze(-2)).pow(2).sum(-1) / self.distance_scale
-        keep = in_range & close_prob & (dist <= self.distance_threshold)
+        e, radius = self.embeddings.to(p.device), self.radius.to(p.device)
+        close_code = (e[members] - e[x].unsqueeze(-2)).pow(2).sum(-1) <= radius[x].unsqueeze(-1)
+        keep = in_range & close_prob & close_code
         p_group = (p_members * keep).sum(-1)
         q_group = (q_members * keep).sum(-1)
         ratio = (p_group / q_group.clamp_min(_TINY)).clamp(max=1.0)
         # a code that top-k/top-p removed from the target is never accepted, whatever its group
         return torch.where(at(p, x) > 0, ratio, torch.zeros_like(ratio))
+
+
+def neighbourhood_radius(embeddings: torch.Tensor, fraction: float, reference: int = 2048, chunk: int = 1024):
+    """Per code, the squared L2 radius holding ``fraction`` of all codes, estimated against a fixed
+    sample of ``reference`` codes (exact when the table is smaller)."""
+    V = embeddings.shape[0]
+    if fraction >= 1.0:
+        return torch.full((V,), float("inf"))
+    sample = torch.randperm(V, generator=torch.Generator().manual_seed(0))[:reference]
+    ref = embeddings[sample.to(embeddings.device)]
+    k = max(1, math.ceil(fraction * ref.shape[0]))
+    radii = [torch.cdist(part, ref).pow(2).kthvalue(k, dim=-1).values for part in embeddings.split(chunk)]
+    return torch.cat(radii).cpu()

@@ -23,7 +23,7 @@ class DecoderSpec:
     coupling: str = "independent"
     group: int = 10  # GSD cluster size G (1 = SJD)
     prob_threshold: float = 0.15  # GSD: drop cluster members whose p differs more than this
-    distance_threshold: float = 0.5  # GSD: drop members farther than this (scale-free units)
+    distance_threshold: float = 0.5  # GSD: keep members among the nearest this fraction of codes
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -77,7 +77,7 @@ def test_gsd_with_group_one_is_exact_and_equals_sjd():
 def test_gsd_with_large_groups_is_relaxed():
     """GSD trades fidelity for speed: with an unfiltered cluster covering the vocabulary it accepts
     every draft, which the test must see."""
-    spec = DecoderSpec("gsd", window=4, group=3, prob_threshold=1.0, distance_threshold=1e9)
+    spec = DecoderSpec("gsd", window=4, group=3, prob_threshold=1.0, distance_threshold=1.0)
     tokens, stats = decode(MODEL, conditioning(), GUIDED, spec, seed=5)
     assert chi_square_p_value(tokens, exact_for(GUIDED)) < ALPHA
     _, sjd_stats = decode(MODEL, conditioning(), GUIDED, DecoderSpec("sjd", window=4), seed=5)

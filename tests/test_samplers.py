@@ -50,9 +50,12 @@ def test_residual_removes_the_draft_mass_and_falls_back_when_equal():
     assert torch.allclose(positive_residual(p, p), p)
 
 
+# codes on a line: code i sits at position i, so code 3's neighbours by distance are 2 and 4, then 1 and 5
+LINE = torch.arange(6.0).unsqueeze(1)
+
+
 def grouped(group, **kw):
-    embeddings = torch.eye(6)  # every pair of codes at the same distance
-    return GroupedRule(group, embeddings, **kw)
+    return GroupedRule(group, LINE, **kw)
 
 
 def test_group_one_is_the_exact_rule():
@@ -66,7 +69,7 @@ def test_group_sums_the_neighbours_by_target_rank():
     p = torch.tensor([[[0.05, 0.4, 0.1, 0.3, 0.1, 0.05]]])  # ranks: 1 > 3 > {2, 4} > {0, 5}
     q = torch.tensor([[[0.0, 0.1, 0.0, 0.9, 0.0, 0.0]]])
     x = torch.tensor([[3]])  # rank 1: the group of size 3 is ranks 0..2 = codes 1, 3 and one 0.1 code
-    rule = grouped(3, prob_threshold=1.0, distance_threshold=10.0)
+    rule = grouped(3, prob_threshold=1.0, distance_threshold=1.0)
     assert torch.allclose(rule.accept_probability(p, q, x), torch.tensor([[0.8 / 1.0]]))
     assert ExactRule().accept_probability(p, q, x) < rule.accept_probability(p, q, x)
 
@@ -76,15 +79,24 @@ def test_group_filters_by_probability_gap_distance_and_support():
     q = torch.tensor([[[0.0, 0.1, 0.0, 0.9, 0.0, 0.0]]])
     x = torch.tensor([[3]])
     # code 1 differs from p(x) by 0.1 > 0.05: dropped, like the 0.1 code (gap 0.2)
-    assert torch.allclose(grouped(3, prob_threshold=0.05, distance_threshold=10.0).accept_probability(p, q, x),
+    assert torch.allclose(grouped(3, prob_threshold=0.05, distance_threshold=1.0).accept_probability(p, q, x),
                           torch.tensor([[0.3 / 0.9]]))
-    # all codes at normalised distance 1 (> 0.5): only x itself is left
-    assert torch.allclose(grouped(3, prob_threshold=1.0, distance_threshold=0.5).accept_probability(p, q, x),
+    # the group of 3 is codes {1, 3, 2 or 4}; code 1 is two steps from code 3, farther than the nearest
+    # half of the codes (3 itself and 2, 4), so it is dropped; the 0.1 code (2 or 4) stays
+    half = grouped(3, prob_threshold=1.0, distance_threshold=0.5).accept_probability(p, q, x)
+    assert torch.allclose(half, torch.tensor([[0.4 / 0.9]]))
+    # distance 0: only x itself (and exact duplicates) is left
+    assert torch.allclose(grouped(3, prob_threshold=1.0, distance_threshold=0.0).accept_probability(p, q, x),
                           torch.tensor([[0.3 / 0.9]]))
     # a code outside the target's support is never accepted
     p_cut = torch.tensor([[[0.0, 0.5, 0.1, 0.3, 0.1, 0.0]]])
     q_cut = torch.tensor([[[0.5, 0.5, 0.0, 0.0, 0.0, 0.0]]])
-    assert grouped(50, prob_threshold=1.0, distance_threshold=10.0).accept_probability(p_cut, q_cut, torch.tensor([[0]])) == 0
+    assert grouped(50, prob_threshold=1.0, distance_threshold=1.0).accept_probability(p_cut, q_cut, torch.tensor([[0]])) == 0
+
+
+def test_group_distance_threshold_out_of_range_is_refused():
+    with pytest.raises(FastARError):
+        grouped(3, distance_threshold=1.5)
 
 
 def test_group_distance_is_scale_free():
@@ -92,9 +104,11 @@ def test_group_distance_is_scale_free():
     p = torch.tensor([[[0.05, 0.4, 0.1, 0.3, 0.1, 0.05]]])
     q = torch.tensor([[[0.1, 0.1, 0.1, 0.5, 0.1, 0.1]]])
     x = torch.tensor([[3]])
-    small = GroupedRule(5, e, distance_threshold=0.8).accept_probability(p, q, x)
-    large = GroupedRule(5, e * 1000.0, distance_threshold=0.8).accept_probability(p, q, x)
+    small = GroupedRule(5, e, prob_threshold=1.0, distance_threshold=0.5).accept_probability(p, q, x)
+    large = GroupedRule(5, e * 1000.0, prob_threshold=1.0, distance_threshold=0.5).accept_probability(p, q, x)
+    everything = GroupedRule(5, e, prob_threshold=1.0, distance_threshold=1.0).accept_probability(p, q, x)
     assert torch.allclose(small, large)
+    assert small < everything  # the filter did drop someone
 
 
 @pytest.mark.parametrize("decoder", ["ar", "sjd", "gsd"])
