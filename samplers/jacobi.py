@@ -14,7 +14,7 @@ from typing import Callable, Optional
 import torch
 
 from ..errors import FastARError
-from .acceptance import ExactRule, at, leading_accepts
+from .acceptance import ExactRule, leading_accepts
 from .drafts import DraftSource
 from .processing import SamplingSettings, probabilities, sample, uniform
 from .stats import DecodeStats, Stopwatch

@@ -13,28 +13,15 @@ import argparse
 import numpy as np
 import torch
 
+from ..model_loaders import load_ar_model, load_vq_model
 from ..model_loaders.demo import DEMO_AR, DEMO_CLASSIFIER, DEMO_VQ
 from ..model_loaders.protocol import ClassConditioning
+from ..pipeline import codes_to_images
+from ..samplers.decoders import DecoderSpec, decode
+from ..samplers.processing import SamplingSettings
 from .classifier import classify, frechet_distance, load_classifier
-from .demo_common import OUT_DIR, Timer, load_ar, load_vq, setup, to_uint8
+from .demo_common import OUT_DIR, Timer, setup
 from .demo_data import CLASS_NAMES, balanced_labels, make_batch
-
-
-@torch.no_grad()
-def sample(model, labels: torch.Tensor, cfg: float, temperature: float, top_k: int, gen: torch.Generator):
-    """Plain token-by-token sampling with classifier-free guidance; codes [B, h, w]."""
-    session = model.start(ClassConditioning(labels), cfg=True, max_window=1)
-    out, codes = session.first, []
-    for i in range(model.cfg.num_tokens):
-        logits = (out.uncond + (out.cond - out.uncond) * cfg)[:, -1] / temperature
-        if top_k:
-            kth = logits.topk(top_k, dim=-1).values[:, -1:]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        token = torch.multinomial(logits.softmax(-1), 1, generator=gen)
-        codes.append(token)
-        if i + 1 < model.cfg.num_tokens:
-            out = session.forward(token, torch.full_like(labels, i))
-    return torch.cat(codes, 1).view(-1, *model.cfg.grid)
 
 
 def main(argv=None):
@@ -50,15 +37,16 @@ def main(argv=None):
     p.add_argument("--classifier", default=str(DEMO_CLASSIFIER))
     args = p.parse_args(argv)
 
-    gen = setup(args.seed)
+    setup(args.seed)
     timer = Timer()
-    model, vq, clf = load_ar(args.ar), load_vq(args.vq), load_classifier(args.classifier)
+    model, vq, clf = load_ar_model(args.ar), load_vq_model(args.vq), load_classifier(args.classifier)
+    sampling = SamplingSettings(cfg_scale=args.cfg, temperature=args.temperature, top_k=args.top_k).validate()
     labels = torch.from_numpy(balanced_labels(args.samples))
     images = []
-    for chunk in labels.split(args.batch):
-        codes = sample(model, chunk, args.cfg, args.temperature, args.top_k, gen)
-        images.append(vq.decode_codes(codes).clamp(-1, 1))
-    images = torch.cat(images)
+    for i, chunk in enumerate(labels.split(args.batch)):
+        codes, _ = decode(model, ClassConditioning(chunk), sampling, DecoderSpec("ar"), seed=args.seed + i)
+        images.append(codes_to_images(vq, codes, model.grid))
+    images = np.concatenate(images)
     pred, feats = classify(clf, images)
     agree = pred == labels
     real, real_labels = make_batch(np.random.default_rng(20_000 + args.seed), args.samples, balanced_labels(args.samples))
@@ -72,8 +60,7 @@ def main(argv=None):
     # grid: one row per class, as many columns as samples per class (at most 8)
     cols = min(8, args.samples // len(CLASS_NAMES))
     if cols:
-        pix = to_uint8(images)
-        rows = [np.concatenate([pix[labels.numpy() == k][c] for c in range(cols)], 1) for k in range(len(CLASS_NAMES))]
+        rows = [np.concatenate([images[labels.numpy() == k][c] for c in range(cols)], 1) for k in range(len(CLASS_NAMES))]
         OUT_DIR.mkdir(exist_ok=True)
         from PIL import Image
 

@@ -1,4 +1,4 @@
-"""Helpers shared by the demo training tools: tensors <-> images, fp16 safetensors with config, loaders."""
+"""Helpers shared by the demo training tools: tensors <-> images, fp16 safetensors with config, schedules."""
 from __future__ import annotations
 
 import json
@@ -8,11 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
-from ..model_loaders.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
-from ..model_loaders.vq import VQConfig, VQModel
 
 DATA_DIR = Path(__file__).resolve().parent.parent / ".data"  # git-ignored caches
 OUT_DIR = Path(__file__).resolve().parent.parent / "out"  # git-ignored previews
@@ -51,23 +48,6 @@ def save_fp16(module: torch.nn.Module, cfg, path) -> None:
     meta = asdict(cfg) if not isinstance(cfg, dict) else cfg
     save_file(sd, str(path), metadata={"fastar_config": json.dumps(meta)})
     print(f"saved {path.name}: {path.stat().st_size / 1e6:.2f} MB")
-
-
-def read_config(path) -> dict:
-    with safe_open(str(path), "pt") as f:
-        return json.loads(f.metadata()["fastar_config"])
-
-
-def load_vq(path) -> VQModel:
-    model = VQModel(VQConfig(**read_config(path)))
-    model.load_state_dict({k: v.float() for k, v in load_file(str(path)).items()})
-    return model.eval()
-
-
-def load_ar(path) -> LlamaGenGPT:
-    model = LlamaGenGPT(LlamaGenConfig(**read_config(path)))
-    model.load_state_dict({k: v.float() for k, v in load_file(str(path)).items()})
-    return model.eval()
 
 
 def cosine_lr(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -> float:

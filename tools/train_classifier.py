@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 from ..model_loaders.demo import DEMO_CLASSIFIER, DEMO_VQ
 from .classifier import DemoClassifier, classify, load_classifier
-from .demo_common import Timer, cosine_lr, load_vq, save_fp16, setup, to_tensor
+from ..model_loaders import load_vq_model
+from .demo_common import Timer, cosine_lr, save_fp16, setup, to_tensor
 from .demo_data import CLASS_NAMES, balanced_labels, make_batch
 
 
@@ -47,7 +48,7 @@ def main(argv=None):
     gen = setup(args.seed)
     rng = np.random.default_rng(args.seed)
     timer = Timer()
-    vq = load_vq(args.vq)
+    vq = load_vq_model(args.vq)
     images, recon_labels = make_batch(rng, args.recon_images)
     recon = reconstruct(vq, to_tensor(images))
     recon_labels = torch.from_numpy(recon_labels)

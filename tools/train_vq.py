@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from ..model_loaders.demo import DEMO_VQ
 from ..model_loaders.vq import VQConfig, VQModel
-from .demo_common import OUT_DIR, Timer, cosine_lr, load_vq, psnr, save_fp16, setup, to_tensor, to_uint8
+from ..model_loaders import load_vq_model
+from .demo_common import OUT_DIR, Timer, cosine_lr, psnr, save_fp16, setup, to_tensor, to_uint8
 from .demo_data import balanced_labels, make_batch
 
 CONFIG = VQConfig(codebook_size=512, embed_dim=8, z_channels=64, ch=32, ch_mult=(1, 1, 2, 2), num_res_blocks=1)
@@ -102,7 +103,7 @@ def main(argv=None):
 
     model.eval()
     save_fp16(model, CONFIG, args.out)
-    saved = load_vq(args.out)
+    saved = load_vq_model(args.out)
     db, mse, used, recon = evaluate(saved, held_out)
     print(f"held-out (fp16 weights, through the codes): PSNR {db:.2f} dB, MSE {mse:.5f} ([-1,1] range), "
           f"codebook usage {used:.1%} on 64 images; total {timer}")
