@@ -15,7 +15,7 @@ from ..model_loaders.protocol import ModelOutput
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    cfg_scale: float = 4.0  # 1.0 disables classifier-free guidance (and its batch rows)
+    cfg_scale: float = 2.0  # LlamaGen's FID setting; 1.0 disables guidance (and its batch rows)
     temperature: float = 1.0  # 0 = greedy
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off

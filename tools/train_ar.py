@@ -75,9 +75,9 @@ def val_loss(model: LlamaGenGPT, tokens, labels) -> float:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--images", type=int, default=3000, help="training images (tokenised once)")
+    p.add_argument("--images", type=int, default=8000, help="training images (tokenised once)")
     p.add_argument("--val-images", type=int, default=128)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
