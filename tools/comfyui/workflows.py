@@ -75,7 +75,7 @@ class Graph:
                 "offset": [40, 60]}}, "version": 0.4}
 
 
-def sampler_widgets(seed=7, cfg=4.0, temperature=1.0, top_k=0, top_p=1.0, batch=1):
+def sampler_widgets(seed=7, cfg=2.0, temperature=1.0, top_k=0, top_p=1.0, batch=1):
     return [seed, "fixed", cfg, temperature, top_k, top_p, batch]
 
 
@@ -160,7 +160,7 @@ def llamagen_c2i(info) -> dict:
     g = Graph(info)
     ar, vq = loaders(g, LLAMAGEN_C2I, LLAMAGEN_VQ_C2I)
     label = g.node("FastARClassLabel", (0, 290), ["golden retriever (207)", -1])
-    sampler = g.node("FastARSamplerSJD", (360, 0), sampler_widgets(seed=42, top_k=2000) + [32, "random", "gumbel"])
+    sampler = g.node("FastARSamplerSJD", (360, 0), sampler_widgets(seed=42, cfg=4.0, top_k=2000) + [32, "random", "gumbel"])
     decode = g.node("FastARVQDecode", (720, 0), [])
     save = g.node("SaveImage", (1060, 0), ["FastAR_llamagen_c2i"], width=360)
     stats = g.node("FastARStats", (720, 120), [])
