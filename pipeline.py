@@ -36,12 +36,15 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
+def check_class_index(label: int, num_classes: int) -> None:
+    if not 0 <= label < num_classes:
+        raise FastARError(f"class {label} is out of range: this model has classes 0..{num_classes - 1}")
+
+
 def class_conditioning(model, classes: list[int]) -> ClassConditioning:
     """Labels for a class-conditional model, checked against its class count."""
-    num_classes = model.cfg.num_classes
     for c in classes:
-        if not 0 <= c < num_classes:
-            raise FastARError(f"class {c} is out of range: this model has classes 0..{num_classes - 1}")
+        check_class_index(c, model.cfg.num_classes)
     return ClassConditioning(torch.tensor(classes, dtype=torch.long, device=model.device))
 
 

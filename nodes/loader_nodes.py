@@ -10,6 +10,7 @@ from comfy_api.latest import io
 
 from ..errors import FastARError
 from ..model_loaders.protocol import ClassConditioning
+from ..pipeline import check_class_index
 from . import comfy_glue as glue
 from . import files
 from .values import CONDITIONING_TYPE, MODEL_TYPE, VQ_TYPE, Conditioning, ModelHandle
@@ -190,8 +191,7 @@ def resolve_class(model, class_name: str, index: int) -> tuple[int, str]:
             known = f": {', '.join(names)}" if names else ""
             raise FastARError(f"'{name}' is an ImageNet class, but this model has {cfg.num_classes} classes{known}; "
                               f"pick one of its classes or '{USE_INDEX}'")
-    if not 0 <= label < cfg.num_classes:
-        raise FastARError(f"class {label} is out of range: this model has classes 0..{cfg.num_classes - 1}")
+    check_class_index(label, cfg.num_classes)
     if names:
         return label, f"class {label} ({names[label]})"
     if cfg.num_classes == IMAGENET_CLASSES:
