@@ -14,10 +14,13 @@ import torch
 
 @dataclass
 class ModelOutput:
-    """Logits over image codes, ``[B, W, V]`` fp32; ``uncond`` is set when CFG runs."""
+    """Logits over image codes, ``[B, W, V]`` fp32; ``uncond`` is set when CFG runs. ``hidden`` is the
+    last hidden state after the final norm, ``[R, W, D]`` for every row the model ran (cond rows, then
+    uncond rows under CFG), present only when the session was started with ``hidden=True``."""
 
     cond: torch.Tensor
     uncond: Optional[torch.Tensor] = None
+    hidden: Optional[torch.Tensor] = None
 
 
 @dataclass
@@ -66,11 +69,43 @@ class TokenARModel(Protocol):
     @property
     def device(self) -> torch.device: ...
 
-    def start(self, conditioning, *, cfg: bool, max_window: int) -> TokenARSession:
+    def start(self, conditioning, *, cfg: bool, max_window: int, hidden: bool = False) -> TokenARSession:
         """Prefill ``conditioning`` (cond rows, plus uncond rows when ``cfg``) and return a session
-        whose forwards carry at most ``max_window`` tokens."""
+        whose forwards carry at most ``max_window`` tokens; ``hidden`` adds ``ModelOutput.hidden``."""
         ...
 
     def code_embeddings(self) -> torch.Tensor:
         """``[V, D]`` embedding of each image code, for distance-based decoders."""
+        ...
+
+
+class DrafterSession(Protocol):
+    """One generation's drafter state (its own cache), driven by the speculative loop.
+
+    Positions are image-token indices. The loop calls ``catch_up`` once per iteration, then ``step``
+    for each further draft; the drafter's outputs go through the same processing as the target's.
+    """
+
+    def catch_up(self, seq: torch.Tensor, n: torch.Tensor, target: ModelOutput, target_start: torch.Tensor) -> ModelOutput:
+        """Absorb what was fixed since the last call and predict image token ``n``.
+
+        ``seq`` [B, >=N] holds the fixed tokens (positions ``< n[b]`` of row b are fixed, later ones are
+        garbage); ``target`` is the target's latest output, whose slot j predicts image token
+        ``target_start[b] + 1 + j`` (``target_start = -1`` for the prefill's ``first``). Every token
+        fixed since the previous call lies in that range. Returns logits ``[B, 1, V]``."""
+        ...
+
+    def step(self, tokens: torch.Tensor, position: torch.Tensor) -> ModelOutput:
+        """Feed draft ``tokens`` [B, 1] as image token ``position`` [B]; predict ``position + 1``.
+        Positions past the last image token are scratch."""
+        ...
+
+
+class Drafter(Protocol):
+    """Proposes draft tokens in the target's code space (a smaller AR model, an EAGLE-style head)."""
+
+    name: str
+    needs_target_hidden: bool  # the target session must be started with hidden=True
+
+    def start(self, conditioning, *, cfg: bool, max_window: int, target_session: TokenARSession) -> DrafterSession:
         ...
