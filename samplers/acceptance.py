@@ -38,6 +38,10 @@ class ExactRule:
 
     name = "exact"
 
+    def judged_target(self, out, sampling, p):
+        """The target distributions this rule compares drafts against: the processed ``p``."""
+        return p
+
     def accept_probability(self, p, q, x):
         return (at(p, x) / at(q, x).clamp_min(_TINY)).clamp(max=1.0)
 

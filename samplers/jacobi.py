@@ -14,36 +14,21 @@ from typing import Callable, Optional
 import torch
 
 from ..errors import FastARError
-from .acceptance import ExactRule, leading_accepts
+from .acceptance import ExactRule
 from .drafts import DraftSource
-from .processing import SamplingSettings, probabilities, sample, uniform
-from .stats import DecodeStats, Stopwatch
+from .processing import SamplingSettings, probabilities, sample
+from .stats import Stopwatch
+from .verifier import TokenBuffer, begin, finish, verify_window
 
 # called after every iteration with (tokens fixed in the slowest row, tokens per row, token buffer)
 ProgressFn = Callable[[int, int, torch.Tensor], None]
-
-
-def _begin(model, conditioning, sampling: SamplingSettings, width: int, generator, name: str, settings: dict):
-    """Prefill and sample token 0; returns the session, its first distribution and the stats."""
-    session = model.start(conditioning, cfg=sampling.use_cfg, max_window=width)
-    p0 = probabilities(session.first, sampling)[:, 0]
-    stats = DecodeStats(decoder=name, grid=tuple(model.grid), batch=conditioning.batch, settings=settings)
-    return session, p0, stats
-
-
-def _finish(stats: DecodeStats, watch: Stopwatch, fixed_counts: list, fixed_at: torch.Tensor, n_tokens: int):
-    stats.wall_time_s = watch.elapsed()
-    stats.forward_time_s = watch.totals.get("forward", 0.0)
-    stats.verify_time_s = watch.totals.get("verify", 0.0)
-    stats.accepted_per_iteration = torch.stack(fixed_counts).tolist() if fixed_counts else []
-    stats.fixed_at = fixed_at[:, :n_tokens].tolist()
 
 
 @torch.no_grad()
 def ar_decode(model, conditioning, sampling: SamplingSettings, *, generator, on_iteration: Optional[ProgressFn] = None):
     """The baseline: one target forward per token, static cache, batched CFG, no host syncs."""
     watch = Stopwatch()
-    session, p0, stats = _begin(model, conditioning, sampling, 1, generator, "ar", {})
+    session, p0, stats = begin(model, conditioning, sampling, 1, "ar", {})
     B, N = conditioning.batch, model.grid[0] * model.grid[1]
     seq = torch.empty(B, N, dtype=torch.long, device=model.device)
     seq[:, 0] = sample(p0, generator)
@@ -56,7 +41,7 @@ def ar_decode(model, conditioning, sampling: SamplingSettings, *, generator, on_
             on_iteration(i + 1, N, seq)
     watch.lap("forward")
     fixed_at = torch.arange(N).expand(B, N)
-    _finish(stats, watch, [ones] * (N - 1), fixed_at, N)
+    finish(stats, watch, [ones] * (N - 1), fixed_at, N)
     return seq, stats
 
 
@@ -84,13 +69,11 @@ def jacobi_decode(
     L = min(window - 1, N - 1)  # draft slots
     watch = Stopwatch()
     settings = {"window": window, "init": init, "coupling": coupling, "rule": rule.name}
-    session, p0, stats = _begin(model, conditioning, sampling, L + 1, generator, name, settings)
+    session, p0, stats = begin(model, conditioning, sampling, L + 1, name, settings)
     drafts = DraftSource(init, coupling, batch=B, drafts=L, grid=(h, w), vocab=V, generator=generator)
 
-    # fixed tokens by position, then current drafts, then a scratch column for masked writes
-    seq = torch.zeros(B, N + L + 1, dtype=torch.long, device=dev)
-    fixed_at = torch.zeros(B, N + L + 1, dtype=torch.long, device=dev)
-    scratch = N + L
+    buffer = TokenBuffer.empty(B, N, L, dev)
+    seq = buffer.seq
     seq[:, 0] = sample(p0, generator)
     n = torch.ones(B, dtype=torch.long, device=dev)
     drafts.record(torch.zeros(B, 1, dtype=torch.long, device=dev), p0.unsqueeze(1))
@@ -102,28 +85,13 @@ def jacobi_decode(
     while True:
         iteration += 1
         inputs = torch.cat([seq.gather(1, (n - 1).unsqueeze(1)), x], dim=1)
-        p = probabilities(session.forward(inputs, n - 1), sampling)  # slot j predicts position n + j
+        out = session.forward(inputs, n - 1)
+        p = probabilities(out, sampling)  # slot j predicts position n + j
         stats.target_forwards += 1
         watch.lap("forward")
         positions = n.unsqueeze(1) + slots
         drafts.record(positions, p)
-
-        valid = positions[:, :L] < N
-        accepted = (uniform((B, L), generator) < rule.accept_probability(p[:, :L], q, x)) & valid
-        k = leading_accepts(accepted)
-        all_passed = k == L
-        kc = k.clamp(max=L - 1).unsqueeze(1)
-        p_k = p.gather(1, k.view(B, 1, 1).expand(B, 1, V)).squeeze(1)
-        q_k = q.gather(1, kc.unsqueeze(-1).expand(B, 1, V)).squeeze(1)
-        fix_dist = torch.where(all_passed.unsqueeze(1), p_k, rule.residual(p_k, q_k, x.gather(1, kc).squeeze(1)))
-        fixed_token = sample(fix_dist, generator)
-
-        # commit the accepted drafts and the fixed token; a row never passes its last token
-        count = torch.minimum(k + 1, N - n)
-        run = torch.cat([x, fixed_token.unsqueeze(1)], dim=1).scatter(1, k.unsqueeze(1), fixed_token.unsqueeze(1))
-        target = torch.where(slots < count.unsqueeze(1), positions, scratch)
-        seq.scatter_(1, target, run)
-        fixed_at.scatter_(1, target, torch.full_like(target, iteration))
+        k, count = verify_window(rule, out, p, sampling, q, x, n, buffer, iteration, generator)
         fixed_counts.append(count)
 
         # next window: slot i continues old slot k+1+i (refined by the coupling), the rest is fresh
@@ -133,7 +101,7 @@ def jacobi_decode(
         n = n + count
         x_next = proposals.gather(1, source)
         q_next = p.gather(1, source.unsqueeze(-1).expand(B, L, V))
-        seq.scatter_(1, torch.where(carried, n.unsqueeze(1) + slots[:L], scratch), x_next)
+        seq.scatter_(1, torch.where(carried, n.unsqueeze(1) + slots[:L], buffer.scratch), x_next)
         x_new, q_new = drafts.initial(seq, n, carried.sum(1), p[:, L])
         x = torch.where(carried, x_next, x_new)
         q = torch.where(carried.unsqueeze(-1), q_next, q_new)
@@ -141,8 +109,8 @@ def jacobi_decode(
 
         slowest = int(n.min())  # the one host sync of the iteration
         if on_iteration is not None:
-            on_iteration(slowest, N, seq[:, :N])
+            on_iteration(slowest, N, buffer.tokens())
         if slowest >= N:
             break
-    _finish(stats, watch, fixed_counts, fixed_at, N)
-    return seq[:, :N].clone(), stats
+    finish(stats, watch, fixed_counts, buffer.fixed_at, N)
+    return buffer.tokens().clone(), stats

@@ -20,6 +20,7 @@ class DecodeStats:
     wall_time_s: float = 0.0
     forward_time_s: float = 0.0
     verify_time_s: float = 0.0
+    drafter_time_s: float = 0.0
     settings: dict = field(default_factory=dict)
 
     @property
@@ -61,6 +62,7 @@ class DecodeStats:
             "wall_time_s": self.wall_time_s,
             "forward_time_s": self.forward_time_s,
             "verify_time_s": self.verify_time_s,
+            "drafter_time_s": self.drafter_time_s,
             "settings": self.settings,
         }
 

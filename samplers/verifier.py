@@ -1,0 +1,83 @@
+"""The one verifier every speculative loop shares (Jacobi windows and drafter chains).
+
+A window holds the last fixed token and ``L`` drafts; its forward gives ``p`` for every slot (slot j
+predicts position n + j). ``verify_window`` runs the acceptance rule over the drafts left to right, fixes
+the first rejected slot from the rule's residual (or a bonus token from the last slot when all pass) and
+writes the accepted run into the token buffer. Rows advance independently.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .acceptance import leading_accepts
+from .processing import SamplingSettings, probabilities, sample, uniform
+from .stats import DecodeStats, Stopwatch
+
+
+@dataclass
+class TokenBuffer:
+    """Fixed tokens by position, then room for drafts, then one scratch column for masked writes."""
+
+    seq: torch.Tensor  # [B, N + L + 1]
+    fixed_at: torch.Tensor  # iteration that fixed each token
+    num_tokens: int
+
+    @classmethod
+    def empty(cls, batch: int, num_tokens: int, drafts: int, device) -> "TokenBuffer":
+        seq = torch.zeros(batch, num_tokens + drafts + 1, dtype=torch.long, device=device)
+        return cls(seq, torch.zeros_like(seq), num_tokens)
+
+    @property
+    def scratch(self) -> int:
+        return self.seq.shape[1] - 1
+
+    def tokens(self) -> torch.Tensor:
+        return self.seq[:, : self.num_tokens]
+
+
+def begin(model, conditioning, sampling: SamplingSettings, width: int, name: str, settings: dict, hidden=False):
+    """Prefill; returns the session, the distribution of token 0 and fresh stats."""
+    extra = {"hidden": True} if hidden else {}  # models without hidden states need not know the flag
+    session = model.start(conditioning, cfg=sampling.use_cfg, max_window=width, **extra)
+    p0 = probabilities(session.first, sampling)[:, 0]
+    stats = DecodeStats(decoder=name, grid=tuple(model.grid), batch=conditioning.batch, settings=settings)
+    return session, p0, stats
+
+
+def finish(stats: DecodeStats, watch: Stopwatch, fixed_counts: list, fixed_at: torch.Tensor, n_tokens: int):
+    stats.wall_time_s = watch.elapsed()
+    stats.forward_time_s = watch.totals.get("forward", 0.0)
+    stats.verify_time_s = watch.totals.get("verify", 0.0)
+    stats.drafter_time_s = watch.totals.get("draft", 0.0)
+    stats.accepted_per_iteration = torch.stack(fixed_counts).tolist() if fixed_counts else []
+    stats.fixed_at = fixed_at[:, :n_tokens].tolist()
+
+
+def verify_window(rule, out, p, sampling, q, x, n, buffer: TokenBuffer, iteration: int, generator):
+    """Verify drafts ``x`` [B, L] (drawn from ``q`` [B, L, V]) against the window's target ``p``
+    [B, L+1, V] (from model output ``out``), commit the accepted run and the fixed token.
+
+    Returns ``k`` (drafts accepted per row) and ``count`` (tokens fixed per row, never past the end)."""
+    B, L = x.shape
+    V, N = p.shape[-1], buffer.num_tokens
+    slots = torch.arange(L + 1, device=p.device)
+    positions = n.unsqueeze(1) + slots
+    judged = rule.judged_target(out, sampling, p)  # what the rule compares (p itself but for greedy LANTERN)
+
+    accepted = (uniform((B, L), generator) < rule.accept_probability(judged[:, :L], q, x)) & (positions[:, :L] < N)
+    k = leading_accepts(accepted)
+    kc = k.clamp(max=L - 1).unsqueeze(1)
+    at_k = k.view(B, 1, 1).expand(B, 1, V)
+    residual = rule.residual(judged.gather(1, at_k).squeeze(1), q.gather(1, kc.unsqueeze(-1).expand(B, 1, V)).squeeze(1),
+                             x.gather(1, kc).squeeze(1))
+    fix_dist = torch.where((k == L).unsqueeze(1), p.gather(1, at_k).squeeze(1), residual)
+    fixed_token = sample(fix_dist, generator)
+
+    count = torch.minimum(k + 1, N - n)
+    run = torch.cat([x, fixed_token.unsqueeze(1)], dim=1).scatter(1, k.unsqueeze(1), fixed_token.unsqueeze(1))
+    target = torch.where(slots < count.unsqueeze(1), positions, buffer.scratch)
+    buffer.seq.scatter_(1, target, run)
+    buffer.fixed_at.scatter_(1, target, torch.full_like(target, iteration))
+    return k, count
