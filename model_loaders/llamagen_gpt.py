@@ -111,17 +111,22 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         q_size, kv_size = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
         q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
-        q = apply_rope(q.view(B, T, self.n_head, self.head_dim), rope)
-        k = apply_rope(k.view(B, T, self.n_kv_head, self.head_dim), rope)
-        v = v.view(B, T, self.n_kv_head, self.head_dim)
-        if cache is not None:
-            k, v = cache.write(k, v, slots)
-        else:
-            k, v = k.transpose(1, 2), v.transpose(1, 2)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k, v, attn_mask=mask, enable_gqa=self.n_head != self.n_kv_head
-        )
-        return self.wo(out.transpose(1, 2).reshape(B, T, -1))
+        q = q.view(B, T, self.n_head, self.head_dim)
+        k, v = k.view(B, T, self.n_kv_head, self.head_dim), v.view(B, T, self.n_kv_head, self.head_dim)
+        return self.wo(rope_attention(q, k, v, rope, mask, cache, slots))
+
+
+def rope_attention(q, k, v, rope, mask, cache=None, slots=None):
+    """Rotate ``q`` [B, T, H, hd] and ``k`` [B, T, H_kv, hd], write k and v to the cache (if any) and
+    attend; returns [B, T, H*hd]. Shared with the EAGLE drafter's layer."""
+    B, T = q.shape[:2]
+    q, k = apply_rope(q, rope), apply_rope(k, rope)
+    if cache is not None:
+        k, v = cache.write(k, v, slots)
+    else:
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, enable_gqa=q.shape[2] != k.shape[1])
+    return out.transpose(1, 2).reshape(B, T, -1)
 
 
 class TransformerBlock(nn.Module):
@@ -225,16 +230,19 @@ class LlamaGenGPT(nn.Module):
         return self.tok_embeddings.weight
 
     @torch.no_grad()
-    def start(self, conditioning, *, cfg: bool, max_window: int) -> "LlamaGenSession":
-        return LlamaGenSession(self, conditioning, cfg=cfg, max_window=max_window)
+    def start(self, conditioning, *, cfg: bool, max_window: int, hidden: bool = False) -> "LlamaGenSession":
+        return LlamaGenSession(self, conditioning, cfg=cfg, max_window=max_window, hidden=hidden)
 
     # -- shared pieces ------------------------------------------------------------------------
-    def embed_conditioning(self, conditioning, cfg: bool):
-        """Conditioning rows (cond, then uncond when ``cfg``) and which cond positions are real."""
+    def embed_conditioning(self, conditioning, cfg: bool, drop=None):
+        """Conditioning rows (cond, then uncond when ``cfg``) and which cond positions are real. Rows
+        where ``drop`` [B] is true get the null condition (CFG dropout when training)."""
         if self.cfg.model_type == "c2i":
             if not isinstance(conditioning, ClassConditioning):
                 raise TypeError("a class-to-image LlamaGen model needs ClassConditioning")
             labels = conditioning.labels.to(self.device)
+            if drop is not None:
+                labels = labels.masked_fill(drop.to(self.device), self.cfg.num_classes)
             if cfg:
                 labels = torch.cat([labels, torch.full_like(labels, self.cfg.num_classes)])
             h = self.cls_embedding(labels)
@@ -243,24 +251,34 @@ class LlamaGenGPT(nn.Module):
             raise TypeError("a text-to-image LlamaGen model needs CaptionConditioning")
         mask = conditioning.mask.to(self.device).bool()
         captions = conditioning.embeddings.to(self.device, self.dtype) * mask[..., None]
+        null = self.cls_embedding.uncond_embedding.to(self.dtype).expand_as(captions)
+        if drop is not None:
+            captions = torch.where(drop.to(self.device)[:, None, None], null, captions)
         if cfg:
-            null = self.cls_embedding.uncond_embedding.to(self.dtype).expand_as(captions)
             captions, mask = torch.cat([captions, null]), torch.cat([mask, mask])
         return self.cls_embedding(captions), mask
 
     def run_layers(self, h, rope, mask, caches=None, slots=None):
+        """The final-norm hidden states: what the output head (and an EAGLE drafter) reads."""
         for i, layer in enumerate(self.layers):
             h = layer(h, rope, mask, caches[i] if caches else None, slots)
-        return self.output(self.norm(h)).float()
+        return self.norm(h)
 
-    def training_logits(self, conditioning, tokens: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced logits ``[B, N, V]`` predicting ``tokens`` (no cache; for training)."""
-        cond_h, key_valid = self.embed_conditioning(conditioning, cfg=False)
+    def training_hidden(self, conditioning, tokens: torch.Tensor, drop=None) -> torch.Tensor:
+        """Teacher-forced final-norm hidden states ``[B, C + N - 1, D]`` (no cache; for training): the
+        C conditioning slots, then image tokens 0..N-2; slot ``C - 1 + p`` predicts image token p.
+        Rows where ``drop`` [B] is true see the null condition."""
+        cond_h, key_valid = self.embed_conditioning(conditioning, cfg=False, drop=drop)
         h = torch.cat([cond_h, self.tok_embeddings(tokens[:, :-1])], dim=1)
         C, T = cond_h.shape[1], h.shape[1]
         table = rope_2d_table(self.grid, self.cfg.head_dim, C, 0, self.cfg.rope_base).to(self.device)
         mask = attention_mask(torch.arange(T, device=self.device).expand(h.shape[0], T), key_valid, T)
-        return self.run_layers(h, table[None, :T].expand(h.shape[0], -1, -1, -1), mask)[:, C - 1 :]
+        return self.run_layers(h, table[None, :T].expand(h.shape[0], -1, -1, -1), mask)
+
+    def training_logits(self, conditioning, tokens: torch.Tensor, drop=None) -> torch.Tensor:
+        """Teacher-forced logits ``[B, N, V]`` predicting ``tokens`` (no cache; for training)."""
+        hidden = self.training_hidden(conditioning, tokens, drop)
+        return self.output(hidden[:, -tokens.shape[1] :]).float()
 
 
 def attention_mask(query_slots: torch.Tensor, cond_valid: torch.Tensor, total_slots: int) -> torch.Tensor:
@@ -276,8 +294,8 @@ def attention_mask(query_slots: torch.Tensor, cond_valid: torch.Tensor, total_sl
 class LlamaGenSession:
     """A prefilled generation; see ``TokenARSession``."""
 
-    def __init__(self, model: LlamaGenGPT, conditioning, *, cfg: bool, max_window: int):
-        self.model, self.cfg = model, cfg
+    def __init__(self, model: LlamaGenGPT, conditioning, *, cfg: bool, max_window: int, hidden: bool = False):
+        self.model, self.cfg, self.keep_hidden = model, cfg, hidden
         mc = model.cfg
         self.batch = conditioning.batch
         cond_h, self.cond_valid = model.embed_conditioning(conditioning, cfg)
@@ -290,17 +308,21 @@ class LlamaGenSession:
             for _ in model.layers
         ]
         slots = torch.arange(self.cond_len, device=model.device).expand(rows, -1)
-        logits = self._run(cond_h, slots)
-        self.first = self._split(logits[:, -1:])
+        prefix = self._run(cond_h, slots)
+        # every conditioning slot's hidden state, for drafters that replay the prefix (t2i EAGLE)
+        self.prefix_hidden = prefix if hidden else None
+        self.first = self._output(prefix[:, -1:])
 
     @property
     def cache_bytes(self) -> int:
         return sum(c.nbytes() for c in self.caches)
 
-    def _split(self, logits) -> ModelOutput:
+    def _output(self, hidden) -> ModelOutput:
+        logits = self.model.output(hidden).float()
+        kept = hidden if self.keep_hidden else None
         if self.cfg:
-            return ModelOutput(cond=logits[: self.batch], uncond=logits[self.batch :])
-        return ModelOutput(cond=logits)
+            return ModelOutput(cond=logits[: self.batch], uncond=logits[self.batch :], hidden=kept)
+        return ModelOutput(cond=logits, hidden=kept)
 
     def _run(self, h, slots):
         mask = attention_mask(slots, self.cond_valid, self.total_slots)
@@ -313,4 +335,4 @@ class LlamaGenSession:
         width = tokens.shape[1]
         slots = self.cond_len + start[:, None] + torch.arange(width, device=tokens.device)
         slots = slots.clamp(max=self.total_slots - 1)
-        return self._split(self._run(self.model.tok_embeddings(tokens), slots))
+        return self._output(self._run(self.model.tok_embeddings(tokens), slots))
