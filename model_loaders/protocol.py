@@ -22,6 +22,16 @@ class ModelOutput:
     uncond: Optional[torch.Tensor] = None
     hidden: Optional[torch.Tensor] = None
 
+    def pick(self, slot: torch.Tensor) -> "ModelOutput":
+        """One output slot per row (``slot`` [B]), keeping the window dimension: ``[B, 1, ...]``."""
+        def take(t):
+            if t is None:
+                return None
+            index = slot.repeat(t.shape[0] // slot.shape[0])  # uncond / hidden rows follow the cond rows
+            return t.gather(1, index.view(-1, 1, 1).expand(-1, 1, t.shape[-1]))
+
+        return ModelOutput(take(self.cond), take(self.uncond), take(self.hidden))
+
 
 @dataclass
 class ClassConditioning:

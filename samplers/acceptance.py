@@ -7,11 +7,12 @@ any draft source.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from ..errors import FastARError
+from .processing import probabilities
 
 _TINY = 1e-12
 
@@ -110,3 +111,61 @@ def neighbourhood_radius(embeddings: torch.Tensor, fraction: float, reference: i
     k = max(1, math.ceil(fraction * ref.shape[0]))
     radii = [torch.cdist(part, ref).pow(2).kthvalue(k, dim=-1).values for part in embeddings.split(chunk)]
     return torch.cat(radii).cpu()
+
+
+@dataclass
+class LanternRule(ExactRule):
+    """LANTERN: accept x with min(1, (p(x) + p(A)) / q(x)), where A is x's latent neighbourhood
+    trimmed to a total-variation budget.
+
+    ``neighbours`` [V, k] lists, for every code, the k nearest codes in the VQ latent space (itself
+    first). A_{k,delta}(x) is the longest run of x's neighbours, nearest first, whose target mass stays
+    below ``delta``: moving that mass onto x changes the target by exactly that much in TV. On rejection
+    the token comes from norm([p_A - q]_+), p_A being the distorted target (A's mass moved onto x).
+    ``delta=0`` is exact speculative sampling. Greedy (temperature 0): accept iff x is the argmax of
+    p_A computed from the untempered target. Codes outside the target's support (top-k/top-p) are never
+    accepted. Relaxed: trades fidelity for speed.
+    """
+
+    neighbours: torch.Tensor  # [V, k] int, column 0 = the code itself
+    delta: float = 0.1
+    greedy: bool = False
+    name = "lantern"
+
+    def __post_init__(self):
+        if not 0.0 <= self.delta <= 1.0:
+            raise FastARError(f"LANTERN delta {self.delta} is out of range: use 0..1 (0 = exact speculative decoding)")
+
+    def judged_target(self, out, sampling, p):
+        if not self.greedy:
+            return p
+        # the same pipeline, untempered, so the neighbours carry mass
+        return probabilities(out, replace(sampling, temperature=1.0))
+
+    def neighbourhood(self, p, x):
+        """x's candidate neighbours [..., k-1], their target mass, and which of them form A."""
+        members = self.neighbours.to(p.device)[x][..., 1:].long()
+        mass = p.gather(-1, members)
+        return members, mass, mass.cumsum(-1) < self.delta
+
+    def accept_probability(self, p, q, x):
+        _, mass, in_a = self.neighbourhood(p, x)
+        p_x = at(p, x)
+        relaxed = p_x + (mass * in_a).sum(-1)
+        if self.greedy:
+            rest = self.distorted(p, x).scatter(-1, x.unsqueeze(-1), 0.0).amax(-1)
+            ratio = (relaxed >= rest).float()
+        else:
+            ratio = (relaxed / at(q, x).clamp_min(_TINY)).clamp(max=1.0)
+        return torch.where(p_x > 0, ratio, torch.zeros_like(ratio))
+
+    def distorted(self, p, x):
+        """p_A: the target with A's mass moved onto x."""
+        members, mass, in_a = self.neighbourhood(p, x)
+        moved = p.scatter(-1, members, torch.where(in_a, 0.0, mass))
+        return moved.scatter(-1, x.unsqueeze(-1), at(p, x).unsqueeze(-1) + (mass * in_a).sum(-1, keepdim=True))
+
+    def residual(self, p, q, x):
+        if self.greedy:  # after a greedy rejection the target's argmax is outside A, so it is p_A's too
+            return torch.nn.functional.one_hot(p.argmax(-1), p.shape[-1]).float()
+        return positive_residual(self.distorted(p, x), q)

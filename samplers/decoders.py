@@ -1,5 +1,9 @@
 """The decoders by name, with their parameters: the one entry point for the CLI, the benchmark and
-the nodes."""
+the nodes.
+
+A decoder is an acceptance rule plus a draft source: Jacobi self-drafts (the window of the previous
+iteration's samples) or a drafter model (a chain of gamma drafts per target forward).
+"""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -7,23 +11,31 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..errors import FastARError
-from .acceptance import GroupedRule
-from .jacobi import ProgressFn, ar_decode, jacobi_decode
+from .acceptance import ExactRule, GroupedRule, LanternRule
+from .jacobi import ar_decode, jacobi_decode
+from .latent_neighbours import latent_neighbours
 from .processing import SamplingSettings
+from .speculative import speculative_decode
+from .verifier import ProgressFn
 
-DECODERS = ("ar", "sjd", "gsd")
-LOSSLESS = {"ar": True, "sjd": True, "gsd": False}
+DECODERS = ("ar", "sjd", "gsd", "spec", "lantern")
+LOSSLESS = {"ar": True, "sjd": True, "gsd": False, "spec": True, "lantern": False}
+WITH_DRAFTER = ("spec", "gsd", "lantern")  # decoders that can verify a drafter's chain
+NEEDS_DRAFTER = ("spec",)
 
 
 @dataclass(frozen=True)
 class DecoderSpec:
     decoder: str = "sjd"
-    window: int = 16  # tokens per forward: last fixed token + drafts
+    window: int = 16  # Jacobi: tokens per forward (last fixed token + drafts)
     init: str = "random"
     coupling: str = "independent"
     group: int = 10  # GSD cluster size G (1 = SJD)
     prob_threshold: float = 0.15  # GSD: drop cluster members whose p differs more than this
     distance_threshold: float = 0.5  # GSD: keep members among the nearest this fraction of codes
+    gamma: int = 4  # drafter: drafts per target forward
+    lantern_k: int = 1000  # LANTERN: latent neighbours considered per draft (capped at the codebook size)
+    lantern_delta: float = 0.1  # LANTERN: total-variation budget per token (0 = exact)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -33,19 +45,42 @@ def make_generator(seed: int, device) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(int(seed))
 
 
+def make_rule(spec: DecoderSpec, model, sampling: SamplingSettings, codebook):
+    if spec.decoder == "gsd":
+        return GroupedRule(spec.group, model.code_embeddings(), spec.prob_threshold, spec.distance_threshold)
+    if spec.decoder == "lantern":
+        if codebook is None:
+            raise FastARError("LANTERN needs the VQ decoder's codebook to find latent neighbours: load the VQ "
+                              "model that decodes this AR model's tokens and pass it to the sampler")
+        if codebook.shape[0] != model.vocab_size:
+            raise FastARError(f"the VQ codebook has {codebook.shape[0]} codes but the AR model predicts "
+                              f"{model.vocab_size}: load the VQ decoder this AR model was trained with")
+        table = latent_neighbours(codebook.to(model.device), spec.lantern_k)
+        return LanternRule(table, spec.lantern_delta, greedy=sampling.temperature == 0.0)
+    return ExactRule()
+
+
 def decode(model, conditioning, sampling: SamplingSettings, spec: DecoderSpec, *, seed: int,
-           on_iteration: ProgressFn | None = None):
+           on_iteration: ProgressFn | None = None, drafter=None, codebook=None):
     """Generate image codes ``[B, h*w]`` and their DecodeStats. Same seed, settings and device give
-    the same codes."""
+    the same codes. ``drafter`` (spec, gsd, lantern) drafts chains instead of Jacobi windows;
+    ``codebook`` [V, D] (the VQ decoder's code vectors) is needed by LANTERN."""
     sampling.validate()
+    if spec.decoder not in DECODERS:
+        raise FastARError(f"unknown decoder '{spec.decoder}': choose one of {', '.join(DECODERS)}")
+    if drafter is None and spec.decoder in NEEDS_DRAFTER:
+        raise FastARError("speculative decoding needs a drafter: load one (a smaller AR model of the same family "
+                          "or an EAGLE-style head), or use 'sjd' to draft with the model itself")
+    if drafter is not None and spec.decoder not in WITH_DRAFTER:
+        raise FastARError(f"the '{spec.decoder}' decoder does not use a drafter: choose one of "
+                          f"{', '.join(WITH_DRAFTER)}, or remove the drafter")
     generator = make_generator(seed, model.device)
     if spec.decoder == "ar":
         return ar_decode(model, conditioning, sampling, generator=generator, on_iteration=on_iteration)
-    if spec.decoder not in DECODERS:
-        raise FastARError(f"unknown decoder '{spec.decoder}': choose one of {', '.join(DECODERS)}")
-    rule = None
-    if spec.decoder == "gsd":
-        rule = GroupedRule(spec.group, model.code_embeddings(), spec.prob_threshold, spec.distance_threshold)
+    rule = make_rule(spec, model, sampling, codebook)
+    if drafter is not None:
+        return speculative_decode(model, drafter, conditioning, sampling, generator=generator, gamma=spec.gamma,
+                                  rule=rule, name=spec.decoder, on_iteration=on_iteration)
     return jacobi_decode(
         model, conditioning, sampling, generator=generator, window=spec.window, init=spec.init,
         coupling=spec.coupling, rule=rule, name=spec.decoder, on_iteration=on_iteration,

@@ -9,7 +9,7 @@ One device-to-host sync per iteration (the rows' progress); everything else stay
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -18,10 +18,7 @@ from .acceptance import ExactRule
 from .drafts import DraftSource
 from .processing import SamplingSettings, probabilities, sample
 from .stats import Stopwatch
-from .verifier import TokenBuffer, begin, finish, verify_window
-
-# called after every iteration with (tokens fixed in the slowest row, tokens per row, token buffer)
-ProgressFn = Callable[[int, int, torch.Tensor], None]
+from .verifier import ProgressFn, TokenBuffer, begin, finish, verify_window
 
 
 @torch.no_grad()

@@ -8,12 +8,16 @@ writes the accepted run into the token buffer. Rows advance independently.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from .acceptance import leading_accepts
 from .processing import SamplingSettings, probabilities, sample, uniform
 from .stats import DecodeStats, Stopwatch
+
+# called after every iteration with (tokens fixed in the slowest row, tokens per row, token buffer)
+ProgressFn = Callable[[int, int, torch.Tensor], None]
 
 
 @dataclass

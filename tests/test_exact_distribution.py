@@ -7,18 +7,22 @@ exact joint probabilities computed by enumeration. Deliberately broken acceptanc
 import pytest
 import torch
 
+from fastar.model_loaders.ar_drafter import SmallARDrafter
 from fastar.model_loaders.protocol import ClassConditioning
 from fastar.samplers.acceptance import ExactRule
 from fastar.samplers.decoders import DecoderSpec, decode, make_generator
 from fastar.samplers.drafts import COUPLINGS, INIT_STRATEGIES
 from fastar.samplers.jacobi import jacobi_decode
 from fastar.samplers.processing import SamplingSettings
+from fastar.samplers.speculative import speculative_decode
 from fastar.tools.toy_model import ToyModel
 
 ROWS = 12000
 ALPHA = 1e-4  # false-alarm rate per test; the broken rules below land far beyond it
 
 MODEL = ToyModel(vocab=3, grid=(2, 2), num_classes=2, scale=2.0, seed=0)
+# an unrelated toy of the same shape: a poor drafter, so rejections and residuals happen often
+DRAFTER = SmallARDrafter(ToyModel(vocab=3, grid=(2, 2), num_classes=2, scale=2.0, seed=7))
 GUIDED = SamplingSettings(cfg_scale=2.0, top_k=2)
 PLAIN = SamplingSettings(cfg_scale=1.0, top_k=0)
 
@@ -27,6 +31,11 @@ def chi_square_p_value(tokens: torch.Tensor, exact: torch.Tensor) -> float:
     observed = torch.bincount(MODEL.index_of(tokens), minlength=len(exact)).double()
     expected = exact * tokens.shape[0]
     assert observed[expected == 0].sum() == 0, "sampled a sequence of probability zero"
+    # cells expected fewer than 5 times are pooled into one, where the chi-square law holds
+    rare = (expected > 0) & (expected < 5)
+    common = expected >= 5
+    observed = torch.cat([observed[common], observed[rare].sum().view(1)])
+    expected = torch.cat([expected[common], expected[rare].sum().view(1)])
     cells = expected > 0
     stat = ((observed[cells] - expected[cells]) ** 2 / expected[cells]).sum()
     dof = int(cells.sum()) - 1
@@ -120,3 +129,55 @@ def test_broken_acceptance_rules_are_detected(rule, init):
     tokens, _ = jacobi_decode(MODEL, conditioning(), GUIDED, generator=make_generator(6, "cpu"),
                               window=3, init=init, rule=rule)
     assert chi_square_p_value(tokens, exact_for(GUIDED)) < ALPHA
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 3, 8])
+@pytest.mark.parametrize("settings", [PLAIN, GUIDED], ids=["no-cfg-no-topk", "cfg-topk"])
+def test_speculative_decoding_with_a_drafter_is_exact(gamma, settings):
+    # gamma 3 drafts every remaining token in one forward; 8 is clipped to the grid
+    spec = DecoderSpec("spec", gamma=gamma)
+    tokens, stats = decode(MODEL, conditioning(), settings, spec, seed=7, drafter=DRAFTER)
+    assert chi_square_p_value(tokens, exact_for(settings)) > ALPHA
+    assert stats.drafter_forwards == min(gamma, 3) * stats.target_forwards
+
+
+@pytest.mark.parametrize("rule", [ResidualIsTarget(), AcceptsTooOften()],
+                         ids=lambda r: type(r).__name__)
+def test_broken_rules_are_detected_with_a_drafter(rule):
+    tokens, _ = speculative_decode(MODEL, DRAFTER, conditioning(), GUIDED, generator=make_generator(8, "cpu"),
+                                   gamma=2, rule=rule)
+    assert chi_square_p_value(tokens, exact_for(GUIDED)) < ALPHA
+
+
+def test_lantern_with_zero_delta_is_exact_speculative_decoding():
+    lantern = DecoderSpec("lantern", gamma=2, lantern_k=3, lantern_delta=0.0)
+    tokens, _ = decode(MODEL, conditioning(), GUIDED, lantern, seed=9, drafter=DRAFTER, codebook=MODEL.embeddings)
+    assert chi_square_p_value(tokens, exact_for(GUIDED)) > ALPHA
+    few = conditioning(rows=64)
+    spec_tokens, _ = decode(MODEL, few, GUIDED, DecoderSpec("spec", gamma=2), seed=10, drafter=DRAFTER)
+    lantern_tokens, _ = decode(MODEL, few, GUIDED, lantern, seed=10, drafter=DRAFTER, codebook=MODEL.embeddings)
+    assert torch.equal(spec_tokens, lantern_tokens)
+
+
+def test_lantern_on_jacobi_drafts_with_zero_delta_is_exact():
+    spec = DecoderSpec("lantern", window=3, init="sample-left", lantern_k=3, lantern_delta=0.0)
+    tokens, _ = decode(MODEL, conditioning(), GUIDED, spec, seed=11, codebook=MODEL.embeddings)
+    assert chi_square_p_value(tokens, exact_for(GUIDED)) > ALPHA
+
+
+def test_lantern_with_a_large_budget_is_relaxed_and_accepts_more():
+    relaxed = DecoderSpec("lantern", gamma=3, lantern_k=3, lantern_delta=0.9)
+    tokens, stats = decode(MODEL, conditioning(), PLAIN, relaxed, seed=12, drafter=DRAFTER, codebook=MODEL.embeddings)
+    assert chi_square_p_value(tokens, exact_for(PLAIN)) < ALPHA
+    _, exact_stats = decode(MODEL, conditioning(), PLAIN, DecoderSpec("spec", gamma=3), seed=12, drafter=DRAFTER)
+    assert stats.mean_accepted > exact_stats.mean_accepted + 0.2
+
+
+def test_greedy_decoders_reproduce_plain_greedy_decoding():
+    """At temperature 0 exact speculative decoding and LANTERN with delta 0 give AR's greedy tokens."""
+    greedy = SamplingSettings(cfg_scale=2.0, temperature=0.0)
+    rows = conditioning(rows=2)
+    ar_tokens, _ = decode(MODEL, rows, greedy, DecoderSpec("ar"), seed=0)
+    for spec in (DecoderSpec("spec", gamma=3), DecoderSpec("lantern", gamma=3, lantern_k=3, lantern_delta=0.0)):
+        tokens, _ = decode(MODEL, rows, greedy, spec, seed=1, drafter=DRAFTER, codebook=MODEL.embeddings)
+        assert torch.equal(tokens, ar_tokens)

@@ -1,0 +1,49 @@
+"""LANTERN's B_k: for every code, its k nearest codes in the VQ latent space (itself first).
+
+Computed once per codebook and kept in a small cache, so each generation only gathers rows.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+from ..errors import FastARError
+
+_CACHE: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
+_CACHE_SIZE = 4
+
+
+def latent_neighbours(codebook: torch.Tensor, k: int, chunk: int = 1024) -> torch.Tensor:
+    """``[V, k]`` code indices sorted by L2 distance in ``codebook`` [V, D] (the vectors as the VQ
+    decoder uses them); column 0 is the code itself even when duplicates tie with it. ``k`` is capped
+    at V."""
+    if k < 1:
+        raise FastARError(f"LANTERN k {k} must be at least 1 (1 = no neighbours, exact speculative decoding)")
+    codes = codebook.detach().float()
+    V = codes.shape[0]
+    k = min(int(k), V)
+    key = _fingerprint(codes) + (k,)
+    if key in _CACHE:
+        _CACHE.move_to_end(key)
+        return _CACHE[key]
+    index_dtype = torch.int16 if V <= torch.iinfo(torch.int16).max else torch.int32
+    rows = []
+    for first in range(0, V, chunk):
+        part = codes[first : first + chunk]
+        dist = torch.cdist(part, codes)
+        own = torch.arange(first, first + part.shape[0], device=codes.device)
+        dist[torch.arange(part.shape[0]), own] = -1.0  # itself first, whatever ties
+        rows.append(dist.topk(k, dim=-1, largest=False, sorted=True).indices.to(index_dtype))
+    table = torch.cat(rows)
+    _CACHE[key] = table
+    if len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    return table
+
+
+def _fingerprint(codes: torch.Tensor) -> tuple:
+    """Identifies a codebook by content (VQ loaders may hand out a fresh normalised tensor per call)."""
+    weights = torch.arange(1, codes.numel() + 1, device=codes.device, dtype=torch.float64).view_as(codes)
+    c = codes.double()
+    return tuple(codes.shape), str(codes.device), float(c.sum()), float((c * weights).sum())

@@ -1,0 +1,90 @@
+"""Speculative decoding with a drafter: draft a chain of gamma tokens, verify them in one target forward.
+
+Per iteration and per row (rows advance independently):
+  drafter catches up on what was fixed -> gamma drafts, each sampled from the drafter's processed
+  distribution q -> one target forward over [last fixed token, drafts] -> the shared verifier
+  (exact rule = lossless speculative sampling; LANTERN = relaxed) fixes the accepted run plus one token.
+Drafts go through the same processing pipeline as the target, so acceptance ratios compare like with like.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..errors import FastARError
+from .acceptance import ExactRule
+from .processing import SamplingSettings, probabilities, sample
+from .stats import Stopwatch
+from .verifier import ProgressFn, TokenBuffer, begin, finish, verify_window
+
+
+@torch.no_grad()
+def speculative_decode(
+    model,
+    drafter,
+    conditioning,
+    sampling: SamplingSettings,
+    *,
+    generator,
+    gamma: int = 4,
+    rule=None,
+    name: str = "spec",
+    on_iteration: Optional[ProgressFn] = None,
+):
+    """Draft-then-verify decoding. ``gamma`` = drafts per target forward; at most gamma + 1 tokens are
+    fixed per forward. Lossless with the exact rule."""
+    rule = rule or ExactRule()
+    if gamma < 1:
+        raise FastARError(f"gamma {gamma} is too small: draft at least 1 token per target forward")
+    N, B, dev = model.grid[0] * model.grid[1], conditioning.batch, model.device
+    L = min(gamma, N - 1)
+    watch = Stopwatch()
+    settings = {"gamma": gamma, "drafter": drafter.name, "rule": rule.name}
+    session, p0, stats = begin(model, conditioning, sampling, L + 1, name, settings, hidden=drafter.needs_target_hidden)
+    draft_session = drafter.start(conditioning, cfg=sampling.use_cfg, max_window=L + 1, target_session=session)
+
+    buffer = TokenBuffer.empty(B, N, L, dev)
+    buffer.seq[:, 0] = sample(p0, generator)
+    n = torch.ones(B, dtype=torch.long, device=dev)
+    last_out, last_start = session.first, torch.full_like(n, -1)
+    fixed_counts = []
+    iteration = 0
+    while True:
+        iteration += 1
+        x, q = draft_chain(draft_session, buffer.seq, n, last_out, last_start, L, sampling, generator)
+        stats.drafter_forwards += L
+        watch.lap("draft")
+
+        inputs = torch.cat([buffer.seq.gather(1, (n - 1).unsqueeze(1)), x], dim=1)
+        out = session.forward(inputs, n - 1)
+        p = probabilities(out, sampling)  # slot j predicts position n + j
+        stats.target_forwards += 1
+        watch.lap("forward")
+        _, count = verify_window(rule, out, p, sampling, q, x, n, buffer, iteration, generator)
+        fixed_counts.append(count)
+        last_out, last_start = out, n - 1
+        n = n + count
+        watch.lap("verify")
+
+        slowest = int(n.min())  # the one host sync of the iteration
+        if on_iteration is not None:
+            on_iteration(slowest, N, buffer.tokens())
+        if slowest >= N:
+            break
+    finish(stats, watch, fixed_counts, buffer.fixed_at, N)
+    return buffer.tokens().clone(), stats
+
+
+def draft_chain(draft_session, seq, n, last_out, last_start, length: int, sampling, generator):
+    """``length`` drafts per row from position n on, each with the distribution it was drawn from."""
+    out = draft_session.catch_up(seq, n, last_out, last_start)
+    tokens, dists = [], []
+    for i in range(length):
+        q = probabilities(out, sampling)[:, 0]
+        x = sample(q, generator)
+        tokens.append(x)
+        dists.append(q)
+        if i + 1 < length:
+            out = draft_session.step(x.unsqueeze(1), n + i)
+    return torch.stack(tokens, 1), torch.stack(dists, 1)
