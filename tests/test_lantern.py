@@ -1,0 +1,108 @@
+"""LANTERN's pieces in isolation: latent neighbourhoods B_k, the TV-bounded set A_{k,delta}, the relaxed
+acceptance, the distorted-target residual and the greedy variant (decoders.md, LANTERN)."""
+import pytest
+import torch
+
+from fastar.errors import FastARError
+from fastar.samplers.acceptance import ExactRule, LanternRule
+from fastar.samplers.latent_neighbours import latent_neighbours
+
+
+def random_setup(seed=0, V=24, D=4, batch=(5, 3)):
+    g = torch.Generator().manual_seed(seed)
+    codebook = torch.randn(V, D, generator=g)
+    p = torch.softmax(torch.randn(*batch, V, generator=g) * 2, -1)
+    q = torch.softmax(torch.randn(*batch, V, generator=g) * 2, -1)
+    x = torch.randint(V, batch, generator=g)
+    return codebook, p, q, x
+
+
+def test_neighbours_are_sorted_by_latent_distance_with_the_code_itself_first():
+    codebook, *_ = random_setup()
+    codebook[7] = codebook[3]  # a duplicate code must not displace code 3 from its own first column
+    table = latent_neighbours(codebook, 6).long()
+    assert table.shape == (24, 6)
+    assert torch.equal(table[:, 0], torch.arange(24))
+    assert table[3, 1] == 7 and table[7, 1] == 3
+    distances = (codebook[table] - codebook[:, None]).norm(dim=-1)
+    assert (distances.diff(dim=-1) >= -1e-6).all()
+    brute = torch.cdist(codebook, codebook).topk(6, largest=False).values
+    assert torch.allclose(distances[:, 1:].sort(-1).values, brute[:, 1:], atol=1e-5)
+
+
+def test_neighbour_tables_are_cached_per_codebook_and_k_is_capped():
+    codebook, *_ = random_setup()
+    assert latent_neighbours(codebook, 5) is latent_neighbours(codebook.clone(), 5)
+    assert latent_neighbours(codebook, 5) is not latent_neighbours(codebook + 1, 5)
+    assert latent_neighbours(codebook, 1000).shape == (24, 24)
+    with pytest.raises(FastARError, match="k 0"):
+        latent_neighbours(codebook, 0)
+
+
+@pytest.mark.parametrize("delta", [0.05, 0.2, 0.5])
+def test_distorted_target_moves_exactly_the_set_a_onto_the_draft_within_the_budget(delta):
+    codebook, p, _, x = random_setup(1)
+    table = latent_neighbours(codebook, 10)
+    rule = LanternRule(table, delta)
+    distorted = rule.distorted(p, x)
+    tv = 0.5 * (distorted - p).abs().sum(-1)
+    assert (tv < delta).all()  # the per-token bound of the paper
+    assert torch.allclose(distorted.sum(-1), torch.ones_like(tv))
+    members, mass, in_a = rule.neighbourhood(p, x)
+    # A is the longest prefix of the nearest neighbours whose mass stays below delta: the next one breaks it
+    first_out = in_a.long().sum(-1)
+    assert torch.equal(in_a, torch.arange(9) < first_out.unsqueeze(-1))
+    broken = first_out < 9
+    next_mass = mass.cumsum(-1).gather(-1, first_out.clamp(max=8).unsqueeze(-1)).squeeze(-1)
+    assert (next_mass[broken] >= delta).all()
+    assert torch.allclose(tv, (mass * in_a).sum(-1), atol=1e-6)
+    assert (distorted.gather(-1, members)[in_a] == 0).all()
+
+
+def test_relaxed_acceptance_is_at_least_exact_and_grows_with_delta():
+    codebook, p, q, x = random_setup(2)
+    table = latent_neighbours(codebook, 8)
+    exact = ExactRule().accept_probability(p, q, x)
+    previous = exact
+    for delta in (0.0, 0.05, 0.2, 0.6):
+        accept = LanternRule(table, delta).accept_probability(p, q, x)
+        assert (accept >= previous - 1e-7).all()
+        previous = accept
+    assert torch.allclose(LanternRule(table, 0.0).accept_probability(p, q, x), exact)
+    assert (previous > exact + 1e-3).any()
+
+
+def test_residual_is_the_positive_part_of_distorted_target_minus_draft():
+    codebook, p, q, x = random_setup(3, batch=(6,))
+    rule = LanternRule(latent_neighbours(codebook, 6), 0.3)
+    residual = rule.residual(p, q, x)
+    expected = (rule.distorted(p, x) - q).clamp_min(0)
+    assert torch.allclose(residual, expected / expected.sum(-1, keepdim=True), atol=1e-6)
+    assert torch.allclose(LanternRule(rule.neighbours, 0.0).residual(p, q, x), ExactRule().residual(p, q, x))
+
+
+def test_codes_outside_the_target_support_are_never_accepted():
+    codebook, p, q, x = random_setup(4, batch=(8,))
+    p = p.scatter(-1, x.unsqueeze(-1), 0.0)
+    p = p / p.sum(-1, keepdim=True)
+    accept = LanternRule(latent_neighbours(codebook, 24), 0.9).accept_probability(p, q, x)
+    assert (accept == 0).all()
+
+
+def test_greedy_accepts_exactly_when_the_draft_is_the_argmax_of_the_distorted_target():
+    codebook, p, _, _ = random_setup(5, batch=(400,))
+    table = latent_neighbours(codebook, 8)
+    rule = LanternRule(table, 0.3, greedy=True)
+    x = torch.randint(24, (400,), generator=torch.Generator().manual_seed(9))
+    one_hot = torch.nn.functional.one_hot(x, 24).float()
+    accept = rule.accept_probability(p, one_hot, x)
+    assert torch.equal(accept.bool(), rule.distorted(p, x).argmax(-1) == x)
+    assert accept.sum() > (p.argmax(-1) == x).sum()  # the relaxation accepts non-argmax drafts
+    rejected = ~accept.bool()
+    assert torch.equal(rule.residual(p, one_hot, x)[rejected].argmax(-1), p.argmax(-1)[rejected])
+
+
+def test_out_of_range_delta_is_refused():
+    codebook, *_ = random_setup()
+    with pytest.raises(FastARError, match="delta"):
+        LanternRule(latent_neighbours(codebook, 4), 1.5)
