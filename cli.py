@@ -1,4 +1,4 @@
-"""``python -m fastar generate|bench``: the command line."""
+"""``python -m fastar generate|bench|train-drafter``: the command line."""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +11,7 @@ from .errors import FastARError
 from .samplers.decoders import DECODERS, LOSSLESS, DecoderSpec
 from .samplers.drafts import COUPLINGS, INIT_STRATEGIES
 from .samplers.processing import SamplingSettings
+from .tools.train_drafter import add_arguments as add_drafter_training_args
 
 SPEC_DEFAULTS = DecoderSpec()
 SAMPLING_DEFAULTS = SamplingSettings()
@@ -65,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", required=True, help="output folder for bench.json, bench.md, pareto.png")
     bench.add_argument("--sweep-samples", type=int, help="images per slider-sweep point (default: half of --samples)")
     bench.add_argument("--no-pareto", action="store_true", help="skip the slider sweeps (faster)")
+
+    drafter = sub.add_parser("train-drafter", help="train a drafter (EAGLE head or small AR) on a target's samples")
+    add_drafter_training_args(drafter)
     return parser
 
 
@@ -148,10 +152,18 @@ def command_bench(args) -> int:
     return 0
 
 
+def command_train_drafter(args) -> int:
+    from .tools.train_drafter import train
+
+    train(args)
+    return 0
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"generate": command_generate, "bench": command_bench}[args.command](args)
+        commands = {"generate": command_generate, "bench": command_bench, "train-drafter": command_train_drafter}
+        return commands[args.command](args)
     except FastARError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

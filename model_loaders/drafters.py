@@ -1,0 +1,105 @@
+"""Loading drafters for speculative decoding, checked against the target they will serve.
+
+Two kinds: an EAGLE head (LANTERN's format: config.json + ``fc``/``embed_tokens`` weights) that reads the
+target's hidden states, or a smaller LlamaGen GPT that shares the target's VQ codes (any file
+``load_ar_model`` reads).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from ..errors import FastARError
+from . import LOADERS
+from .ar_drafter import SmallARDrafter
+from .checkpoint import AR_MODEL, FAMILY_KIND, CheckpointInfo, detect_family, read_json, read_state_dict, sample_keys
+from .eagle_drafter import EagleConfig, EagleDrafter, EagleHead
+from .llamagen import build_and_load, weight_shape
+from .llamagen_gpt import LlamaGenGPT
+
+RETRAIN_HINT = "use a drafter trained for this target model (python -m fastar train-drafter makes one)"
+KIND_NAMES = {"c2i": "class-to-image", "t2i": "text-to-image"}
+
+
+def load_drafter(path, target: LlamaGenGPT, *, device=None, dtype=None):
+    """The drafter in a checkpoint file or folder, bound to ``target``; device and dtype default to the
+    target's."""
+    sd, info = read_state_dict(path)
+    device = target.device if device is None else device
+    dtype = target.dtype if dtype is None else dtype
+    if "fc.weight" in sd and "embed_tokens.weight" in sd:
+        return load_eagle(sd, info, Path(path), target, device, dtype)
+    family = detect_family(sd)
+    if family is None or FAMILY_KIND[family] != AR_MODEL:
+        what = f"{FAMILY_KIND[family]} ({family})" if family else f"no model FastAR knows (keys {sample_keys(sd)})"
+        raise FastARError(f"{info.source} is {what}, not a drafter: pick an EAGLE drafter folder (config.json + "
+                          "fc/embed_tokens weights) or a smaller LlamaGen GPT trained on the target's VQ codes")
+    model = LOADERS[family](sd, info=info, device=device, dtype=dtype)
+    check_ar_drafter(model, target, info.source)
+    return SmallARDrafter(model)
+
+
+def load_eagle(sd, info: CheckpointInfo, path: Path, target, device, dtype) -> EagleDrafter:
+    config = info.config if info.config is not None or path.is_dir() else read_json(path.parent / "config.json")
+    cfg = EagleConfig.from_json(config, info.source)
+    check_eagle(cfg, sd, target, info.source)
+    return EagleDrafter(build_and_load(EagleHead, cfg, sd, info.source, device, dtype), target)
+
+
+def check_eagle(cfg: EagleConfig, sd, target, source: str) -> None:
+    if not isinstance(target, LlamaGenGPT):
+        raise FastARError(f"{source} is an EAGLE drafter for LlamaGen models; the target is not one: "
+                          "pick a drafter made for the target's family")
+    tc = target.cfg
+    vocab, width = weight_shape(sd, "embed_tokens.weight", source)
+    if vocab != tc.vocab_size:
+        raise FastARError(f"{source} drafts over {vocab} codes but the target model has {tc.vocab_size} (a "
+                          f"different VQ tokenizer): {RETRAIN_HINT}")
+    reads = weight_shape(sd, "fc.weight", source)[1]
+    if reads != 2 * tc.dim or width != tc.dim:
+        raise FastARError(f"{source} reads hidden states of width {reads // 2} (embedding width {width}) but the "
+                          f"target model is {tc.dim} wide: it belongs to another model size; {RETRAIN_HINT}")
+    check_kind(cfg.model_type, tc.model_type, source)
+    if cfg.grid is not None and tuple(cfg.grid) != tuple(tc.grid):
+        raise FastARError(f"{source} was trained for a {grid_text(cfg.grid)} token grid but the target runs "
+                          f"{grid_text(tc.grid)}: load the target at the drafter's resolution, or {RETRAIN_HINT}")
+
+
+def check_ar_drafter(model: LlamaGenGPT, target, source: str) -> None:
+    d, t = model.cfg, target.cfg
+    if d.vocab_size != t.vocab_size:
+        raise FastARError(f"{source} draws {d.vocab_size} codes but the target model draws {t.vocab_size}: a drafter "
+                          "must share the target's VQ tokenizer; pick a small model trained on the same tokenizer")
+    check_kind(d.model_type, t.model_type, source)
+    if tuple(d.grid) != tuple(t.grid):
+        raise FastARError(f"{source} generates a {grid_text(d.grid)} token grid but the target generates "
+                          f"{grid_text(t.grid)}: use a drafter for the same image size")
+    if d.model_type == "c2i" and d.num_classes != t.num_classes:
+        raise FastARError(f"{source} knows {d.num_classes} classes but the target model {t.num_classes}: "
+                          "a drafter must be trained on the target's classes")
+    if d.model_type == "t2i" and (d.caption_dim, d.cls_token_num) != (t.caption_dim, t.cls_token_num):
+        raise FastARError(f"{source} reads {d.cls_token_num} caption features of width {d.caption_dim} but the "
+                          f"target reads {t.cls_token_num} of width {t.caption_dim}: a drafter must take the "
+                          "target's text encoder features")
+
+
+def check_kind(drafter_type: str | None, target_type: str, source: str) -> None:
+    if drafter_type is not None and drafter_type != target_type:
+        raise FastARError(f"{source} is a drafter for a {KIND_NAMES[drafter_type]} model but the target model is "
+                          f"{KIND_NAMES[target_type]}: pick a drafter for the target's kind")
+
+
+def grid_text(grid) -> str:
+    return f"{grid[0]}x{grid[1]}"
+
+
+def save_eagle_drafter(drafter: EagleDrafter, folder) -> None:
+    """The drafter as a LANTERN-format folder: config.json + model.safetensors in fp16."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.detach().to("cpu", torch.float16).contiguous() for k, v in drafter.head.state_dict().items()}
+    save_file(sd, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(drafter.head.cfg.to_json(), indent=2) + "\n")
