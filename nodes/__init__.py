@@ -5,12 +5,12 @@ from __future__ import annotations
 from comfy_api.latest import ComfyExtension, io
 
 from .files import register_model_folders
-from .loader_nodes import ClassLabel, LoadARModel, LoadVQ, TextConditioning, check_class_labels
+from .loader_nodes import ClassLabel, LoadARModel, LoadDrafter, LoadVQ, TextConditioning, check_class_labels
 from .output_nodes import AcceptanceMap, Stats, VQDecode
-from .sampler_nodes import SamplerAR, SamplerGSD, SamplerSJD
+from .sampler_nodes import SamplerAR, SamplerGSD, SamplerLantern, SamplerSJD, SamplerSpeculative
 
-NODES = [LoadARModel, LoadVQ, ClassLabel, TextConditioning, SamplerAR, SamplerSJD, SamplerGSD, VQDecode,
-         AcceptanceMap, Stats]
+NODES = [LoadARModel, LoadVQ, LoadDrafter, ClassLabel, TextConditioning, SamplerAR, SamplerSJD, SamplerGSD,
+         SamplerSpeculative, SamplerLantern, VQDecode, AcceptanceMap, Stats]
 
 
 class FastARExtension(ComfyExtension):

@@ -1,8 +1,10 @@
-"""Model files and folders in ComfyUI's ``fastar`` model folders: registration, listing, resolving, and a
-cheap look at a checkpoint (safetensors header only) so lists and validation do not load weights.
+"""Model files and folders in ComfyUI's ``fastar`` and ``fastar_drafters`` model folders: registration,
+listing, resolving, and a cheap look at a checkpoint (safetensors header only) so lists and validation do
+not load weights.
 
-Users' own ``fastar:`` paths from extra_model_paths.yaml are kept; ``models/fastar`` is added, and the
-pack's bundled ``demo/`` folder comes last, so the demo models are always in the lists.
+Users' own ``fastar:``/``fastar_drafters:`` paths from extra_model_paths.yaml are kept; ``models/fastar``
+and ``models/fastar_drafters`` are added, and the pack's bundled ``demo/`` folder comes last in ``fastar``,
+so the demo models (and the demo drafter folder) are always in the lists.
 """
 from __future__ import annotations
 
@@ -18,25 +20,37 @@ from ..errors import FastARError
 from ..model_loaders.demo import DEMO_AR, DEMO_DIR
 
 FOLDER = "fastar"
+DRAFTER_FOLDER = "fastar_drafters"
 T5_FOLDERS = (FOLDER, "text_encoders")
+DRAFTER_FOLDERS = (DRAFTER_FOLDER, FOLDER)  # drafter folders users keep beside their models are found too
 WEIGHT_SUFFIXES = {".safetensors", ".pt", ".pth", ".bin", ".ckpt"}
 WEIGHT_FILES_IN_FOLDER = ("model.safetensors.index.json", "pytorch_model.bin.index.json", "model.safetensors",
                           "pytorch_model.bin")
-WHERE = ("put it in ComfyUI's models/fastar folder (or a fastar: path in extra_model_paths.yaml) and press R "
-         "to refresh the lists")
 
-AR, VQ, T5 = "ar", "vq", "t5"
+AR, VQ, T5, DRAFTER = "ar", "vq", "t5", "drafter"
+KIND_NAMES = {AR: "AR model", VQ: "VQ decoder", T5: "FLAN-T5 folder", DRAFTER: "drafter"}
+FOLDERS_OF = {AR: (FOLDER,), VQ: (FOLDER,), T5: T5_FOLDERS, DRAFTER: DRAFTER_FOLDERS}
+
+
+def where(folder: str = FOLDER) -> str:
+    return (f"put it in ComfyUI's models/{folder} folder (or a {folder}: path in extra_model_paths.yaml) and press "
+            "R to refresh the lists")
+
+
+WHERE = where()
 
 
 def register_model_folders() -> None:
-    """Add ``models/fastar`` (if the user has not declared ``fastar`` paths already, it becomes the
-    default) and the bundled demo folder, without touching paths users declared."""
-    declared = FOLDER in folder_paths.folder_names_and_paths
-    folder_paths.add_model_folder_path(FOLDER, os.path.join(folder_paths.models_dir, FOLDER), is_default=not declared)
-    folder_paths.add_model_folder_path(FOLDER, str(DEMO_DIR))
-    extensions = folder_paths.folder_names_and_paths[FOLDER][1]
-    if isinstance(extensions, set):
-        extensions.update(WEIGHT_SUFFIXES)
+    """Add ``models/fastar`` and ``models/fastar_drafters`` (each the default unless the user declared
+    paths for it already) and the bundled demo folder, without touching paths users declared."""
+    for name in (FOLDER, DRAFTER_FOLDER):
+        declared = name in folder_paths.folder_names_and_paths
+        folder_paths.add_model_folder_path(name, os.path.join(folder_paths.models_dir, name), is_default=not declared)
+        if name == FOLDER:
+            folder_paths.add_model_folder_path(name, str(DEMO_DIR))
+        extensions = folder_paths.folder_names_and_paths[name][1]
+        if isinstance(extensions, set):
+            extensions.update(WEIGHT_SUFFIXES)
 
 
 def folder_roots(names=(FOLDER,)) -> list[Path]:
@@ -75,6 +89,8 @@ def safetensors_header(path: Path) -> dict | None:
 
 def header_kind(header: dict) -> str | None:
     keys = header.keys()
+    if "fc.weight" in keys and "embed_tokens.weight" in keys:  # an EAGLE head (LANTERN's key names)
+        return DRAFTER
     if "tok_embeddings.weight" in keys or "model.embed_tokens.weight" in keys:
         return AR
     if "quantize.embedding.weight" in keys:
@@ -90,12 +106,15 @@ def read_json(path: Path) -> dict | None:
 
 
 def folder_kind(folder: Path) -> str | None:
-    """AR for a model folder (config.json/index + weights), T5 for a T5 encoder folder, else None."""
+    """AR for a model folder (config.json/index + weights), T5 for a T5 encoder folder, DRAFTER for an
+    EAGLE drafter folder (LANTERN's format keeps the base model's config.json with one layer), else None."""
     config = read_json(folder / "config.json") if (folder / "config.json").is_file() else None
     if config is not None and (config.get("model_type") == "t5" or "T5" in " ".join(config.get("architectures", []))):
         return T5
     if (folder / "spiece.model").is_file():
         return T5
+    if config is not None and config.get("num_hidden_layers") == 1:
+        return DRAFTER
     if any((folder / name).is_file() for name in WEIGHT_FILES_IN_FOLDER):
         return AR
     if config is not None and any(folder.glob("*.safetensors")):
@@ -104,7 +123,7 @@ def folder_kind(folder: Path) -> str | None:
 
 
 def file_kind(path: Path) -> str | None:
-    """AR or VQ for a safetensors file whose keys say so; None for other safetensors files; "?" for
+    """AR, VQ or DRAFTER for a safetensors file whose keys say so; None for other safetensors files; "?" for
     pickles (their keys cannot be read without loading them)."""
     if path.suffix.lower() == ".safetensors":
         header = safetensors_header(path)
@@ -115,44 +134,48 @@ def file_kind(path: Path) -> str | None:
 # -- lists -----------------------------------------------------------------------------------------
 
 
-def model_folders(roots: list[Path], kind: str) -> list[tuple[str, Path]]:
-    """HF-style folders of ``kind`` up to two levels below each root, named ``relative/path/``."""
+def model_folders(roots: list[Path], *kinds: str) -> list[tuple[str, Path]]:
+    """HF-style folders of ``kinds`` up to two levels below each root, named ``relative/path/``."""
     found = []
     for root in roots:
         if not root.is_dir():
             continue
         for first in sorted(p for p in root.iterdir() if p.is_dir()):
             for folder in (first, *sorted(p for p in first.iterdir() if p.is_dir())):
-                if folder_kind(folder) == kind:
+                if folder_kind(folder) in kinds:
                     found.append((folder.relative_to(root).as_posix() + "/", folder))
     return found
 
 
-def choices(kind: str) -> list[str]:
-    """The names shown in a loader's list: files of that kind (and pickles, which cannot be told apart
-    without loading), then HF-style model folders. Files inside model folders are not listed."""
-    roots = folder_roots()
-    folders = model_folders(roots, AR) + model_folders(roots, T5)
-    inside = tuple(name for name, _ in folders)
+def entries(folder: str, file_kinds: tuple, folder_kinds: tuple) -> list[str]:
+    """Files of ``file_kinds`` ("?" = pickles, which cannot be told apart without loading), then HF-style
+    folders of ``folder_kinds``, in one registered model folder. Files inside model folders are not listed."""
+    roots = folder_roots((folder,))
+    inside = tuple(name for name, _ in model_folders(roots, AR, T5, DRAFTER))
     names = []
-    for name in folder_paths.get_filename_list(FOLDER):
+    for name in folder_paths.get_filename_list(folder):
         if name.replace(os.sep, "/").startswith(inside) or name in names:
             continue
-        path = folder_paths.get_full_path(FOLDER, name)
-        if path and file_kind(Path(path)) in (kind, "?"):
+        path = folder_paths.get_full_path(folder, name)
+        if path and file_kind(Path(path)) in file_kinds:
             names.append(name)
-    if kind == AR:
-        names += [name for name, _ in model_folders(roots, AR)]
-    return names
+    return names + [name for name, _ in model_folders(roots, *folder_kinds)]
+
+
+def unique(names: list[str]) -> list[str]:
+    return list(dict.fromkeys(names))
+
+
+def choices(kind: str) -> list[str]:
+    """The names shown in a loader's list. Drafters: anything in the drafter folders (EAGLE drafters and
+    smaller AR models), plus EAGLE drafters kept in the fastar folders (the bundled demo drafter)."""
+    if kind == DRAFTER:
+        return unique(entries(DRAFTER_FOLDER, (DRAFTER, AR, "?"), (DRAFTER, AR)) + entries(FOLDER, (DRAFTER,), (DRAFTER,)))
+    return entries(FOLDER, (kind, "?"), (AR,) if kind == AR else ())
 
 
 def t5_choices() -> list[str]:
-    seen, names = set(), []
-    for name, _ in model_folders(folder_roots(T5_FOLDERS), T5):
-        if name not in seen:
-            seen.add(name)
-            names.append(name)
-    return names
+    return unique([name for name, _ in model_folders(folder_roots(T5_FOLDERS), T5)])
 
 
 def resolve(name: str, what: str, folders=(FOLDER,)) -> Path:
@@ -161,11 +184,12 @@ def resolve(name: str, what: str, folders=(FOLDER,)) -> Path:
         for root in folder_roots(folders):
             if (root / name).is_dir():
                 return root / name.rstrip("/")
-    elif FOLDER in folders:
-        path = folder_paths.get_full_path(FOLDER, name)
-        if path is not None:
-            return Path(path)
-    raise FastARError(f"no {what} named '{name}' in the model folders: {WHERE}")
+    else:
+        for folder in folders:
+            path = folder_paths.get_full_path(folder, name)
+            if path is not None:
+                return Path(path)
+    raise FastARError(f"no {what} named '{name}' in the model folders: {where(folders[0])}")
 
 
 def fingerprint(path: Path):
@@ -227,12 +251,21 @@ def class_info(path: Path) -> dict | None:
     return None
 
 
+ACCEPTED = {AR: (AR,), VQ: (VQ,), DRAFTER: (DRAFTER, AR)}  # a smaller AR model of the family drafts too
+LOADED_BY = {AR: "an AR model (load it with FastAR Load AR Model)",
+             VQ: "a VQ decoder (load it with FastAR Load VQ Decoder)",
+             DRAFTER: "a drafter (load it with FastAR Load Drafter)"}
+
+
 def checkpoint_kind_error(path: Path, kind: str) -> str | None:
     """A readable reason why ``path`` is not a ``kind`` checkpoint, when a header look can tell."""
+    wanted = LOADED_BY[kind].split(" (")[0]
     if path.is_dir():
         found = folder_kind(path)
         if found == T5:
             return f"{path.name}/ is a T5 text encoder folder: pick it in FastAR Text Conditioning, not here"
+        if found == DRAFTER and kind != DRAFTER:
+            return f"{path.name}/ is {LOADED_BY[DRAFTER]}, not {wanted}"
         return None
     if path.suffix.lower() != ".safetensors":
         return None
@@ -240,10 +273,8 @@ def checkpoint_kind_error(path: Path, kind: str) -> str | None:
     if header is None:
         return f"{path.name} is not a readable safetensors file: it is truncated or corrupt, re-download it"
     found = header_kind(header)
-    if found == kind:
+    if found in ACCEPTED[kind]:
         return None
-    names = {AR: "an AR model (load it with FastAR Load AR Model)",
-             VQ: "a VQ decoder (load it with FastAR Load VQ Decoder)"}
     if found is None:
-        return f"{path.name} is neither an AR model nor a VQ decoder FastAR knows"
-    return f"{path.name} is {names[found]}, not {names[kind].split(' (')[0]}"
+        return f"{path.name} is no AR model, VQ decoder or drafter FastAR knows"
+    return f"{path.name} is {LOADED_BY[found]}, not {wanted}"

@@ -1,4 +1,4 @@
-"""Loaders and conditioning nodes: Load AR Model, Load VQ Decoder, Class Label, Text Conditioning."""
+"""Loaders and conditioning nodes: Load AR Model, Load VQ Decoder, Load Drafter, Class Label, Text Conditioning."""
 from __future__ import annotations
 
 import re
@@ -9,14 +9,17 @@ import torch
 from comfy_api.latest import io
 
 from ..errors import FastARError
+from ..model_loaders.demo import DEMO_DRAFTER
 from ..model_loaders.protocol import ClassConditioning
-from ..pipeline import check_class_index
+from ..pipeline import DTYPES, check_class_index
 from . import comfy_glue as glue
 from . import files
-from .values import CONDITIONING_TYPE, MODEL_TYPE, VQ_TYPE, Conditioning, ModelHandle
+from .values import (CONDITIONING_TYPE, DRAFTER_TYPE, MODEL_TYPE, VQ_TYPE, Conditioning, DrafterHandle,
+                     ModelHandle)
 
 FastARModel = io.Custom(MODEL_TYPE)
 FastARVQ = io.Custom(VQ_TYPE)
+FastARDrafter = io.Custom(DRAFTER_TYPE)
 FastARConditioning = io.Custom(CONDITIONING_TYPE)
 
 NOTHING_FOUND = "(none found: see the tooltip)"
@@ -30,10 +33,11 @@ def listed(names: list[str]) -> list[str]:
 
 def load_error(name: str, kind: str) -> str | None:
     """Why ``name`` cannot be loaded as ``kind``, when a look at the file tells (before the run)."""
+    folders = files.FOLDERS_OF[kind]
     if name == NOTHING_FOUND:
-        return f"no {'AR model' if kind == files.AR else 'VQ decoder'} found: {files.WHERE}"
+        return f"no {files.KIND_NAMES[kind]} found: {files.where(folders[0])}"
     try:
-        path = files.resolve(name, "model")
+        path = files.resolve(name, files.KIND_NAMES[kind], folders)
     except FastARError as e:
         return str(e)
     return files.checkpoint_kind_error(path, kind)
@@ -50,7 +54,44 @@ def raise_if(message: str | None) -> None:
         raise FastARError(message)
 
 
-class LoadARModel(io.ComfyNode):
+class CheckpointLoader(io.ComfyNode):
+    """What every loader of a listed checkpoint does: check the pick and the dtype before the run, reload
+    when the file changes on disk, resolve and check again when it runs. A subclass names its list
+    widget and kind and loads the resolved path in ``load``. Inputs arrive by keyword because each
+    loader's list widget has its own id (saved workflows name it); the checks here cover every widget,
+    so ComfyUI's own combo checks (skipped for a **kwargs validator) are not missed."""
+
+    KIND = files.AR
+    LIST = "model_name"
+
+    @classmethod
+    def validate_inputs(cls, **inputs):
+        return dtype_error(inputs["dtype"]) or load_error(inputs[cls.LIST], cls.KIND) or True
+
+    @classmethod
+    def fingerprint_inputs(cls, **inputs):
+        name, dtype = inputs[cls.LIST], inputs["dtype"]
+        try:
+            return files.fingerprint(cls.path(name)), dtype
+        except FastARError:
+            return name, dtype
+
+    @classmethod
+    def path(cls, name: str) -> Path:
+        return files.resolve(name, files.KIND_NAMES[cls.KIND], files.FOLDERS_OF[cls.KIND])
+
+    @classmethod
+    def execute(cls, **inputs) -> io.NodeOutput:
+        name = inputs.pop(cls.LIST)
+        raise_if(load_error(name, cls.KIND))
+        return io.NodeOutput(cls.load(cls.path(name), name, **inputs))
+
+    @classmethod
+    def load(cls, path: Path, name: str, dtype: str, **links):
+        raise NotImplementedError
+
+
+class LoadARModel(CheckpointLoader):
     @classmethod
     def define_schema(cls):
         return io.Schema(
@@ -73,27 +114,17 @@ class LoadARModel(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, model_name, dtype):
-        return dtype_error(dtype) or load_error(model_name, files.AR) or True
-
-    @classmethod
-    def fingerprint_inputs(cls, model_name, dtype):
-        try:
-            return files.fingerprint(files.resolve(model_name, "model")), dtype
-        except FastARError:
-            return model_name, dtype
-
-    @classmethod
-    def execute(cls, model_name, dtype) -> io.NodeOutput:
+    def load(cls, path, name, dtype):
         from ..model_loaders import load_ar_model
 
-        raise_if(load_error(model_name, files.AR))
-        path = files.resolve(model_name, "AR model")
         model = load_ar_model(path, device=glue.offload_device(), dtype=glue.choose_dtype(dtype, glue.load_device()))
-        return io.NodeOutput(ModelHandle(glue.make_patcher(model), model_name))
+        return ModelHandle(glue.make_patcher(model), name)
 
 
-class LoadVQ(io.ComfyNode):
+class LoadVQ(CheckpointLoader):
+    KIND = files.VQ
+    LIST = "vq_name"
+
     @classmethod
     def define_schema(cls):
         return io.Schema(
@@ -114,25 +145,65 @@ class LoadVQ(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, vq_name, dtype):
-        return dtype_error(dtype) or load_error(vq_name, files.VQ) or True
-
-    @classmethod
-    def fingerprint_inputs(cls, vq_name, dtype):
-        try:
-            return files.fingerprint(files.resolve(vq_name, "VQ decoder")), dtype
-        except FastARError:
-            return vq_name, dtype
-
-    @classmethod
-    def execute(cls, vq_name, dtype) -> io.NodeOutput:
+    def load(cls, path, name, dtype):
         from ..model_loaders import load_vq_model
 
-        raise_if(load_error(vq_name, files.VQ))
-        path = files.resolve(vq_name, "VQ decoder")
         vq = load_vq_model(path, device=glue.offload_device(),
                            dtype=glue.choose_dtype(dtype, glue.load_device(), for_vq=True))
-        return io.NodeOutput(ModelHandle(glue.make_patcher(vq), vq_name))
+        return ModelHandle(glue.make_patcher(vq), name)
+
+
+DEMO_DRAFTER_NAME = f"{DEMO_DRAFTER.name}/"
+
+
+class LoadDrafter(CheckpointLoader):
+    KIND = files.DRAFTER
+    LIST = "drafter_name"
+
+    @classmethod
+    def define_schema(cls):
+        options = listed(files.choices(files.DRAFTER))
+        return io.Schema(
+            node_id="FastARLoadDrafter",
+            display_name="FastAR Load Drafter",
+            category="FastAR/loaders",
+            description="Loads a drafter for speculative decoding, bound to the AR model it drafts for: a "
+                        "LANTERN/EAGLE drafter folder (config.json + weights, e.g. LANTERN's llamagen_drafter) or a "
+                        "smaller LlamaGen model trained on the same VQ codes. A drafter made for another model "
+                        "(other codebook, width or kind) is refused with the reason.",
+            inputs=[
+                FastARModel.Input("model", tooltip="The AR model the drafter drafts for (an EAGLE drafter reads its "
+                                                   "hidden states and uses its output head)."),
+                io.Combo.Input("drafter_name", options=options,
+                               default=DEMO_DRAFTER_NAME if DEMO_DRAFTER_NAME in options else options[0],
+                               tooltip="Drafter folder (name ending in /) or file in models/fastar_drafters (or a "
+                                       "fastar_drafters: path of extra_model_paths.yaml); EAGLE drafter folders in "
+                                       f"models/fastar are listed too. {DEMO_DRAFTER_NAME} is the bundled drafter "
+                                       "of the demo model."),
+                io.Combo.Input("dtype", options=list(glue.DTYPE_CHOICES), default="auto",
+                               tooltip="Drafter weights precision. auto: the AR model's precision. fp16/bf16 halve "
+                                       "memory; fp32 is the reference."),
+            ],
+            outputs=[FastARDrafter.Output("drafter", display_name="drafter",
+                                          tooltip="The drafter, bound to this AR model and managed by ComfyUI: "
+                                                  "connect it to a sampler that uses the same model.")],
+        )
+
+    @classmethod
+    def load(cls, path, name, dtype, model: ModelHandle):
+        from ..model_loaders.drafters import load_drafter
+
+        target = model.module
+        drafter = load_drafter(path, target, device=glue.offload_device(),
+                               dtype=None if dtype == "auto" else DTYPES[dtype])
+        return DrafterHandle(glue.make_patcher(drafter_weights(drafter)), drafter, target, name)
+
+
+def drafter_weights(drafter) -> torch.nn.Module:
+    """The module holding a drafter's own weights (an EAGLE head borrows the rest from its target)."""
+    from ..model_loaders.eagle_drafter import EagleDrafter
+
+    return drafter.head if isinstance(drafter, EagleDrafter) else drafter.model
 
 
 # -- class labels -----------------------------------------------------------------------------------

@@ -82,6 +82,10 @@ def summary(stats: DecodeStats, baseline: DecodeStats | None = None) -> str:
         f"mean accepted per iteration: {stats.mean_accepted:.2f}",
         f"wall time: {stats.wall_time_s:.2f} s, {tokens / max(stats.wall_time_s, 1e-9):.0f} tokens/s",
     ]
+    if stats.drafter_forwards:
+        drafter = stats.settings.get("drafter_file") or stats.settings.get("drafter", "drafter")
+        lines.append(f"drafter {drafter}: {stats.drafter_forwards} forwards, {stats.drafter_time_s:.2f} s"
+                     + (f", gamma {stats.settings['gamma']}" if "gamma" in stats.settings else ""))
     if baseline is not None and baseline.wall_time_s > 0 and stats.wall_time_s > 0:
         per_token = baseline.wall_time_s / (baseline.num_tokens * baseline.batch)
         lines.append(f"speed-up vs AR (measured): {per_token * tokens / stats.wall_time_s:.2f}x")
@@ -101,7 +105,8 @@ class Stats(io.ComfyNode):
             display_name="FastAR Stats",
             category="FastAR/stats",
             description="Shows how fast a decode was: model forwards, step compression (tokens per forward), "
-                        "tokens/s and the speed-up over plain AR sampling.",
+                        "tokens/s, drafter forwards and time (when a drafter was used) and the speed-up over plain "
+                        "AR sampling.",
             inputs=[
                 FastARStats.Input("stats", tooltip="Statistics from a FastAR sampler."),
                 FastARStats.Input("ar_baseline", optional=True,

@@ -1,5 +1,6 @@
-"""One sampler node per decoder (AR, SJD, GSD) on one base class: the base reads the shared widgets and
-runs ``samplers.decoders.decode``; a subclass only adds its decoder's widgets and builds its DecoderSpec.
+"""One sampler node per decoder (AR, SJD, GSD, speculative, LANTERN) on one base class: the base reads the
+shared widgets and runs ``samplers.decoders.decode``; a subclass only adds its decoder's sockets (drafter,
+VQ) and widgets and builds its DecoderSpec.
 
 Widget order is part of saved workflows: append new widgets at the end, never insert or rename.
 """
@@ -9,14 +10,15 @@ import torch
 from comfy_api.latest import io
 
 from ..errors import FastARError
+from ..model_loaders.eagle_drafter import EagleHead
 from ..model_loaders.protocol import CaptionConditioning, ClassConditioning
 from ..pipeline import class_conditioning
 from ..samplers.decoders import DecoderSpec, decode
 from ..samplers.drafts import COUPLINGS, INIT_STRATEGIES, check_choice
 from ..samplers.processing import SamplingSettings
 from . import comfy_glue as glue
-from .loader_nodes import FastARConditioning, FastARModel, FastARVQ
-from .values import STATS_TYPE, TOKENS_TYPE, Conditioning, ModelHandle, Tokens
+from .loader_nodes import FastARConditioning, FastARDrafter, FastARModel, FastARVQ
+from .values import STATS_TYPE, TOKENS_TYPE, Conditioning, DrafterHandle, ModelHandle, Tokens
 
 FastARTokens = io.Custom(TOKENS_TYPE)
 FastARStats = io.Custom(STATS_TYPE)
@@ -29,11 +31,33 @@ LOSSLESS_NOTE = ("Lossless: samples exactly the distribution of plain AR samplin
                  "different image than the AR sampler.")
 RELAXED_NOTE = ("Relaxed: trades fidelity for speed (accepts drafts that are close to, not exactly, what the model "
                 "would sample); group size 1 is exactly SJD. A given seed gives a different image than AR or SJD.")
+LANTERN_NOTE = ("Relaxed: trades fidelity for speed (also accepts a draft when codes close to it in the VQ latent "
+                "space carry the target's mass); delta 0 is exact speculative decoding. A given seed gives a "
+                "different image than plain AR sampling.")
 
 
 def slider(id, default, lo, hi, step, tooltip):
     return io.Float.Input(id, default=default, min=lo, max=hi, step=step, display_mode=io.NumberDisplay.slider,
                           tooltip=tooltip)
+
+
+def preview_vq_input():
+    return FastARVQ.Input("preview_vq", optional=True,
+                          tooltip="Optional: the VQ decoder, for a live preview of the partly decoded image "
+                                  "(shown when ComfyUI runs with --preview-method other than none).")
+
+
+def drafter_input(optional: bool, tooltip: str):
+    return FastARDrafter.Input("drafter", optional=optional,
+                               tooltip=f"{tooltip} Load it with FastAR Load Drafter from the same model as this "
+                                       "sampler's.")
+
+
+def gamma_input(optional: bool = False):
+    return io.Int.Input("gamma", default=SPEC.gamma, min=1, max=64, optional=optional,
+                        tooltip="With a drafter: drafts per model forward (the drafter proposes a chain of gamma "
+                                "tokens, the model verifies them in one forward and fixes up to gamma+1). Larger "
+                                "pays off when the drafter is often right; 3-6 is typical.")
 
 
 def jacobi_inputs() -> list:
@@ -62,7 +86,13 @@ class SamplerBase(io.ComfyNode):
     NODE_ID = DISPLAY = DESCRIPTION = ""
 
     @classmethod
+    def socket_inputs(cls) -> list:
+        """Model inputs after the conditioning (drafter, VQ); sockets are matched by name, not position."""
+        return [preview_vq_input()]
+
+    @classmethod
     def decoder_inputs(cls) -> list:
+        """The decoder's widgets, after the shared ones; append only (saved workflows store them by position)."""
         return []
 
     @classmethod
@@ -79,9 +109,7 @@ class SamplerBase(io.ComfyNode):
             inputs=[
                 FastARModel.Input("model", tooltip="The AR model (FastAR Load AR Model)."),
                 FastARConditioning.Input("conditioning", tooltip="FastAR Class Label or FastAR Text Conditioning."),
-                FastARVQ.Input("preview_vq", optional=True,
-                               tooltip="Optional: the VQ decoder, for a live preview of the partly decoded image "
-                                       "(shown when ComfyUI runs with --preview-method other than none)."),
+                *cls.socket_inputs(),
                 io.Int.Input("seed", default=0, min=0, max=SEED_MAX, control_after_generate=True,
                              tooltip="All randomness comes from this seed: same seed, settings and device give the "
                                      "same image."),
@@ -126,32 +154,42 @@ class SamplerBase(io.ComfyNode):
 
     @classmethod
     def execute(cls, model: ModelHandle, conditioning: Conditioning, seed, cfg, temperature, top_k, top_p, batch,
-                preview_vq: ModelHandle | None = None, **decoder_widgets) -> io.NodeOutput:
+                preview_vq: ModelHandle | None = None, vq: ModelHandle | None = None,
+                drafter: DrafterHandle | None = None, **decoder_widgets) -> io.NodeOutput:
         ar = model.module
         if conditioning.model_type != ar.cfg.model_type:
             kind = {"c2i": "class-to-image", "t2i": "text-to-image"}
             raise FastARError(f"the conditioning is for a {kind[conditioning.model_type]} model but {model.name} is "
                               f"{kind.get(ar.cfg.model_type, ar.cfg.model_type)}: use "
                               f"{'FastAR Class Label' if ar.cfg.model_type == 'c2i' else 'FastAR Text Conditioning'}")
+        if drafter is not None and drafter.target is not ar:
+            raise FastARError(f"the drafter {drafter.name} was loaded for another model than {model.name}: connect "
+                              "the model that goes into this sampler to FastAR Load Drafter as well")
         sampling = SamplingSettings(cfg_scale=cfg, temperature=temperature, top_k=top_k, top_p=top_p).validate()
         spec = cls.spec(**decoder_widgets)
         check_fits(ar, conditioning.rows)
         rows = repeat_rows(conditioning.rows, batch)
-        vq = preview_vq.module if preview_vq is not None and glue.previews_enabled() else None
-        if vq is not None and vq.cfg.codebook_size != ar.vocab_size:
-            vq = None  # FastAR VQ Decode reports the mismatch
-        patchers = [model.patcher] + ([preview_vq.patcher] if vq is not None else [])
-        glue.load_for_inference(patchers, working_memory(ar, batch, sampling.use_cfg, spec))
+        preview_vq = preview_vq or vq
+        shown = preview_vq.module if preview_vq is not None and glue.previews_enabled() else None
+        if shown is not None and shown.cfg.codebook_size != ar.vocab_size:
+            shown = None  # FastAR VQ Decode reports the mismatch
+        patchers = ([model.patcher] + ([drafter.patcher] if drafter is not None else [])
+                    + ([preview_vq.patcher] if shown is not None else []))
+        glue.load_for_inference(patchers, working_memory(ar, batch, sampling.use_cfg, spec, drafter))
 
         total = ar.grid[0] * ar.grid[1]
-        preview = (lambda tokens, done: glue.partial_image(vq, tokens, done, ar.grid)) if vq is not None else None
+        preview = (lambda tokens, done: glue.partial_image(shown, tokens, done, ar.grid)) if shown is not None else None
         progress = glue.DecodeProgress(cls.hidden.unique_id, total, spec.decoder.upper(), preview)
+        codebook = vq.module.quantize.codebook().detach() if vq is not None else None
         try:
-            codes, stats = decode(ar, rows, sampling, spec, seed=seed, on_iteration=progress)
+            codes, stats = decode(ar, rows, sampling, spec, seed=seed, on_iteration=progress,
+                                  drafter=drafter.drafter if drafter is not None else None, codebook=codebook)
         finally:
             glue.free_cache()
         stats.settings = {**stats.settings, "seed": seed, "cfg": cfg, "temperature": temperature, "top_k": top_k,
                           "top_p": top_p, "conditioning": conditioning.label, "model": model.name}
+        if drafter is not None:
+            stats.settings["drafter_file"] = drafter.name
         return io.NodeOutput(Tokens(codes.cpu(), tuple(ar.grid), ar.vocab_size), stats)
 
 
@@ -175,24 +213,44 @@ def repeat_rows(rows, batch: int):
     raise FastARError("unknown conditioning: connect FastAR Class Label or FastAR Text Conditioning")
 
 
+def kv_bytes(layers: int, kv_heads: int, head_dim: int, rows: int, slots: int, dtype: torch.dtype) -> int:
+    return 2 * layers * rows * kv_heads * slots * head_dim * (torch.finfo(dtype).bits // 8)
+
+
+def cache_rows(batch: int, use_cfg: bool) -> int:
+    return batch * (2 if use_cfg else 1)
+
+
 def kv_cache_bytes(ar, batch: int, use_cfg: bool, window: int) -> int:
     """The static KV cache a decode allocates (what ``session.cache_bytes`` will say), known up front."""
     cfg = ar.cfg
-    rows = batch * (2 if use_cfg else 1)
-    slots = cfg.cls_token_num + cfg.num_tokens + window
-    return 2 * cfg.n_layer * rows * cfg.n_kv_head * slots * cfg.head_dim * (torch.finfo(ar.dtype).bits // 8)
+    return kv_bytes(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, cache_rows(batch, use_cfg),
+                    cfg.cls_token_num + cfg.num_tokens + window, ar.dtype)
 
 
-def working_memory(ar, batch: int, use_cfg: bool, spec: DecoderSpec) -> int:
-    """Bytes a decode needs beyond the weights, asked of ComfyUI before loading: the KV cache plus the
-    per-forward activations and the processed distributions (fp32)."""
+def drafter_cache_bytes(handle: DrafterHandle, ar, batch: int, use_cfg: bool, window: int) -> int:
+    """The drafter's own KV cache: a smaller AR model keeps one like the target's; an EAGLE head keeps one
+    layer over at most the target's slots."""
+    weights = handle.weights
+    if not isinstance(weights, EagleHead):
+        return kv_cache_bytes(weights, batch, use_cfg, window)
     cfg = ar.cfg
-    window = 1 if spec.decoder == "ar" else min(spec.window, cfg.num_tokens)
-    rows = batch * (2 if use_cfg else 1)
+    return kv_bytes(len(weights.layers), weights.cfg.num_key_value_heads, weights.cfg.head_dim,
+                    cache_rows(batch, use_cfg), cfg.cls_token_num + cfg.num_tokens + window, weights.fc.weight.dtype)
+
+
+def working_memory(ar, batch: int, use_cfg: bool, spec: DecoderSpec, drafter: DrafterHandle | None = None) -> int:
+    """Bytes a decode needs beyond the weights, asked of ComfyUI before loading: the KV caches (the
+    drafter's too) plus the per-forward activations and the processed distributions (fp32)."""
+    cfg = ar.cfg
+    window = 1 if spec.decoder == "ar" else spec.gamma + 1 if drafter is not None else spec.window
+    window = min(window, cfg.num_tokens)
+    rows = cache_rows(batch, use_cfg)
     element = torch.finfo(ar.dtype).bits // 8
     activations = rows * (window + cfg.cls_token_num) * (cfg.dim * 4 + cfg.ffn_hidden * 3) * element * 2
     distributions = 8 * batch * window * cfg.vocab_size * 4  # p, q, residuals, noise
-    return int(kv_cache_bytes(ar, batch, use_cfg, window) + activations + distributions)
+    drafted = drafter_cache_bytes(drafter, ar, batch, use_cfg, window) if drafter is not None else 0
+    return int(kv_cache_bytes(ar, batch, use_cfg, window) + drafted + activations + distributions)
 
 
 class SamplerAR(SamplerBase):
@@ -224,7 +282,14 @@ class SamplerGSD(SamplerSJD):
     NODE_ID = "FastARSamplerGSD"
     DISPLAY = "FastAR Sampler (GSD, relaxed)"
     DESCRIPTION = ("Grouped Speculative Decoding: SJD that also accepts a draft when a group of similar, similarly "
-                   "likely codes covers it. Faster than SJD. " + RELAXED_NOTE)
+                   "likely codes covers it. Faster than SJD. With a drafter, it verifies the drafter's chains "
+                   "instead of Jacobi windows. " + RELAXED_NOTE)
+
+    @classmethod
+    def socket_inputs(cls) -> list:
+        return [preview_vq_input(),
+                drafter_input(True, "Optional: a drafter whose chains GSD verifies instead of Jacobi windows "
+                                    "(window, init and coupling are then unused).")]
 
     @classmethod
     def decoder_inputs(cls) -> list:
@@ -238,6 +303,7 @@ class SamplerGSD(SamplerSJD):
             slider("distance_threshold", SPEC.distance_threshold, 0.0, 1.0, 0.01,
                    "Drop group members that are not among the draft's nearest codes: 0.5 keeps the nearer half "
                    "of the codebook (by code-embedding distance), 1.0 keeps all."),
+            gamma_input(optional=True),  # optional: prompts saved before it existed stay valid
         ]
 
     @classmethod
@@ -245,3 +311,64 @@ class SamplerGSD(SamplerSJD):
              distance_threshold=SPEC.distance_threshold, **jacobi) -> DecoderSpec:
         return super().spec(group=group, prob_threshold=prob_threshold, distance_threshold=distance_threshold,
                             **jacobi)
+
+
+class SamplerSpeculative(SamplerBase):
+    DECODER = "spec"
+    NODE_ID = "FastARSamplerSpeculative"
+    DISPLAY = "FastAR Sampler (Speculative, lossless)"
+    DESCRIPTION = ("Speculative decoding with a drafter: the drafter proposes a chain of gamma tokens, the model "
+                   "verifies them in one forward and keeps the accepted run plus one token of its own. "
+                   + LOSSLESS_NOTE)
+
+    @classmethod
+    def socket_inputs(cls) -> list:
+        return [drafter_input(False, "The drafter that proposes the tokens (a LANTERN/EAGLE drafter or a smaller "
+                                     "model of the same family); the better it guesses, the faster."),
+                preview_vq_input()]
+
+    @classmethod
+    def decoder_inputs(cls) -> list:
+        return [gamma_input()]
+
+    @classmethod
+    def spec(cls, gamma=SPEC.gamma) -> DecoderSpec:
+        return DecoderSpec(decoder=cls.DECODER, gamma=gamma)
+
+
+class SamplerLantern(SamplerBase):
+    DECODER = "lantern"
+    NODE_ID = "FastARSamplerLANTERN"
+    DISPLAY = "FastAR Sampler (LANTERN, relaxed)"
+    DESCRIPTION = ("LANTERN relaxed speculative decoding: accepts a draft when the model's probability of it plus "
+                   "that of its nearest codes in the VQ latent space covers the draft, within a total-variation "
+                   "budget delta per token. Drafts come from the drafter, or without one from Jacobi windows. "
+                   + LANTERN_NOTE)
+
+    @classmethod
+    def socket_inputs(cls) -> list:
+        return [FastARVQ.Input("vq", tooltip="The VQ decoder of this model: LANTERN looks up each draft's nearest "
+                                             "codes in its codebook. Also drives the live preview."),
+                drafter_input(True, "Optional: the drafter that proposes the tokens (a LANTERN/EAGLE drafter or a "
+                                    "smaller model of the same family). Without one, LANTERN verifies Jacobi "
+                                    "windows (window, init, coupling) drafted by the model itself.")]
+
+    @classmethod
+    def decoder_inputs(cls) -> list:
+        return [
+            io.Int.Input("lantern_k", default=SPEC.lantern_k, min=1, max=16384, display_mode=io.NumberDisplay.slider,
+                         tooltip="k: how many nearest codes (in the VQ latent space) may lend their probability to a "
+                                 "draft (capped at the codebook size). Larger is faster and less faithful."),
+            slider("lantern_delta", SPEC.lantern_delta, 0.0, 1.0, 0.01,
+                   "delta: the most probability (total variation) each token's distribution may be shifted by "
+                   "accepting close codes. 0 = exact speculative decoding (lossless); larger is faster and less "
+                   "faithful. 0.1 is LANTERN's default."),
+            gamma_input(),
+            *jacobi_inputs(),
+        ]
+
+    @classmethod
+    def spec(cls, lantern_k=SPEC.lantern_k, lantern_delta=SPEC.lantern_delta, gamma=SPEC.gamma,
+             window=SPEC.window, init=SPEC.init, coupling=SPEC.coupling) -> DecoderSpec:
+        return DecoderSpec(decoder=cls.DECODER, lantern_k=lantern_k, lantern_delta=lantern_delta, gamma=gamma,
+                           window=window, init=init, coupling=coupling)

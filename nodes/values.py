@@ -11,6 +11,7 @@ import torch
 # Socket type names, as they appear in /object_info and in saved workflows: never rename them.
 MODEL_TYPE = "FASTAR_MODEL"
 VQ_TYPE = "FASTAR_VQ"
+DRAFTER_TYPE = "FASTAR_DRAFTER"
 CONDITIONING_TYPE = "FASTAR_CONDITIONING"
 TOKENS_TYPE = "FASTAR_TOKENS"
 STATS_TYPE = "FASTAR_STATS"
@@ -26,6 +27,22 @@ class ModelHandle:
     @property
     def module(self) -> torch.nn.Module:
         """The FastAR model itself (LlamaGenGPT, VQModel)."""
+        return self.patcher.model.inner
+
+
+@dataclass(frozen=True)
+class DrafterHandle:
+    """A loaded drafter, bound to the AR model it was loaded for (an EAGLE head drafts through that
+    model's hidden states and output head), its weights under ComfyUI's memory management."""
+
+    patcher: object  # a comfy ModelPatcher over the drafter's weights (a nodes.comfy_glue.Holder)
+    drafter: object  # the samplers' Drafter
+    target: torch.nn.Module  # the AR model it is bound to
+    name: str
+
+    @property
+    def weights(self) -> torch.nn.Module:
+        """The drafter's own weights (an EagleHead, or a small LlamaGenGPT)."""
         return self.patcher.model.inner
 
 

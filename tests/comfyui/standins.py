@@ -1,7 +1,9 @@
 """Tiny stand-in checkpoints for the ComfyUI tests, written in the formats of the real ones:
 a demo-like c2i model (FastAR safetensors with class names) and its VQ, an official-format LlamaGen c2i
 ``.pt`` (1000 classes) and its ``vq_ds16``-style ``.pt``, a t2i model with a tiny FLAN-T5 folder, a slow
-model for the interrupt test, and a corrupt file. Random weights: the images are noise, the plumbing is real.
+model for the interrupt test, and a corrupt file. Drafters: an EAGLE drafter folder for the t2i model in
+LANTERN's released layout, one for another vocabulary, and a demo drafter while the bundled one is missing.
+Random weights: the images are noise, the plumbing is real.
 
 Run as a script to write them into a folder: ``python tests/comfyui/standins.py DIR [--demo]``.
 """
@@ -14,13 +16,17 @@ import sys
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 
+from fastar.model_loaders.demo import DEMO_AR, DEMO_DRAFTER
+from fastar.model_loaders.eagle_drafter import EagleConfig, EagleHead
 from fastar.model_loaders.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
 from fastar.model_loaders.vq import VQConfig, VQModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "comfyui"))
-from workflows import FLAN_T5, LLAMAGEN_C2I, LLAMAGEN_T2I, LLAMAGEN_VQ_C2I, LLAMAGEN_VQ_T2I  # noqa: E402
+from workflows import (DEMO_DRAFTER as DEMO_DRAFTER_NAME, FLAN_T5, LANTERN_DRAFTER_T2I, LLAMAGEN_C2I,  # noqa: E402
+                       LLAMAGEN_T2I, LLAMAGEN_VQ_C2I, LLAMAGEN_VQ_T2I)
 
 DEMO_CLASSES = ["circle", "square", "triangle", "stripes", "checkerboard", "ring", "cross", "blob"]
 VQ_CONFIG = VQConfig(codebook_size=512, embed_dim=8, z_channels=64, ch=32, ch_mult=(1, 1, 2, 2), num_res_blocks=1,
@@ -61,6 +67,11 @@ def write_demo(folder: Path) -> None:
     save_with_config(folder / "demo_vq.safetensors", vq_sd(2), VQ_CONFIG)
 
 
+def t2i_config() -> LlamaGenConfig:
+    return LlamaGenConfig(dim=64, n_layer=2, n_head=4, vocab_size=512, grid=(16, 16), model_type="t2i",
+                          caption_dim=32, cls_token_num=120)
+
+
 def write_llamagen(folder: Path) -> None:
     """Official-format pickles under the names of the LlamaGen release (the real-checkpoint workflows
     name them): a 1000-class c2i GPT with training args, its VQ, and a t2i GPT (caption dim 32, 120
@@ -69,9 +80,7 @@ def write_llamagen(folder: Path) -> None:
     c2i = LlamaGenConfig(dim=64, n_layer=2, n_head=4, vocab_size=512, grid=(16, 16), num_classes=1000)
     torch.save({"model": gpt_sd(c2i, 3), "args": args}, folder / LLAMAGEN_C2I)
     torch.save({"model": vq_sd(4)}, folder / LLAMAGEN_VQ_C2I)
-    t2i = LlamaGenConfig(dim=64, n_layer=2, n_head=4, vocab_size=512, grid=(16, 16), model_type="t2i",
-                         caption_dim=32, cls_token_num=120)
-    torch.save({"model": gpt_sd(t2i, 5), "args": args}, folder / LLAMAGEN_T2I)
+    torch.save({"model": gpt_sd(t2i_config(), 5), "args": args}, folder / LLAMAGEN_T2I)
     torch.save({"model": vq_sd(7)}, folder / LLAMAGEN_VQ_T2I)
     write_t5(folder / FLAN_T5.rstrip("/"))
 
@@ -105,6 +114,52 @@ def write_t5(folder: Path) -> None:
     T5EncoderModel(config).save_pretrained(folder)
 
 
+OTHER_VOCAB_DRAFTER = "other_vocab_drafter/"
+
+
+def eagle_config(target: LlamaGenConfig, **overrides) -> EagleConfig:
+    """An EAGLE head shaped for ``target`` (the checks on loading compare these with the target)."""
+    fields = {"hidden_size": target.dim, "intermediate_size": target.ffn_hidden, "num_attention_heads": target.n_head,
+              "num_key_value_heads": target.n_kv_head, "vocab_size": target.vocab_size,
+              "input_type": target.model_type}
+    return EagleConfig(**{**fields, **overrides})
+
+
+def write_eagle(folder: Path, cfg: EagleConfig, seed: int, pickled: bool = True) -> None:
+    """An EAGLE drafter folder as LANTERN releases it: the base model's config.json with one layer,
+    generation_config.json and pytorch_model.bin (``pickled``), or model.safetensors as FastAR writes it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with torch.device("meta"):
+        head = EagleHead(cfg)
+    sd = {k: v.half() for k, v in randomised(head, seed).items()}
+    if pickled:
+        torch.save(sd, folder / "pytorch_model.bin")
+    else:
+        save_file(sd, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(cfg.to_json(), indent=2))
+    (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+
+
+def write_drafters(folder: Path) -> None:
+    """For a ``fastar_drafters`` folder: LANTERN's drafter for the t2i stand-in, and one for another
+    vocabulary (a mismatch the loader must name)."""
+    write_eagle(folder / LANTERN_DRAFTER_T2I.rstrip("/"), eagle_config(t2i_config()), 9)
+    write_eagle(folder / OTHER_VOCAB_DRAFTER.rstrip("/"), eagle_config(t2i_config(), vocab_size=1024), 10)
+
+
+def write_demo_drafter(folder: Path, demo: bool) -> None:
+    """A random EAGLE head for the demo model (stand-in or bundled), while the bundled drafter is missing."""
+    if DEMO_DRAFTER.exists():
+        return
+    if demo:
+        target = demo_config()
+    else:
+        with safe_open(str(DEMO_AR), framework="pt") as f:
+            target = LlamaGenConfig(**json.loads(f.metadata()["fastar_config"]))
+    write_eagle(folder / DEMO_DRAFTER_NAME.rstrip("/"), eagle_config(target, grid=tuple(target.grid)), 11,
+                pickled=False)
+
+
 def write_slow(folder: Path) -> None:
     """A wider model on a 32x32 grid: an AR decode of it takes many seconds on a CPU (interrupt test)."""
     cfg = demo_config(dim=256, n_layer=6, n_head=8, grid=(32, 32), class_names=[])
@@ -116,10 +171,13 @@ def write_corrupt(folder: Path) -> None:
     (folder / "corrupt_c2i.pt").write_bytes(b"PK\x03\x04 not really a checkpoint" + data[:100])
 
 
-def write_all(folder: Path, demo: bool) -> None:
+def write_all(folder: Path, demo: bool, drafters: Path | None = None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     if demo:
         write_demo(folder)
+    write_demo_drafter(folder, demo)
+    if drafters is not None:
+        write_drafters(drafters)
     write_llamagen(folder)
     write_hf_folder(folder)
     write_slow(folder)
@@ -130,6 +188,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("folder", type=Path)
     parser.add_argument("--demo", action="store_true", help="also write demo_c2i/demo_vq stand-ins")
+    parser.add_argument("--drafters", type=Path, help="also write the stand-in drafters into this folder")
     a = parser.parse_args()
-    write_all(a.folder, a.demo)
+    write_all(a.folder, a.demo, a.drafters)
     print(f"stand-ins written to {a.folder}", file=sys.stderr)

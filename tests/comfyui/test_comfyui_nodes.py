@@ -9,6 +9,7 @@ from comfyui_helpers import WORKFLOWS, workflow_prompt
 NODES = {
     "FastARLoadModel": ["model_name", "dtype"],
     "FastARLoadVQ": ["vq_name", "dtype"],
+    "FastARLoadDrafter": ["model", "drafter_name", "dtype"],
     "FastARClassLabel": ["model", "class_name", "index"],
     "FastARTextConditioning": ["model", "prompt", "t5_folder"],
     "FastARSamplerAR": ["model", "conditioning", "seed", "cfg", "temperature", "top_k", "top_p", "batch"],
@@ -16,14 +17,20 @@ NODES = {
                          "window", "init", "coupling"],
     "FastARSamplerGSD": ["model", "conditioning", "seed", "cfg", "temperature", "top_k", "top_p", "batch",
                          "window", "init", "coupling", "group", "prob_threshold", "distance_threshold"],
+    "FastARSamplerSpeculative": ["model", "conditioning", "drafter", "seed", "cfg", "temperature", "top_k", "top_p",
+                                 "batch", "gamma"],
+    "FastARSamplerLANTERN": ["model", "conditioning", "vq", "seed", "cfg", "temperature", "top_k", "top_p", "batch",
+                             "lantern_k", "lantern_delta", "gamma", "window", "init", "coupling"],
     "FastARVQDecode": ["vq", "tokens"],
     "FastARAcceptanceMap": ["stats", "scale"],
     "FastARStats": ["stats"],
 }
 OUTPUTS = {
-    "FastARLoadModel": ["FASTAR_MODEL"], "FastARLoadVQ": ["FASTAR_VQ"], "FastARClassLabel": ["FASTAR_CONDITIONING"],
+    "FastARLoadModel": ["FASTAR_MODEL"], "FastARLoadVQ": ["FASTAR_VQ"], "FastARLoadDrafter": ["FASTAR_DRAFTER"],
+    "FastARClassLabel": ["FASTAR_CONDITIONING"],
     "FastARTextConditioning": ["FASTAR_CONDITIONING"], "FastARSamplerAR": ["FASTAR_TOKENS", "FASTAR_STATS"],
     "FastARSamplerSJD": ["FASTAR_TOKENS", "FASTAR_STATS"], "FastARSamplerGSD": ["FASTAR_TOKENS", "FASTAR_STATS"],
+    "FastARSamplerSpeculative": ["FASTAR_TOKENS", "FASTAR_STATS"], "FastARSamplerLANTERN": ["FASTAR_TOKENS", "FASTAR_STATS"],
     "FastARVQDecode": ["IMAGE"], "FastARAcceptanceMap": ["IMAGE"], "FastARStats": ["STRING", "STRING"],
 }
 

@@ -51,9 +51,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def write_base(base: Path, model_folders: list[Path] | None = None) -> Path:
+def write_base(base: Path, model_folders: list[Path] | None = None, drafter_folders: list[Path] | None = None) -> Path:
     """A ComfyUI base directory with the pack linked into custom_nodes, and an extra_model_paths.yaml
-    that declares ``fastar:`` folders (as users do); returns the yaml path."""
+    that declares ``fastar:`` and ``fastar_drafters:`` folders (as users do); returns the yaml path."""
     (base / "custom_nodes").mkdir(parents=True, exist_ok=True)
     link = base / "custom_nodes" / PACK_NAME
     if link.is_symlink() and link.resolve() != ROOT:
@@ -63,9 +63,10 @@ def write_base(base: Path, model_folders: list[Path] | None = None) -> Path:
     for sub in ("models", "input", "output", "temp", "user"):
         (base / sub).mkdir(exist_ok=True)
     lines = ["fastar_test:", f"  base_path: {base}"]
-    if model_folders:
-        lines.append("  fastar: |")
-        lines += [f"    {folder}" for folder in model_folders]
+    for name, folders in (("fastar", model_folders), ("fastar_drafters", drafter_folders)):
+        if folders:
+            lines.append(f"  {name}: |")
+            lines += [f"    {folder}" for folder in folders]
     yaml = base / "extra_model_paths.yaml"
     yaml.write_text("\n".join(lines) + "\n")
     return yaml
@@ -77,6 +78,7 @@ class Server:
 
     base: Path
     model_folders: list[Path] = field(default_factory=list)
+    drafter_folders: list[Path] = field(default_factory=list)
     port: int = 0
     extra_args: list[str] = field(default_factory=list)
     log_path: Path | None = None
@@ -92,7 +94,7 @@ class Server:
         if problem:
             raise RuntimeError(problem)
         self.port = self.port or free_port()
-        yaml = write_base(self.base, self.model_folders)
+        yaml = write_base(self.base, self.model_folders, self.drafter_folders)
         self.log_path = self.log_path or self.base / "comfyui.log"
         command = [str(python()), "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
                    "--disable-auto-launch", "--dont-print-server", "--base-directory", str(self.base),

@@ -23,6 +23,8 @@ LLAMAGEN_VQ_C2I = "vq_ds16_c2i.pt"
 LLAMAGEN_T2I = "t2i_XL_stage1_256.pt"
 LLAMAGEN_VQ_T2I = "vq_ds16_t2i.pt"
 FLAN_T5 = "flan-t5-xl/"
+LANTERN_DRAFTER_T2I = "llamagen_drafter/"  # LANTERN's released drafter for LlamaGen T2I stage I (jadohu/llamagen_drafter)
+DEMO_DRAFTER = "demo_drafter/"
 
 
 class Graph:
@@ -88,12 +90,17 @@ def loaders(g: Graph, model: str, vq: str, y=0):
     return ar, vq_node
 
 
+def has_input(node: dict, name: str) -> bool:
+    return any(socket["name"] == name for socket in node["inputs"])
+
+
 def wire_sampler(g: Graph, ar, vq, conditioner, sampler, decode, stats) -> None:
     """The links every FastAR graph has: model and conditioning into the sampler, the VQ into its live
-    preview and the decoder, tokens into the decoder, the decode statistics into the stats node."""
+    preview (LANTERN's codebook input) and the decoder, tokens into the decoder, the decode statistics
+    into the stats node."""
     g.connect(ar, "model", sampler, "model")
     g.connect(conditioner, "conditioning", sampler, "conditioning")
-    g.connect(vq, "vq", sampler, "preview_vq")
+    g.connect(vq, "vq", sampler, "vq" if has_input(sampler, "vq") else "preview_vq")
     g.connect(vq, "vq", decode, "vq")
     g.connect(sampler, "tokens", decode, "tokens")
     g.connect(sampler, "stats", stats, "stats")
@@ -194,11 +201,85 @@ def llamagen_t2i(info) -> dict:
     return g.to_json()
 
 
+LANTERN = {"lantern_k": 1000, "lantern_delta": 0.1, "gamma": 4}
+
+
+def drafter_loader(g: Graph, ar, name: str, pos):
+    node = g.node("FastARLoadDrafter", pos, [name, "auto"])
+    g.connect(ar, "model", node, "model")
+    return node
+
+
+def demo_lantern_compare(info) -> dict:
+    g = Graph(info)
+    ar, vq = loaders(g, "demo_c2i.safetensors", "demo_vq.safetensors")
+    label = g.node("FastARClassLabel", (0, 290), ["ring (demo 5)", -1])
+    drafter = drafter_loader(g, ar, DEMO_DRAFTER, (0, 430))
+    g.connect(ar, "model", label, "model")
+    g.note((0, 560), "Drafter speculative decoding on the bundled demo model with the bundled demo drafter (an "
+                     "EAGLE head, LANTERN's format), same class and seed in every column.\n\nSpeculative is "
+                     "lossless: the drafter proposes gamma tokens, the model keeps exactly what it would sample "
+                     "(a given seed still gives a different image than AR). LANTERN and GSD are relaxed: they "
+                     "trade fidelity for speed by also accepting drafts close to the model's choice. LANTERN "
+                     "with delta 0 is exactly Speculative.\n\nEach Stats node takes the AR stats as baseline "
+                     "and shows the measured speed-up, the model forwards and the drafter forwards and time.",
+           width=320, height=380)
+    columns = [("FastARSamplerAR", "AR (baseline)", []),
+               ("FastARSamplerSpeculative", "Speculative (lossless)", [LANTERN["gamma"]]),
+               ("FastARSamplerLANTERN", "LANTERN (relaxed)", [*LANTERN.values(), *SJD.values()]),
+               ("FastARSamplerGSD", "GSD (relaxed)", [*SJD.values(), 10, 0.15, 0.5, LANTERN["gamma"]])]
+    ar_stats = None
+    for i, (kind, title, extra) in enumerate(columns):
+        x = 360 + i * 380
+        sampler = g.node(kind, (x, 0), sampler_widgets(seed=3) + extra, title=f"Sampler: {title}", width=340)
+        decode = g.node("FastARVQDecode", (x, 560), [], width=340)
+        stats = g.node("FastARStats", (x, 650), [], title=f"Stats: {title}", width=340)
+        image = g.node("PreviewImage", (x, 920), [], title=f"Image: {title}", width=340)
+        wire_sampler(g, ar, vq, label, sampler, decode, stats)
+        g.connect(decode, "image", image, "images")
+        if has_input(sampler, "drafter"):
+            g.connect(drafter, "drafter", sampler, "drafter")
+        if ar_stats is None:
+            ar_stats = sampler
+        else:
+            g.connect(ar_stats, "stats", stats, "ar_baseline")
+        g.group(title, (x - 10, -40, 360, 1300))
+    return g.to_json()
+
+
+def llamagen_t2i_lantern(info) -> dict:
+    g = Graph(info)
+    ar, vq = loaders(g, LLAMAGEN_T2I, LLAMAGEN_VQ_T2I)
+    text = g.node("FastARTextConditioning", (0, 290), ["a photo of a red apple on a wooden table", FLAN_T5],
+                  width=320)
+    drafter = drafter_loader(g, ar, LANTERN_DRAFTER_T2I, (0, 500))
+    sampler = g.node("FastARSamplerLANTERN", (360, 0),
+                     sampler_widgets(seed=42, cfg=7.5, top_k=1000) + [*LANTERN.values(), *SJD.values()])
+    decode = g.node("FastARVQDecode", (720, 0), [])
+    save = g.node("SaveImage", (1060, 0), ["FastAR_llamagen_t2i_lantern"], width=360)
+    stats = g.node("FastARStats", (720, 120), [])
+    g.connect(ar, "model", text, "model")
+    wire_sampler(g, ar, vq, text, sampler, decode, stats)
+    g.connect(drafter, "drafter", sampler, "drafter")
+    g.connect(decode, "image", save, "images")
+    g.note((0, 630), f"LlamaGen text-to-image with LANTERN and LANTERN's released drafter.\n\nDownload into "
+                     f"ComfyUI/models/fastar/: {LLAMAGEN_T2I} and {LLAMAGEN_VQ_T2I} from the LlamaGen release "
+                     "(FoundationVision/LlamaGen on Hugging Face; the HF folder LlamaGen-T2I works too), and "
+                     "google/flan-t5-xl as a folder named flan-t5-xl.\nDownload the drafter jadohu/llamagen_drafter "
+                     f"as a folder named {LANTERN_DRAFTER_T2I.rstrip('/')} (config.json, pytorch_model.bin) into "
+                     "ComfyUI/models/fastar_drafters/, then press R.\n\nLANTERN is relaxed: delta trades fidelity "
+                     "for speed (0 = exact speculative decoding). Settings: cfg 7.5, top-k 1000, k 1000, delta 0.1.",
+           width=320, height=330)
+    return g.to_json()
+
+
 WORKFLOWS = {
     "fastar_demo_sjd": demo_sjd,
     "fastar_compare_ar_sjd_gsd": compare,
     "fastar_llamagen_c2i": llamagen_c2i,
     "fastar_llamagen_t2i": llamagen_t2i,
+    "fastar_demo_lantern_compare": demo_lantern_compare,
+    "fastar_llamagen_t2i_lantern": llamagen_t2i_lantern,
 }
 
 
