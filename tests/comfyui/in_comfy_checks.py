@@ -1,6 +1,6 @@
 """Checks of the node layer's ComfyUI glue inside ComfyUI's own Python (run by test_comfyui_internals.py
-with .comfyui/venv/bin/python): the memory request matches the KV cache a decode really allocates, the
-model patcher loads and offloads FastAR models, Cancel aborts a decode within one iteration and the next
+with .comfyui/venv/bin/python): the memory request matches the KV cache a decode really allocates (the
+drafter's too), the model patcher loads and offloads FastAR models and drafters, Cancel aborts a decode within one iteration and the next
 decode works, and the live preview greys out what is not decoded yet.
 
     python tests/comfyui/in_comfy_checks.py COMFYUI_DIR REPO_ROOT
@@ -24,11 +24,15 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import comfy.model_management as mm  # noqa: E402
+from fastar.model_loaders.ar_drafter import SmallARDrafter  # noqa: E402
+from fastar.model_loaders.eagle_drafter import EagleConfig, EagleDrafter, EagleHead  # noqa: E402
 from fastar.model_loaders.llamagen_gpt import LlamaGenConfig, LlamaGenGPT  # noqa: E402
 from fastar.model_loaders.protocol import CaptionConditioning, ClassConditioning  # noqa: E402
 from fastar.model_loaders.vq import VQConfig, VQModel  # noqa: E402
 from fastar.nodes import comfy_glue as glue  # noqa: E402
-from fastar.nodes.sampler_nodes import kv_cache_bytes, working_memory  # noqa: E402
+from fastar.nodes.loader_nodes import drafter_weights  # noqa: E402
+from fastar.nodes.sampler_nodes import drafter_cache_bytes, kv_cache_bytes, working_memory  # noqa: E402
+from fastar.nodes.values import DrafterHandle  # noqa: E402
 from fastar.samplers.decoders import DecoderSpec, decode  # noqa: E402
 from fastar.samplers.processing import SamplingSettings  # noqa: E402
 
@@ -59,6 +63,25 @@ def check_memory_request():
                 spec = DecoderSpec("ar" if window == 1 else "sjd", window=max(window, 2))
                 assert working_memory(m, batch, cfg, spec) > session.cache_bytes
     print("ok memory request = KV cache size + working memory")
+
+
+def check_drafter_memory_and_patcher():
+    target = model("t2i")
+    head = EagleHead(EagleConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                 vocab_size=64)).eval()
+    for drafter in (EagleDrafter(head, target), SmallARDrafter(model("t2i"))):
+        handle = DrafterHandle(glue.make_patcher(drafter_weights(drafter)), drafter, target, "drafter")
+        for batch, cfg, window in ((1, True, 5), (3, False, 2)):
+            session = target.start(rows(target, batch), cfg=cfg, max_window=window, hidden=True)
+            drafting = drafter.start(rows(target, batch), cfg=cfg, max_window=window, target_session=session)
+            allocated = drafting.cache.nbytes() if isinstance(drafter, EagleDrafter) else drafting.session.cache_bytes
+            asked = drafter_cache_bytes(handle, target, batch, cfg, window)
+            assert allocated <= asked <= 1.2 * allocated, (drafter.name, allocated, asked)
+        patchers = [glue.make_patcher(target), handle.patcher]
+        glue.load_for_inference(patchers, working_memory(target, 1, True, DecoderSpec("spec"), handle))
+        assert all(any(loaded.model is p for loaded in mm.current_loaded_models) for p in patchers)
+        mm.unload_all_models()
+    print("ok drafter memory request covers its KV cache; target and drafter load together")
 
 
 def check_patcher_load_offload():
@@ -114,6 +137,7 @@ def check_partial_preview():
 
 
 check_memory_request()
+check_drafter_memory_and_patcher()
 check_patcher_load_offload()
 check_cancel_within_one_iteration()
 check_partial_preview()
