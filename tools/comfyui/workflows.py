@@ -106,19 +106,32 @@ def wire_sampler(g: Graph, ar, vq, conditioner, sampler, decode, stats) -> None:
     g.connect(sampler, "stats", stats, "stats")
 
 
+def fed_by_model(g: Graph, ar, kind: str, pos, widgets, **style):
+    """A node whose ``model`` input is the AR model (Class Label, Text Conditioning, Load Drafter)."""
+    node = g.node(kind, pos, widgets, **style)
+    g.connect(ar, "model", node, "model")
+    return node
+
+
+def single_sampler(g: Graph, ar, vq, conditioner, kind: str, widgets, prefix: str):
+    """One sampler with its VQ Decode, Save Image and Stats: the layout of the one-sampler workflows."""
+    sampler = g.node(kind, (360, 0), widgets)
+    decode = g.node("FastARVQDecode", (720, 0), [])
+    save = g.node("SaveImage", (1060, 0), [prefix], width=360)
+    stats = g.node("FastARStats", (720, 120), [])
+    wire_sampler(g, ar, vq, conditioner, sampler, decode, stats)
+    g.connect(decode, "image", save, "images")
+    return sampler
+
+
 def demo_sjd(info) -> dict:
     g = Graph(info)
     ar, vq = loaders(g, "demo_c2i.safetensors", "demo_vq.safetensors")
-    label = g.node("FastARClassLabel", (0, 290), ["circle (demo 0)", -1])
-    sampler = g.node("FastARSamplerSJD", (360, 0), sampler_widgets(batch=4) + [32, "random", "independent"])
-    decode = g.node("FastARVQDecode", (720, 0), [])
-    save = g.node("SaveImage", (1060, 0), ["FastAR_demo"], width=360)
-    stats = g.node("FastARStats", (720, 120), [], width=320)
+    label = fed_by_model(g, ar, "FastARClassLabel", (0, 290), ["circle (demo 0)", -1])
+    sampler = single_sampler(g, ar, vq, label, "FastARSamplerSJD",
+                             sampler_widgets(batch=4) + [32, "random", "independent"], "FastAR_demo")
     amap = g.node("FastARAcceptanceMap", (720, 420), [16])
     preview = g.node("PreviewImage", (1060, 420), [], width=360)
-    g.connect(ar, "model", label, "model")
-    wire_sampler(g, ar, vq, label, sampler, decode, stats)
-    g.connect(decode, "image", save, "images")
     g.connect(sampler, "stats", amap, "stats")
     g.connect(amap, "image", preview, "images")
     g.note((0, 430), "FastAR demo: Speculative Jacobi Decoding (SJD) on the bundled demo model, no download.\n\n"
@@ -132,8 +145,7 @@ def demo_sjd(info) -> dict:
 def compare(info) -> dict:
     g = Graph(info)
     ar, vq = loaders(g, "demo_c2i.safetensors", "demo_vq.safetensors")
-    label = g.node("FastARClassLabel", (0, 290), ["ring (demo 5)", -1])
-    g.connect(ar, "model", label, "model")
+    label = fed_by_model(g, ar, "FastARClassLabel", (0, 290), ["ring (demo 5)", -1])
     g.note((0, 430), "AR vs SJD vs GSD on the same class and seed.\n\nAR is the exact baseline (one forward per "
                      "token). SJD is lossless (same distribution as AR, but a given seed gives a different image). "
                      "GSD is relaxed: it trades fidelity for speed; group 1 is exactly SJD.\n\nThe SJD and GSD "
@@ -166,14 +178,9 @@ def compare(info) -> dict:
 def llamagen_c2i(info) -> dict:
     g = Graph(info)
     ar, vq = loaders(g, LLAMAGEN_C2I, LLAMAGEN_VQ_C2I)
-    label = g.node("FastARClassLabel", (0, 290), ["golden retriever (207)", -1])
-    sampler = g.node("FastARSamplerSJD", (360, 0), sampler_widgets(seed=42, cfg=4.0, top_k=2000) + [32, "random", "gumbel"])
-    decode = g.node("FastARVQDecode", (720, 0), [])
-    save = g.node("SaveImage", (1060, 0), ["FastAR_llamagen_c2i"], width=360)
-    stats = g.node("FastARStats", (720, 120), [])
-    g.connect(ar, "model", label, "model")
-    wire_sampler(g, ar, vq, label, sampler, decode, stats)
-    g.connect(decode, "image", save, "images")
+    label = fed_by_model(g, ar, "FastARClassLabel", (0, 290), ["golden retriever (207)", -1])
+    single_sampler(g, ar, vq, label, "FastARSamplerSJD",
+                   sampler_widgets(seed=42, cfg=4.0, top_k=2000) + [32, "random", "gumbel"], "FastAR_llamagen_c2i")
     g.note((0, 430), f"LlamaGen class-to-image (ImageNet) with SJD.\n\nDownload from the LlamaGen release "
                      f"(FoundationVision/LlamaGen on Hugging Face) into ComfyUI/models/fastar/:\n- {LLAMAGEN_C2I} "
                      f"(or any c2i_*.pt: B, L, XL, XXL, 3B; 256 or 384 px)\n- {LLAMAGEN_VQ_C2I}\nthen press R and "
@@ -181,18 +188,19 @@ def llamagen_c2i(info) -> dict:
     return g.to_json()
 
 
+def t2i_inputs(g: Graph):
+    """The LlamaGen t2i loaders and the prompt."""
+    ar, vq = loaders(g, LLAMAGEN_T2I, LLAMAGEN_VQ_T2I)
+    text = fed_by_model(g, ar, "FastARTextConditioning", (0, 290),
+                        ["a photo of a red apple on a wooden table", FLAN_T5], width=320)
+    return ar, vq, text
+
+
 def llamagen_t2i(info) -> dict:
     g = Graph(info)
-    ar, vq = loaders(g, LLAMAGEN_T2I, LLAMAGEN_VQ_T2I)
-    text = g.node("FastARTextConditioning", (0, 290), ["a photo of a red apple on a wooden table", FLAN_T5],
-                  width=320)
-    sampler = g.node("FastARSamplerSJD", (360, 0), sampler_widgets(seed=42, cfg=7.5) + [32, "random", "gumbel"])
-    decode = g.node("FastARVQDecode", (720, 0), [])
-    save = g.node("SaveImage", (1060, 0), ["FastAR_llamagen_t2i"], width=360)
-    stats = g.node("FastARStats", (720, 120), [])
-    g.connect(ar, "model", text, "model")
-    wire_sampler(g, ar, vq, text, sampler, decode, stats)
-    g.connect(decode, "image", save, "images")
+    ar, vq, text = t2i_inputs(g)
+    single_sampler(g, ar, vq, text, "FastARSamplerSJD", sampler_widgets(seed=42, cfg=7.5) + [32, "random", "gumbel"],
+                   "FastAR_llamagen_t2i")
     g.note((0, 500), f"LlamaGen text-to-image with SJD.\n\nDownload into ComfyUI/models/fastar/:\n- {LLAMAGEN_T2I} "
                      f"(or t2i_XL_stage2_512.pt) and {LLAMAGEN_VQ_T2I} from the LlamaGen release "
                      "(FoundationVision/LlamaGen on Hugging Face)\n- the google/flan-t5-xl repository as a folder "
@@ -204,18 +212,11 @@ def llamagen_t2i(info) -> dict:
 LANTERN = {"lantern_k": 1000, "lantern_delta": 0.1, "gamma": 4}
 
 
-def drafter_loader(g: Graph, ar, name: str, pos):
-    node = g.node("FastARLoadDrafter", pos, [name, "auto"])
-    g.connect(ar, "model", node, "model")
-    return node
-
-
 def demo_lantern_compare(info) -> dict:
     g = Graph(info)
     ar, vq = loaders(g, "demo_c2i.safetensors", "demo_vq.safetensors")
-    label = g.node("FastARClassLabel", (0, 290), ["ring (demo 5)", -1])
-    drafter = drafter_loader(g, ar, DEMO_DRAFTER, (0, 430))
-    g.connect(ar, "model", label, "model")
+    label = fed_by_model(g, ar, "FastARClassLabel", (0, 290), ["ring (demo 5)", -1])
+    drafter = fed_by_model(g, ar, "FastARLoadDrafter", (0, 430), [DEMO_DRAFTER, "auto"])
     g.note((0, 560), "Drafter speculative decoding on the bundled demo model with the bundled demo drafter (an "
                      "EAGLE head, LANTERN's format), same class and seed in every column.\n\nSpeculative is "
                      "lossless: the drafter proposes gamma tokens, the model keeps exactly what it would sample "
@@ -249,19 +250,12 @@ def demo_lantern_compare(info) -> dict:
 
 def llamagen_t2i_lantern(info) -> dict:
     g = Graph(info)
-    ar, vq = loaders(g, LLAMAGEN_T2I, LLAMAGEN_VQ_T2I)
-    text = g.node("FastARTextConditioning", (0, 290), ["a photo of a red apple on a wooden table", FLAN_T5],
-                  width=320)
-    drafter = drafter_loader(g, ar, LANTERN_DRAFTER_T2I, (0, 500))
-    sampler = g.node("FastARSamplerLANTERN", (360, 0),
-                     sampler_widgets(seed=42, cfg=7.5, top_k=1000) + [*LANTERN.values(), *SJD.values()])
-    decode = g.node("FastARVQDecode", (720, 0), [])
-    save = g.node("SaveImage", (1060, 0), ["FastAR_llamagen_t2i_lantern"], width=360)
-    stats = g.node("FastARStats", (720, 120), [])
-    g.connect(ar, "model", text, "model")
-    wire_sampler(g, ar, vq, text, sampler, decode, stats)
+    ar, vq, text = t2i_inputs(g)
+    drafter = fed_by_model(g, ar, "FastARLoadDrafter", (0, 500), [LANTERN_DRAFTER_T2I, "auto"])
+    sampler = single_sampler(g, ar, vq, text, "FastARSamplerLANTERN",
+                             sampler_widgets(seed=42, cfg=7.5, top_k=1000) + [*LANTERN.values(), *SJD.values()],
+                             "FastAR_llamagen_t2i_lantern")
     g.connect(drafter, "drafter", sampler, "drafter")
-    g.connect(decode, "image", save, "images")
     g.note((0, 630), f"LlamaGen text-to-image with LANTERN and LANTERN's released drafter.\n\nDownload into "
                      f"ComfyUI/models/fastar/: {LLAMAGEN_T2I} and {LLAMAGEN_VQ_T2I} from the LlamaGen release "
                      "(FoundationVision/LlamaGen on Hugging Face; the HF folder LlamaGen-T2I works too), and "
