@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from .errors import FastARError
-from .samplers.decoders import DECODERS, LOSSLESS, DecoderSpec
+from .samplers.decoders import DECODERS, LOSSLESS, NEEDS_DRAFTER, DecoderSpec
 from .samplers.drafts import COUPLINGS, INIT_STRATEGIES
 from .samplers.processing import SamplingSettings
 from .tools.train_drafter import add_arguments as add_drafter_training_args
@@ -33,6 +33,14 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prob-threshold", type=float, default=SPEC_DEFAULTS.prob_threshold, help="GSD delta")
     p.add_argument("--distance-threshold", type=float, default=SPEC_DEFAULTS.distance_threshold,
                    help="GSD d: keep group members among the draft's nearest codes (0.5 = nearer half, 1 = all)")
+    p.add_argument("--drafter", help="spec/lantern/gsd: a drafter to draft chains with: a LANTERN/EAGLE drafter "
+                   "folder or a smaller AR checkpoint of the same family; 'demo' = the bundled demo drafter "
+                   "(default for spec on the demo model). Without one, lantern and gsd draft Jacobi windows")
+    p.add_argument("--gamma", type=int, default=SPEC_DEFAULTS.gamma, help="drafter: drafts per target forward")
+    p.add_argument("--lantern-k", type=int, default=SPEC_DEFAULTS.lantern_k,
+                   help="LANTERN k: latent neighbours considered per draft (capped at the codebook size)")
+    p.add_argument("--lantern-delta", type=float, default=SPEC_DEFAULTS.lantern_delta,
+                   help="LANTERN delta: total-variation budget per token (0 = exact speculative decoding)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "fp16", "bf16"])
 
@@ -59,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="compare decoders side by side on the demo model")
     add_decoding_args(bench)
-    bench.add_argument("--decoders", default="ar,sjd,gsd", help=f"comma-separated, from {', '.join(DECODERS)}")
+    bench.add_argument("--decoders", default="ar,sjd,gsd,spec,lantern,lantern-jacobi",
+                       help=f"comma-separated, from {', '.join(DECODERS)}; NAME-jacobi drafts Jacobi windows, "
+                       "NAME-drafter chains from the drafter (spec and lantern use the drafter by default)")
     bench.add_argument("--samples", type=int, default=64, help="images per decoder for the quality metrics")
     bench.add_argument("--timing-runs", type=int, default=5, help="batch-1 runs per decoder for latency (interleaved)")
     bench.add_argument("--seed", type=int, default=0)
@@ -75,7 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
 def spec_from(args, decoder: str) -> DecoderSpec:
     return DecoderSpec(decoder=decoder, window=args.window, init=args.init, coupling=args.coupling,
                        group=args.group, prob_threshold=args.prob_threshold,
-                       distance_threshold=args.distance_threshold)
+                       distance_threshold=args.distance_threshold, gamma=args.gamma, lantern_k=args.lantern_k,
+                       lantern_delta=args.lantern_delta)
+
+
+def drafter_choice(args, decoder: str) -> str | None:
+    """The drafter path for ``decoder``: --drafter, or the demo drafter for exact speculative decoding on
+    the demo model; None (Jacobi drafts) otherwise."""
+    if args.drafter:
+        return args.drafter
+    return "demo" if decoder in NEEDS_DRAFTER and args.model is None else None
 
 
 def sampling_from(args) -> SamplingSettings:
@@ -112,18 +131,20 @@ def command_generate(args) -> int:
     from .samplers.decoders import decode
     from .samplers.stats import acceptance_heatmap
 
-    models = load_models(args.model, args.vq, args.device, args.dtype)
+    models = load_models(args.model, args.vq, args.device, args.dtype, drafter_path=drafter_choice(args, args.decoder))
     classes = args.classes.split(",") if args.classes else [args.class_] if args.class_ else None
     conditioning = conditioning_for(models.ar, classes=classes, batch=args.batch, prompts=args.prompt,
                                     t5_folder=args.t5)
     spec, sampling = spec_from(args, args.decoder), sampling_from(args)
     kind = "lossless" if LOSSLESS[spec.decoder] else "relaxed (trades fidelity for speed)"
     progress = ProgressLine(f"{spec.decoder} ({kind})", enabled=not args.quiet)
-    codes, stats = decode(models.ar, conditioning, sampling, spec, seed=args.seed, on_iteration=progress)
+    codes, stats = decode(models.ar, conditioning, sampling, spec, seed=args.seed, on_iteration=progress,
+                          drafter=models.drafter, codebook=models.codebook())
     grid = models.ar.grid
 
+    drafted = f", {stats.drafter_forwards} drafter forwards ({stats.drafter_time_s:.2f} s)" if models.drafter else ""
     print(f"{stats.decoder}: {stats.num_tokens} tokens x {stats.batch} in {stats.target_forwards} forwards "
-          f"(step compression {stats.step_compression:.2f}x, mean accepted {stats.mean_accepted:.2f}), "
+          f"(step compression {stats.step_compression:.2f}x, mean accepted {stats.mean_accepted:.2f}){drafted}, "
           f"{stats.wall_time_s:.2f} s")
     if args.tokens_out:
         Path(args.tokens_out).write_text(json.dumps({"tokens": codes.tolist(), "grid": list(grid)}))

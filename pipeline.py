@@ -73,12 +73,20 @@ def codes_to_images(vq, codes: torch.Tensor, grid: tuple[int, int], chunk: int =
 class LoadedModels:
     ar: torch.nn.Module
     vq: torch.nn.Module | None
+    drafter: object | None = None
+
+    def codebook(self) -> torch.Tensor | None:
+        """The code vectors as the VQ decoder uses them (LANTERN's latent space)."""
+        return None if self.vq is None else self.vq.quantize.codebook().detach()
 
 
-def load_models(model_path: str | None, vq_path: str | None, device: str = "auto", dtype: str = "auto") -> LoadedModels:
-    """The AR model and VQ decoder; both default to the bundled demo models."""
+def load_models(model_path: str | None, vq_path: str | None, device: str = "auto", dtype: str = "auto",
+                drafter_path: str | None = None) -> LoadedModels:
+    """The AR model, VQ decoder and optional drafter; model and VQ default to the bundled demo models,
+    ``drafter_path="demo"`` is the bundled demo drafter."""
     from .model_loaders import load_ar_model, load_vq_model
-    from .model_loaders.demo import DEMO_AR, DEMO_VQ
+    from .model_loaders.demo import DEMO_AR, DEMO_DRAFTER, DEMO_VQ
+    from .model_loaders.drafters import load_drafter
 
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)

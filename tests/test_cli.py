@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fastar.model_loaders.demo import DEMO_AR, DEMO_VQ
+from fastar.model_loaders.demo import DEMO_AR, DEMO_DRAFTER, DEMO_VQ
 
-needs_demo = pytest.mark.skipif(not (DEMO_AR.exists() and DEMO_VQ.exists()), reason="demo weights not built")
+needs_demo = pytest.mark.skipif(not (DEMO_AR.exists() and DEMO_VQ.exists() and DEMO_DRAFTER.exists()),
+                                reason="demo weights not built")
 
 
 def fastar(*args, cwd):
@@ -65,15 +66,57 @@ def test_bad_input_gives_a_clear_error_and_exit_code(tmp_path, args, message):
 
 
 @needs_demo
+def test_drafter_decoders_from_the_command_line(tmp_path):
+    """spec (demo drafter by default), LANTERN with the demo drafter, LANTERN on Jacobi drafts."""
+    runs = {
+        "spec": ["--decoder", "spec", "--gamma", 3],
+        "lantern": ["--decoder", "lantern", "--drafter", "demo", "--lantern-k", 64, "--lantern-delta", 0.3],
+        "lantern-jacobi": ["--decoder", "lantern", "--lantern-delta", 0.3],
+    }
+    stats = {}
+    for name, args in runs.items():
+        r = fastar("generate", "--class", "1", "--batch", 2, "--seed", 3, "--quiet", *args,
+                   "--stats-out", tmp_path / f"{name}.json", "--out", tmp_path / f"{name}.png", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        stats[name] = json.loads((tmp_path / f"{name}.json").read_text())
+        assert Image.open(tmp_path / f"{name}_1.png").size == (128, 128)
+    assert stats["spec"]["settings"] == {"gamma": 3, "drafter": stats["spec"]["settings"]["drafter"], "rule": "exact"}
+    assert stats["spec"]["drafter_forwards"] == 3 * stats["spec"]["target_forwards"]
+    assert 1.2 < stats["spec"]["step_compression"] <= 4.0  # at most gamma + 1 tokens per forward
+    assert stats["lantern"]["settings"]["rule"] == "lantern" and stats["lantern"]["drafter_forwards"] > 0
+    assert stats["lantern-jacobi"]["drafter_forwards"] == 0 and stats["lantern-jacobi"]["settings"]["window"] == 16
+
+
+@needs_demo
+@pytest.mark.parametrize("args,message", [
+    (["--decoder", "spec", "--model", DEMO_AR], "needs a drafter"),
+    (["--decoder", "sjd", "--drafter", "demo"], "does not use a drafter"),
+    (["--decoder", "spec", "--gamma", "0"], "gamma"),
+    (["--decoder", "lantern", "--lantern-delta", "1.5"], "delta"),
+    (["--decoder", "lantern", "--lantern-k", "0"], "k 0"),
+    (["--decoder", "spec", "--drafter", DEMO_VQ], "not a drafter"),
+])
+def test_bad_drafter_settings_give_a_clear_error(tmp_path, args, message):
+    r = fastar("generate", "--quiet", *args, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr
+
+
+@needs_demo
 def test_bench_writes_json_markdown_and_pareto(tmp_path):
-    r = fastar("bench", "--decoders", "ar,sjd,gsd", "--samples", 8, "--timing-runs", 1, "--sweep-samples", 4,
-               "--out", tmp_path / "b", cwd=tmp_path)
+    r = fastar("bench", "--decoders", "ar,sjd,gsd,spec,lantern-jacobi", "--samples", 8, "--timing-runs", 1,
+               "--sweep-samples", 4, "--out", tmp_path / "b", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "b" / "bench.json").read_text())
-    for name in ("ar", "sjd", "gsd"):
+    for name in ("ar", "sjd", "gsd", "spec", "lantern-jacobi"):
         result = report["results"][name]
-        for key in ("step_compression", "latency_ratio", "class_accuracy", "frechet"):
+        for key in ("step_compression", "latency_ratio", "class_accuracy", "frechet", "drafter_time_share"):
             assert key in result
+    assert report["results"]["spec"]["drafter_forwards_per_image"] > 0 < report["results"]["spec"]["drafter_time_share"]
+    assert report["results"]["lantern-jacobi"]["drafter_forwards_per_image"] == 0
+    tv = report["toy_tv"]
+    assert tv["lantern_drafter_by_delta"]["0.4"] > tv["lantern_drafter_by_delta"]["0.0"]
+    assert {p["series"] for p in report["pareto"]} >= {"LANTERN (delta)", "GSD (group size)"}
     assert report["results"]["ar"]["step_compression"] == pytest.approx(256 / 255)
     assert report["results"]["ar"]["latency_ratio"] == pytest.approx(1.0)
     assert report["results"]["sjd"]["step_compression"] > 1.2

@@ -12,7 +12,7 @@ import json
 import platform
 import statistics
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +20,10 @@ import torch
 
 from ..cli import sampling_from, spec_from
 from ..errors import FastARError
+from ..model_loaders.ar_drafter import SmallARDrafter
 from ..model_loaders.protocol import ClassConditioning
 from ..pipeline import class_conditioning, codes_to_images, load_models
-from ..samplers.decoders import DECODERS, LOSSLESS, DecoderSpec, decode
+from ..samplers.decoders import DECODERS, LOSSLESS, NEEDS_DRAFTER, WITH_DRAFTER, DecoderSpec, decode
 from ..samplers.processing import SamplingSettings
 
 CHUNK = 16  # rows per batched quality run
@@ -30,18 +31,58 @@ REAL_IMAGES = 512
 WINDOW_COSTS = (1, 2, 4, 8, 16, 32)
 SWEEP_GROUPS = (1, 3, 10, 25, 50, 100)
 SWEEP_WINDOWS = (4, 8, 16, 32)
+SWEEP_DELTAS = (0.0, 0.05, 0.1, 0.2, 0.4, 0.7)
+SWEEP_KS = (1, 4, 16, 64, 256, 1000)
+SWEEP_K_DELTA = 0.2
+TOY_DELTAS = (0.0, 0.05, 0.1, 0.2, 0.4)
 
 
-def sample_many(models, sampling, spec: DecoderSpec, labels: list[int], seed: int):
-    """Codes for every label (batched in chunks, one seed per chunk) and per-row forward counts."""
-    codes, row_forwards, accepted = [], [], []
+@dataclass(frozen=True)
+class Entry:
+    """One benchmarked decoder: a label, its spec, and whether it drafts with the drafter model.
+    ``NAME-jacobi`` drafts Jacobi windows, ``NAME-drafter`` chains from the drafter; a bare name uses
+    the drafter when the decoder needs one or is LANTERN."""
+
+    label: str
+    spec: DecoderSpec
+    drafted: bool
+
+
+def parse_entries(text: str, args) -> dict[str, Entry]:
+    entries = {}
+    for label in (item.strip() for item in text.split(",")):
+        if not label:
+            continue
+        name, _, source = label.partition("-")
+        if name not in DECODERS or source not in ("", "jacobi", "drafter"):
+            raise FastARError(f"unknown bench decoder '{label}': use one of {', '.join(DECODERS)}, optionally "
+                              "with -jacobi or -drafter (e.g. lantern-jacobi)")
+        drafted = source == "drafter" or (source == "" and name in NEEDS_DRAFTER + ("lantern",))
+        if drafted and name not in WITH_DRAFTER:
+            raise FastARError(f"'{label}': the {name} decoder does not use a drafter")
+        entries[label] = Entry(label, spec_from(args, name), drafted)
+    if "ar" not in entries:  # every ratio is against plain AR, measured in the same run
+        entries = {"ar": Entry("ar", spec_from(args, "ar"), False), **entries}
+    return entries
+
+
+def run_decoder(models, cond, sampling, entry: Entry, seed: int):
+    return decode(models.ar, cond, sampling, entry.spec, seed=seed, codebook=models.codebook(),
+                  drafter=models.drafter if entry.drafted else None)
+
+
+def sample_many(models, sampling, entry: Entry, labels: list[int], seed: int):
+    """Codes for every label (batched in chunks, one seed per chunk), per-row forward counts, accepted
+    run lengths and drafter forwards."""
+    codes, row_forwards, accepted, drafter_forwards = [], [], [], 0
     for start in range(0, len(labels), CHUNK):
         cond = class_conditioning(models.ar, labels[start : start + CHUNK])
-        out, stats = decode(models.ar, cond, sampling, spec, seed=seed + start)
+        out, stats = run_decoder(models, cond, sampling, entry, seed + start)
         codes.append(out.cpu())
         row_forwards += stats.row_forwards
         accepted += [c for it in stats.accepted_per_iteration for c in it if c > 0]
-    return torch.cat(codes), row_forwards, accepted
+        drafter_forwards += stats.drafter_forwards
+    return torch.cat(codes), row_forwards, accepted, drafter_forwards
 
 
 def quality(models, judge, codes: torch.Tensor, labels: list[int], reference_feats) -> dict:
@@ -61,18 +102,22 @@ def speed(row_forwards: list[int], accepted: list[int], num_tokens: int) -> dict
     }
 
 
-def timed_runs(models, sampling, specs: dict[str, DecoderSpec], runs: int, num_classes: int, seed: int) -> dict:
-    """Batch-1 wall times, interleaved A B C A B C ... so drift hits every decoder alike."""
-    times = {name: [] for name in specs}
+def timed_runs(models, sampling, entries: dict[str, Entry], runs: int, num_classes: int, seed: int) -> dict:
+    """Batch-1 wall times (drafter included) and the drafter's share, interleaved A B C A B C ... so
+    drift hits every decoder alike. Medians per decoder."""
+    times = {name: [] for name in entries}
+    drafter_share = {name: [] for name in entries}
     cond = class_conditioning(models.ar, [0])
-    for spec in specs.values():  # warm-up
-        decode(models.ar, cond, sampling, spec, seed=seed)
+    for entry in entries.values():  # warm-up
+        run_decoder(models, cond, sampling, entry, seed)
     for r in range(runs):
         cond = class_conditioning(models.ar, [r % num_classes])
-        for name, spec in specs.items():
-            _, stats = decode(models.ar, cond, sampling, spec, seed=seed + 1000 + r)
+        for name, entry in entries.items():
+            _, stats = run_decoder(models, cond, sampling, entry, seed + 1000 + r)
             times[name].append(stats.wall_time_s)
-    return {name: statistics.median(t) for name, t in times.items()}
+            drafter_share[name].append(stats.drafter_time_s / stats.wall_time_s)
+    return {name: {"median_time_s": statistics.median(times[name]),
+                   "drafter_time_share": statistics.median(drafter_share[name])} for name in entries}
 
 
 @torch.no_grad()
@@ -97,36 +142,53 @@ def window_costs(model, cfg: bool, repeats: int = 20) -> dict:
     return {str(w): seconds[w] / seconds[1] for w in WINDOW_COSTS}
 
 
-def toy_total_variation(spec: DecoderSpec, groups=(1, 3, 5), rows: int = 20000) -> dict:
-    """Measured TV distance to the exact target on the enumerable toy (6 codes, 3 tokens)."""
+def toy_total_variation(base: DecoderSpec) -> dict:
+    """Measured TV distance to the exact target on the enumerable toy (6 codes, 3 tokens, 20,000 rows)
+    for GSD per group size and LANTERN per delta, with a drafter toy and on Jacobi drafts. The exact
+    decoders' TV (G=1, delta=0) is the sampling-noise floor."""
     from .toy_model import ToyModel
 
+    rows = 20000
     toy = ToyModel(vocab=6, grid=(1, 3), num_classes=1, scale=1.5, seed=0)
+    drafter = SmallARDrafter(ToyModel(vocab=6, grid=(1, 3), num_classes=1, scale=1.5, seed=1))
     sampling = SamplingSettings(cfg_scale=2.0)
     exact = toy.exact_joint(0, cfg_scale=2.0)
     cond = ClassConditioning(torch.zeros(rows, dtype=torch.long))
-    noise_floor = None
-    out = {}
-    for g in groups:
-        codes, _ = decode(toy, cond, sampling, replace(spec, decoder="gsd", group=g, window=3), seed=g)
+
+    def tv(spec, with_drafter=False, seed=0):
+        codes, _ = decode(toy, cond, sampling, spec, seed=seed, drafter=drafter if with_drafter else None,
+                          codebook=toy.code_embeddings())
         empirical = torch.bincount(toy.index_of(codes), minlength=len(exact)).double() / rows
-        out[str(g)] = float(0.5 * (empirical - exact).abs().sum())
-        if g == 1:
-            noise_floor = out[str(g)]  # G=1 is exact: its TV is pure sampling noise
-    return {"rows": rows, "tv_by_group": out, "noise_floor": noise_floor}
+        return float(0.5 * (empirical - exact).abs().sum())
+
+    jacobi = replace(base, window=3, init="random")
+    lantern = replace(jacobi, decoder="lantern", gamma=2)
+    return {
+        "rows": rows,
+        "gsd_by_group": {str(g): tv(replace(jacobi, decoder="gsd", group=g), seed=g) for g in (1, 3, 5)},
+        "lantern_drafter_by_delta": {str(d): tv(replace(lantern, lantern_delta=d), True, seed=10) for d in TOY_DELTAS},
+        "lantern_jacobi_by_delta": {str(d): tv(replace(lantern, lantern_delta=d), seed=20) for d in TOY_DELTAS},
+    }
 
 
 def sweep(models, judge, sampling, base: DecoderSpec, labels, seed, reference_feats) -> list[dict]:
-    """Speed/quality points over GSD's group size and SJD's window and coupling."""
-    configs = [replace(base, decoder="gsd", group=g) for g in SWEEP_GROUPS]
-    configs += [replace(base, decoder="sjd", window=w, coupling=c) for w in SWEEP_WINDOWS
-                for c in ("independent", "maximal")]
+    """Speed/quality points over GSD's group size, SJD's window and coupling, and LANTERN's delta and k
+    (LANTERN with the drafter when there is one). Each point names its series and slider."""
+    drafted = models.drafter is not None
+    configs = [("GSD (group size)", "group", replace(base, decoder="gsd", group=g), False) for g in SWEEP_GROUPS]
+    configs += [(f"SJD {c} (window)", "window", replace(base, decoder="sjd", window=w, coupling=c), False)
+                for c in ("independent", "maximal") for w in SWEEP_WINDOWS]
+    configs += [("LANTERN (delta)", "lantern_delta", replace(base, decoder="lantern", lantern_delta=d), drafted)
+                for d in SWEEP_DELTAS]
+    configs += [(f"LANTERN (k, delta={SWEEP_K_DELTA})", "lantern_k",
+                 replace(base, decoder="lantern", lantern_delta=SWEEP_K_DELTA, lantern_k=k), drafted) for k in SWEEP_KS]
     points = []
-    for spec in configs:
-        codes, forwards, accepted = sample_many(models, sampling, spec, labels, seed)
+    for series, slider, spec, with_drafter in configs:
+        codes, forwards, accepted, _ = sample_many(models, sampling, Entry(series, spec, with_drafter), labels, seed)
         q = quality(models, judge, codes, labels, reference_feats)
         q.pop("_feats")
-        points.append({"spec": spec.as_dict(), **speed(forwards, accepted, codes.shape[1]), **q})
+        points.append({"series": series, "slider": slider, "value": spec.as_dict()[slider], "spec": spec.as_dict(),
+                       "drafter": with_drafter, **speed(forwards, accepted, codes.shape[1]), **q})
     return points
 
 
@@ -134,42 +196,43 @@ def run_bench(args) -> dict:
     from .classifier import classify, frechet_distance, load_classifier
     from .demo_data import make_batch
 
-    names = [n.strip() for n in args.decoders.split(",") if n.strip()]
-    unknown = [n for n in names if n not in DECODERS]
-    if unknown or not names:
-        raise FastARError(f"unknown decoder(s) {unknown}: choose from {', '.join(DECODERS)}")
-    if "ar" not in names:
-        names = ["ar"] + names  # every ratio is against plain AR, measured in the same run
+    entries = parse_entries(args.decoders, args)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    models = load_models(args.model, args.vq, args.device, args.dtype)
+    drafter_path = args.drafter or ("demo" if args.model is None else None)
+    models = load_models(args.model, args.vq, args.device, args.dtype, drafter_path=drafter_path)
     if models.vq is None:
         raise FastARError("the benchmark decodes images: give --vq with --model")
+    if models.drafter is None and any(e.drafted for e in entries.values()):
+        raise FastARError("some benchmarked decoders draft with a drafter: give --drafter, or bench them "
+                          "with Jacobi drafts (e.g. lantern-jacobi)")
     sampling = sampling_from(args)
     judge = load_classifier(device=models.ar.device)
     num_classes = models.ar.cfg.num_classes
     labels = [i % num_classes for i in range(args.samples)]
-    specs = {name: spec_from(args, name) for name in names}
     real_images, _ = make_batch(np.random.default_rng(12345), REAL_IMAGES)
     reference_feats = classify(judge, real_images)[1]
     num_tokens = models.ar.grid[0] * models.ar.grid[1]
 
     results = {}
-    for name, spec in specs.items():
+    for name, entry in entries.items():
         print(f"[bench] {name}: {args.samples} samples", flush=True)
-        codes, forwards, accepted = sample_many(models, sampling, spec, labels, args.seed)
-        results[name] = {"lossless": LOSSLESS[name], "spec": spec.as_dict(), **speed(forwards, accepted, num_tokens),
+        codes, forwards, accepted, drafter_forwards = sample_many(models, sampling, entry, labels, args.seed)
+        results[name] = {"lossless": LOSSLESS[entry.spec.decoder], "spec": entry.spec.as_dict(),
+                         "drafter": models.drafter.name if entry.drafted else None,
+                         "drafter_forwards_per_image": drafter_forwards / len(labels),
+                         **speed(forwards, accepted, num_tokens),
                          **quality(models, judge, codes, labels, reference_feats)}
     ar_feats = results["ar"]["_feats"]
     for r in results.values():
         r["frechet_vs_ar"] = frechet_distance(r.pop("_feats"), ar_feats)
 
     print(f"[bench] latency: {args.timing_runs} interleaved batch-1 runs per decoder", flush=True)
-    medians = timed_runs(models, sampling, specs, args.timing_runs, num_classes, args.seed)
+    timings = timed_runs(models, sampling, entries, args.timing_runs, num_classes, args.seed)
     for name, r in results.items():
-        r["median_time_s"] = medians[name]
-        r["latency_ratio"] = medians["ar"] / medians[name]
+        r.update(timings[name])
+        r["latency_ratio"] = timings["ar"]["median_time_s"] / timings[name]["median_time_s"]
 
     report = {
         "model": str(args.model or "bundled demo model"),
@@ -181,14 +244,13 @@ def run_bench(args) -> dict:
         "results": results,
         "window_cost": window_costs(models.ar, sampling.use_cfg),
     }
-    if "gsd" in specs:
-        print("[bench] toy total-variation distance of GSD", flush=True)
-        report["toy_tv_gsd"] = toy_total_variation(specs["gsd"])
+    print("[bench] toy total-variation distance of the relaxed decoders", flush=True)
+    report["toy_tv"] = toy_total_variation(spec_from(args, "sjd"))
     if not args.no_pareto:
         print("[bench] slider sweeps for the Pareto plot", flush=True)
         sweep_labels = labels[: args.sweep_samples or max(num_classes, args.samples // 2)]
-        report["pareto"] = sweep(models, judge, sampling, specs.get("sjd", spec_from(args, "sjd")),
-                                 sweep_labels, args.seed, reference_feats)
+        report["pareto"] = sweep(models, judge, sampling, spec_from(args, "sjd"), sweep_labels, args.seed,
+                                 reference_feats)
         plot_pareto(report["pareto"], results, out_dir / "pareto.png")
     (out_dir / "bench.json").write_text(json.dumps(report, indent=1))
     (out_dir / "bench.md").write_text(markdown(report))
@@ -200,28 +262,37 @@ def markdown(report: dict) -> str:
     lines = [
         f"# FastAR benchmark ({report['model']}, {report['device']}, {report['dtype']}, {report['samples']} samples per decoder)",
         "",
-        "| decoder | lossless | step compression | mean accepted | latency ratio | class accuracy | Frechet (real) | Frechet (vs AR) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| decoder | lossless | drafter | step compression | mean accepted | drafter forwards / image | latency ratio "
+        "| drafter share of time | class accuracy | Frechet (real) | Frechet (vs AR) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in report["results"].items():
         lines.append(
-            f"| {name} | {'yes' if r['lossless'] else 'no'} | {r['step_compression']:.2f}x | {r['mean_accepted']:.2f} | "
-            f"{r['latency_ratio']:.2f}x | {100 * r['class_accuracy']:.1f}% | {r['frechet']:.2f} | {r['frechet_vs_ar']:.2f} |"
+            f"| {name} | {'yes' if r['lossless'] else 'no'} | {r['drafter'] or '-'} | {r['step_compression']:.2f}x | "
+            f"{r['mean_accepted']:.2f} | {r['drafter_forwards_per_image']:.0f} | {r['latency_ratio']:.2f}x | "
+            f"{100 * r['drafter_time_share']:.0f}% | {100 * r['class_accuracy']:.1f}% | {r['frechet']:.2f} | "
+            f"{r['frechet_vs_ar']:.2f} |"
         )
     costs = ", ".join(f"c({w})={c:.2f}" for w, c in report["window_cost"].items())
     lines += ["", f"Window cost on {report['device']} ({report['machine']}): {costs}."]
-    if "toy_tv_gsd" in report:
-        tv = report["toy_tv_gsd"]
-        per_group = ", ".join(f"G={g}: {v:.4f}" for g, v in tv["tv_by_group"].items())
-        lines += ["", f"GSD total-variation distance to the exact target on the toy model ({tv['rows']} rows; "
-                      f"G=1 is exact, so its value is the sampling-noise floor): {per_group}."]
+    tv = report["toy_tv"]
+    lines += ["", f"Total-variation distance to the exact target on the enumerable toy ({tv['rows']} rows; the exact "
+                  "settings G=1 and delta=0 show the sampling-noise floor):", ""]
+    for key, title in (("gsd_by_group", "GSD, group G"), ("lantern_drafter_by_delta", "LANTERN with a drafter, delta"),
+                       ("lantern_jacobi_by_delta", "LANTERN on Jacobi drafts, delta")):
+        lines.append(f"- {title}: " + ", ".join(f"{k}: {v:.4f}" for k, v in tv[key].items()))
     if "pareto" in report:
-        lines += ["", "| sweep point | step compression | class accuracy | Frechet (real) |", "|---|---|---|---|"]
+        lines += ["", "| sweep point | step compression | mean accepted | class accuracy | Frechet (real) |",
+                  "|---|---|---|---|---|"]
         for p in report["pareto"]:
-            s = p["spec"]
-            label = f"gsd G={s['group']}" if s["decoder"] == "gsd" else f"sjd W={s['window']} {s['coupling']}"
-            lines.append(f"| {label} | {p['step_compression']:.2f}x | {100 * p['class_accuracy']:.1f}% | {p['frechet']:.2f} |")
+            lines.append(f"| {sweep_label(p)} | {p['step_compression']:.2f}x | {p['mean_accepted']:.2f} | "
+                         f"{100 * p['class_accuracy']:.1f}% | {p['frechet']:.2f} |")
     return "\n".join(lines) + "\n"
+
+
+def sweep_label(point: dict) -> str:
+    source = " with the drafter" if point["drafter"] else ""
+    return f"{point['series']}{source}: {point['slider']}={point['value']}"
 
 
 def plot_pareto(points: list[dict], results: dict, path: Path) -> None:
@@ -230,20 +301,17 @@ def plot_pareto(points: list[dict], results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    series = {
-        "GSD (group size)": [p for p in points if p["spec"]["decoder"] == "gsd"],
-        "SJD independent (window)": [p for p in points if p["spec"]["decoder"] == "sjd" and p["spec"]["coupling"] == "independent"],
-        "SJD maximal coupling (window)": [p for p in points if p["spec"]["decoder"] == "sjd" and p["spec"]["coupling"] == "maximal"],
-    }
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+    series: dict[str, list[dict]] = {}
+    for point in points:
+        series.setdefault(point["series"], []).append(point)
     for ax, metric, title in ((axes[0], "class_accuracy", "class accuracy"), (axes[1], "frechet", "Frechet distance (lower is better)")):
         for label, pts in series.items():
             xs = [p["step_compression"] for p in pts]
             ys = [p[metric] for p in pts]
             ax.plot(xs, ys, "o-", label=label)
-            key = "group" if label.startswith("GSD") else "window"
             for p, x, y in zip(pts, xs, ys):
-                ax.annotate(str(p["spec"][key]), (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7)
+                ax.annotate(str(p["value"]), (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7)
         ar = results["ar"]
         ax.plot([ar["step_compression"]], [ar[metric]], "k*", markersize=10, label="plain AR")
         ax.set_xlabel("step compression (tokens per target forward)")
