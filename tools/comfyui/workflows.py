@@ -233,9 +233,10 @@ def demo_lantern_compare(info) -> dict:
     for i, (kind, title, extra) in enumerate(columns):
         x = 360 + i * 380
         sampler = g.node(kind, (x, 0), sampler_widgets(seed=3) + extra, title=f"Sampler: {title}", width=340)
-        decode = g.node("FastARVQDecode", (x, 560), [], width=340)
-        stats = g.node("FastARStats", (x, 650), [], title=f"Stats: {title}", width=340)
-        image = g.node("PreviewImage", (x, 920), [], title=f"Image: {title}", width=340)
+        y = 760  # below the tallest sampler (LANTERN) and its live preview
+        decode = g.node("FastARVQDecode", (x, y), [], width=340)
+        stats = g.node("FastARStats", (x, y + 90), [], title=f"Stats: {title}", width=340)
+        image = g.node("PreviewImage", (x, y + 360), [], title=f"Image: {title}", width=340)
         wire_sampler(g, ar, vq, label, sampler, decode, stats)
         g.connect(decode, "image", image, "images")
         if has_input(sampler, "drafter"):
@@ -244,7 +245,7 @@ def demo_lantern_compare(info) -> dict:
             ar_stats = sampler
         else:
             g.connect(ar_stats, "stats", stats, "ar_baseline")
-        g.group(title, (x - 10, -40, 360, 1300))
+        g.group(title, (x - 10, -40, 360, 1500))
     return g.to_json()
 
 
