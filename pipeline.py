@@ -97,7 +97,10 @@ def load_models(model_path: str | None, vq_path: str | None, device: str = "auto
     if vq is not None and vq.cfg.codebook_size != ar.vocab_size:
         raise FastARError(f"the VQ decoder has {vq.cfg.codebook_size} codes but the AR model predicts "
                           f"{ar.vocab_size}: pick the VQ the model was trained with")
-    return LoadedModels(ar, vq)
+    drafter = None
+    if drafter_path:
+        drafter = load_drafter(DEMO_DRAFTER if drafter_path == "demo" else drafter_path, ar, device=dev, dtype=dt)
+    return LoadedModels(ar, vq, drafter)
 
 
 def conditioning_for(model, *, classes: list[str] | None = None, batch: int = 1,
