@@ -39,9 +39,11 @@ CORRUPT_HINT = "the file is truncated or corrupt: re-download it"
 
 AR_MODEL = "an AR model"
 VQ_TOKENIZER = "a VQ tokenizer"
+DRAFTER = "an EAGLE-style drafter"
 LOAD_AS = {
     AR_MODEL: "load it as the AR model (the model loader), not as the image decoder",
     VQ_TOKENIZER: "load it as the VQ decoder (the VQ loader), not as the AR model",
+    DRAFTER: "load it as a drafter (FastAR Load Drafter, or --drafter) for the AR model it was trained with",
 }
 
 
@@ -202,7 +204,7 @@ def clean_state_dict(tensors: dict[str, torch.Tensor], source: str) -> dict[str,
 @dataclass(frozen=True)
 class Family:
     name: str
-    kind: str  # AR_MODEL or VQ_TOKENIZER
+    kind: str  # AR_MODEL, VQ_TOKENIZER or DRAFTER
     matches: Callable[[Mapping[str, torch.Tensor]], bool]
 
 
@@ -222,6 +224,7 @@ FAMILIES = (
            lambda sd: "model.embed_tokens.weight" in sd and has_prefix(sd, "model.cls_embedding.")),
     Family("llamagen-vq", VQ_TOKENIZER,
            lambda sd: "quantize.embedding.weight" in sd and has_prefix(sd, "decoder.conv_blocks.")),
+    Family("eagle-drafter", DRAFTER, lambda sd: "fc.weight" in sd and "embed_tokens.weight" in sd),
 )
 FAMILY_KIND = {f.name: f.kind for f in FAMILIES}
 

@@ -30,9 +30,9 @@ def load_drafter(path, target: LlamaGenGPT, *, device=None, dtype=None):
     sd, info = read_state_dict(path)
     device = target.device if device is None else device
     dtype = target.dtype if dtype is None else dtype
-    if "fc.weight" in sd and "embed_tokens.weight" in sd:
-        return load_eagle(sd, info, Path(path), target, device, dtype)
     family = detect_family(sd)
+    if family == "eagle-drafter":
+        return load_eagle(sd, info, Path(path), target, device, dtype)
     if family is None or FAMILY_KIND[family] != AR_MODEL:
         what = f"{FAMILY_KIND[family]} ({family})" if family else f"no model FastAR knows (keys {sample_keys(sd)})"
         raise FastARError(f"{info.source} is {what}, not a drafter: pick an EAGLE drafter folder (config.json + "

@@ -219,6 +219,14 @@ def test_loads_released_folders_and_files_beside_their_config(tmp_path, fmt, wei
         assert not drafter.head.training and not any(p.requires_grad for p in drafter.head.parameters())
 
 
+def test_a_drafter_chosen_as_the_model_says_where_it_belongs(tmp_path):
+    from fastar.model_loaders import load_ar_model
+
+    folder = write_drafter(tmp_path / "d", eagle_weights(), eagle_config())
+    with pytest.raises(FastARError, match="EAGLE-style drafter.*load it as a drafter"):
+        load_ar_model(folder)
+
+
 def test_small_ar_checkpoint_loads_as_ar_drafter(tmp_path):
     small = tiny_model(n_layer=1, dim=16, ffn_hidden=24)
     drafter = load_drafter(save_ar(tmp_path / "small.safetensors", small), tiny_model())
