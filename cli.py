@@ -35,7 +35,8 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                    help="GSD d: keep group members among the draft's nearest codes (0.5 = nearer half, 1 = all)")
     p.add_argument("--drafter", help="spec/lantern/gsd: a drafter to draft chains with: a LANTERN/EAGLE drafter "
                    "folder or a smaller AR checkpoint of the same family; 'demo' = the bundled demo drafter "
-                   "(default for spec on the demo model). Without one, lantern and gsd draft Jacobi windows")
+                   "(default for spec on the demo model). Without one, lantern and gsd draft Jacobi windows (for lantern "
+                   "much faster but at a large quality loss: use a drafter)")
     p.add_argument("--gamma", type=int, default=SPEC_DEFAULTS.gamma, help="drafter: drafts per target forward")
     p.add_argument("--lantern-k", type=int, default=SPEC_DEFAULTS.lantern_k,
                    help="LANTERN k: latent neighbours considered per draft (capped at the codebook size)")

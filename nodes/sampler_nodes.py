@@ -351,7 +351,10 @@ class SamplerLantern(SamplerBase):
                                              "codes in its codebook. Also drives the live preview."),
                 drafter_input(True, "Optional: the drafter that proposes the tokens (a LANTERN/EAGLE drafter or a "
                                     "smaller model of the same family). Without one, LANTERN verifies Jacobi "
-                                    "windows (window, init, coupling) drafted by the model itself.")]
+                                    "windows (window, init, coupling) drafted by the model itself; that is much "
+                                    "faster but costs a lot of quality (measured on the demo model), because "
+                                    "Jacobi drafts are spread thin and get accepted on their neighbours' mass: "
+                                    "connect a drafter.")]
 
     @classmethod
     def decoder_inputs(cls) -> list:
