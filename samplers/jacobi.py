@@ -18,7 +18,7 @@ from .acceptance import ExactRule
 from .drafts import DraftSource
 from .processing import SamplingSettings, probabilities, sample
 from .stats import Stopwatch
-from .verifier import ProgressFn, TokenBuffer, begin, finish, verify_window
+from .verifier import ProgressFn, TokenBuffer, begin, finish, progress, verify_window
 
 
 @torch.no_grad()
@@ -104,10 +104,7 @@ def jacobi_decode(
         q = torch.where(carried.unsqueeze(-1), q_next, q_new)
         watch.lap("verify")
 
-        slowest = int(n.min())  # the one host sync of the iteration
-        if on_iteration is not None:
-            on_iteration(slowest, N, buffer.tokens())
-        if slowest >= N:
+        if progress(n, buffer, on_iteration):
             break
     finish(stats, watch, fixed_counts, buffer.fixed_at, N)
     return buffer.tokens().clone(), stats

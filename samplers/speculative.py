@@ -16,7 +16,7 @@ from ..errors import FastARError
 from .acceptance import ExactRule
 from .processing import SamplingSettings, probabilities, sample
 from .stats import Stopwatch
-from .verifier import ProgressFn, TokenBuffer, begin, finish, verify_window
+from .verifier import ProgressFn, TokenBuffer, begin, finish, progress, verify_window
 
 
 @torch.no_grad()
@@ -67,10 +67,7 @@ def speculative_decode(
         n = n + count
         watch.lap("verify")
 
-        slowest = int(n.min())  # the one host sync of the iteration
-        if on_iteration is not None:
-            on_iteration(slowest, N, buffer.tokens())
-        if slowest >= N:
+        if progress(n, buffer, on_iteration):
             break
     finish(stats, watch, fixed_counts, buffer.fixed_at, N)
     return buffer.tokens().clone(), stats

@@ -59,6 +59,14 @@ def finish(stats: DecodeStats, watch: Stopwatch, fixed_counts: list, fixed_at: t
     stats.fixed_at = fixed_at[:, :n_tokens].tolist()
 
 
+def progress(n: torch.Tensor, buffer: TokenBuffer, on_iteration) -> bool:
+    """The one host sync of an iteration: report the slowest row; True once every row is complete."""
+    slowest = int(n.min())
+    if on_iteration is not None:
+        on_iteration(slowest, buffer.num_tokens, buffer.tokens())
+    return slowest >= buffer.num_tokens
+
+
 def verify_window(rule, out, p, sampling, q, x, n, buffer: TokenBuffer, iteration: int, generator):
     """Verify drafts ``x`` [B, L] (drawn from ``q`` [B, L, V]) against the window's target ``p``
     [B, L+1, V] (from model output ``out``), commit the accepted run and the fixed token.
