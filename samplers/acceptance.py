@@ -100,6 +100,11 @@ class GroupedRule(ExactRule):
         return torch.where(at(p, x) > 0, ratio, torch.zeros_like(ratio))
 
 
+def without_a(p, members, mass, in_a):
+    """The target with the mass of LANTERN's set A removed."""
+    return p.scatter(-1, members, torch.where(in_a, 0.0, mass))
+
+
 def neighbourhood_radius(embeddings: torch.Tensor, fraction: float, reference: int = 2048, chunk: int = 1024):
     """Per code, the squared L2 radius holding ``fraction`` of all codes, estimated against a fixed
     sample of ``reference`` codes (exact when the table is smaller)."""
@@ -149,12 +154,12 @@ class LanternRule(ExactRule):
         return members, mass, mass.cumsum(-1) < self.delta
 
     def accept_probability(self, p, q, x):
-        _, mass, in_a = self.neighbourhood(p, x)
+        members, mass, in_a = self.neighbourhood(p, x)
         p_x = at(p, x)
         relaxed = p_x + (mass * in_a).sum(-1)
-        if self.greedy:
-            rest = self.distorted(p, x).scatter(-1, x.unsqueeze(-1), 0.0).amax(-1)
-            ratio = (relaxed >= rest).float()
+        if self.greedy:  # x must beat every code p_A keeps: all but A and x itself
+            others = without_a(p, members, mass, in_a).scatter(-1, x.unsqueeze(-1), 0.0).amax(-1)
+            ratio = (relaxed >= others).float()
         else:
             ratio = (relaxed / at(q, x).clamp_min(_TINY)).clamp(max=1.0)
         return torch.where(p_x > 0, ratio, torch.zeros_like(ratio))
@@ -162,8 +167,8 @@ class LanternRule(ExactRule):
     def distorted(self, p, x):
         """p_A: the target with A's mass moved onto x."""
         members, mass, in_a = self.neighbourhood(p, x)
-        moved = p.scatter(-1, members, torch.where(in_a, 0.0, mass))
-        return moved.scatter(-1, x.unsqueeze(-1), at(p, x).unsqueeze(-1) + (mass * in_a).sum(-1, keepdim=True))
+        moved = at(p, x).unsqueeze(-1) + (mass * in_a).sum(-1, keepdim=True)
+        return without_a(p, members, mass, in_a).scatter(-1, x.unsqueeze(-1), moved)
 
     def residual(self, p, q, x):
         if self.greedy:  # after a greedy rejection the target's argmax is outside A, so it is p_A's too
