@@ -5,9 +5,10 @@ import argparse
 import json
 import sys
 import time
+import warnings
 from pathlib import Path
 
-from .errors import FastARError
+from .errors import FastARError, FastARWarning
 from .samplers.decoders import DECODERS, LOSSLESS, NEEDS_DRAFTER, DecoderSpec
 from .samplers.drafts import COUPLINGS, INIT_STRATEGIES
 from .samplers.processing import SamplingSettings
@@ -20,6 +21,9 @@ SAMPLING_DEFAULTS = SamplingSettings()
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="AR checkpoint file or HF folder (default: the bundled demo model)")
     p.add_argument("--vq", help="VQ tokenizer checkpoint (default: the bundled demo VQ when --model is not given)")
+    p.add_argument("--image-size", type=int, help="image size in pixels (square), for a checkpoint that does not say "
+                   "it or to run at another size (default: from its training args, config or file name, e.g. 384 for "
+                   "c2i_L_384.pt)")
     p.add_argument("--cfg", type=float, default=SAMPLING_DEFAULTS.cfg_scale, help="classifier-free guidance (1 = off)")
     p.add_argument("--temperature", type=float, default=SAMPLING_DEFAULTS.temperature, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=SAMPLING_DEFAULTS.top_k, help="0 = off")
@@ -132,7 +136,8 @@ def command_generate(args) -> int:
     from .samplers.decoders import decode
     from .samplers.stats import acceptance_heatmap
 
-    models = load_models(args.model, args.vq, args.device, args.dtype, drafter_path=drafter_choice(args, args.decoder))
+    models = load_models(args.model, args.vq, args.device, args.dtype, drafter_path=drafter_choice(args, args.decoder),
+                         image_size=args.image_size)
     classes = args.classes.split(",") if args.classes else [args.class_] if args.class_ else None
     conditioning = conditioning_for(models.ar, classes=classes, batch=args.batch, prompts=args.prompt,
                                     t5_folder=args.t5)
@@ -181,7 +186,16 @@ def command_train_drafter(args) -> int:
     return 0
 
 
+def show_warning(message, category, filename, lineno, file=None, line=None):
+    """FastAR's own warnings as one plain line; others as Python prints them."""
+    if issubclass(category, FastARWarning):
+        print(f"warning: {message}", file=sys.stderr)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
 def main(argv=None) -> int:
+    warnings.showwarning = show_warning
     args = build_parser().parse_args(argv)
     try:
         commands = {"generate": command_generate, "bench": command_bench, "train-drafter": command_train_drafter}

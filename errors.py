@@ -3,3 +3,7 @@
 
 class FastARError(Exception):
     """A user-facing error: the message says what is wrong and what to do about it."""
+
+
+class FastARWarning(UserWarning):
+    """Something FastAR had to guess: the message says what it chose and how to choose otherwise."""

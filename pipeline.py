@@ -81,16 +81,16 @@ class LoadedModels:
 
 
 def load_models(model_path: str | None, vq_path: str | None, device: str = "auto", dtype: str = "auto",
-                drafter_path: str | None = None) -> LoadedModels:
+                drafter_path: str | None = None, image_size: int | None = None) -> LoadedModels:
     """The AR model, VQ decoder and optional drafter; model and VQ default to the bundled demo models,
-    ``drafter_path="demo"`` is the bundled demo drafter."""
+    ``drafter_path="demo"`` is the bundled demo drafter. ``image_size`` (pixels) overrides the model's."""
     from .model_loaders import load_ar_model, load_vq_model
     from .model_loaders.demo import DEMO_AR, DEMO_DRAFTER, DEMO_VQ
     from .model_loaders.drafters import load_drafter
 
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    ar = load_ar_model(model_path or DEMO_AR, device=dev, dtype=dt)
+    ar = load_ar_model(model_path or DEMO_AR, device=dev, dtype=dt, image_size=image_size)
     if vq_path is None and model_path is None:
         vq_path = DEMO_VQ
     vq = load_vq_model(vq_path, device=dev, dtype=torch.float32 if dev.type == "cpu" else dt) if vq_path else None

@@ -2,7 +2,8 @@
 
 Formats: ``.safetensors`` (with its metadata), pickled ``.pt/.pth/.bin/.ckpt`` through
 ``torch.load(weights_only=True)`` with a one-entry allow-list (``argparse.Namespace``, for the training
-args), and HF-style folders (``config.json`` + single or sharded weights). Wrapper dicts are unwrapped,
+args), and model folders (``config.json`` + one weights file of any of these kinds, or sharded weights).
+A file may carry its config beside it as ``NAME.json`` (for ``NAME.pt``). Wrapper dicts are unwrapped,
 a DDP ``module.`` prefix is stripped and cache buffers are dropped. The family is read off the keys.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ from torch import nn
 from ..errors import FastARError
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+WEIGHT_SUFFIXES = (".safetensors", *PICKLE_SUFFIXES)
 SAFE_GLOBALS = [argparse.Namespace]
 
 # Where the weights sit inside a saved dict, most preferred first: EMA weights over raw training weights.
@@ -30,7 +32,7 @@ WRAPPERS = (("ema",), ("model_ema",), ("trainer", "ema_parameters"), ("model",),
 KEY_PREFIXES = ("module.", "_orig_mod.")  # DDP and torch.compile wrappers
 CACHE_BUFFER = re.compile(r"(^|\.)kv_cache\.|(^|\.)(freqs_cis|causal_mask|inv_freq)$")
 
-# HF-style folders: an index of shards, or a single weights file.
+# Model folders: an index of shards, the HF weights names, or the one weights file there is.
 FOLDER_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 FOLDER_SINGLE_FILES = ("model.safetensors", "pytorch_model.bin")
 
@@ -78,18 +80,26 @@ def read_state_dict(path) -> tuple[dict[str, torch.Tensor], CheckpointInfo]:
         raise FastARError(f"no checkpoint at {path}: {MODELS_HINT}")
     if path.is_dir():
         return read_folder(path)
-    info = CheckpointInfo(source=path.name)
+    info = CheckpointInfo(source=path.name, config=read_json(path.with_suffix(".json")))
     suffix = path.suffix.lower()
-    if suffix == ".safetensors":
-        tensors, info.metadata = read_safetensors(path)
-    elif suffix in PICKLE_SUFFIXES:
-        tensors, info.args = unwrap_checkpoint(read_pickle(path))
-    else:
+    if suffix not in WEIGHT_SUFFIXES:
         raise FastARError(
             f"{path.name}: unknown checkpoint type {path.suffix!r}; FastAR reads .safetensors, "
-            f"{'/'.join(PICKLE_SUFFIXES)} files and HF-style model folders"
+            f"{'/'.join(PICKLE_SUFFIXES)} files and model folders"
         )
+    tensors = read_weights_file(path, info)
     return clean_state_dict(tensors, info.source), info
+
+
+def read_weights_file(path: Path, info: CheckpointInfo) -> dict[str, torch.Tensor]:
+    """The tensors of one weights file; its metadata or training args go into ``info`` (first file wins)."""
+    if path.suffix.lower() == ".safetensors":
+        tensors, metadata = read_safetensors(path)
+        info.metadata = info.metadata or metadata
+        return tensors
+    tensors, args = unwrap_checkpoint(read_pickle(path))
+    info.args = info.args or args
+    return tensors
 
 
 def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -124,12 +134,7 @@ def read_folder(folder: Path) -> tuple[dict[str, torch.Tensor], CheckpointInfo]:
     info = CheckpointInfo(source=folder.name, config=read_json(folder / "config.json"))
     tensors: dict[str, torch.Tensor] = {}
     for file in folder_weight_files(folder):
-        if file.suffix == ".safetensors":
-            shard, metadata = read_safetensors(file)
-            info.metadata = info.metadata or metadata
-        else:
-            shard, _ = unwrap_checkpoint(read_pickle(file))
-        tensors.update(shard)
+        tensors.update(read_weights_file(file, info))
     return clean_state_dict(tensors, info.source), info
 
 
@@ -147,12 +152,18 @@ def folder_weight_files(folder: Path) -> list[Path]:
         if (folder / name).is_file():
             return [folder / name]
     shards = sorted(folder.glob("*.safetensors"))
-    if not shards:
-        raise FastARError(
-            f"the folder {folder} holds no weights: expected model.safetensors, sharded *.safetensors with "
-            f"model.safetensors.index.json, or pytorch_model.bin; {MODELS_HINT}"
-        )
-    return shards
+    if shards:  # shards without an index
+        return shards
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in WEIGHT_SUFFIXES)
+    if len(files) == 1:
+        return files
+    if files:
+        raise FastARError(f"the folder {folder} holds several weights files ({', '.join(p.name for p in files)}) and "
+                          "no index that says which belong together: keep one model's weights file in the folder")
+    raise FastARError(
+        f"the folder {folder} holds no weights: put the model's weights file ({', '.join(WEIGHT_SUFFIXES)}) beside "
+        f"its config.json, or all shards with their index; {MODELS_HINT}"
+    )
 
 
 def read_json(path: Path) -> dict | None:

@@ -1,25 +1,28 @@
 """Loading LlamaGen checkpoints: the GPT (official or HF-renamed keys) and its VQ tokenizer.
 
 The GPT's config comes from FastAR's ``fastar_config`` metadata when present, otherwise from the weight
-shapes plus what was saved beside them (training args, config.json). Rules for what shapes cannot say:
-- heads: ``n_head``/``num_attention_heads`` from the config or args, else the official size table
+shapes plus what was saved beside them (training args, a config.json). Rules for what shapes cannot say:
+- heads: ``n_head``/``num_attention_heads`` from the args or config, else the official size table
   (by ``args.gpt_model`` or by layers and width); KV heads then follow from the ``wqkv`` shape;
-- grid: an explicit ``grid``, else ``image_size // downsample_size`` from the args, else the square root
-  of the block size (``block_size`` from the config/args, default 256 tokens), which must be a square.
+- image size (the block size is not in the weights): an explicit choice, else ``image_size`` /
+  ``downsample_size`` from the training args, else the config (``image_size``, or a square ``block_size``),
+  else the size in an official file name (``c2i_L_384.pt``: 384 px), else 256 px with a warning.
 """
 from __future__ import annotations
 
 import math
 import re
+import warnings
 from collections.abc import Mapping
 
 import torch
 from torch import nn
 
-from ..errors import FastARError
+from ..errors import FastARError, FastARWarning
 from .checkpoint import (
     AR_MODEL,
     VQ_TOKENIZER,
+    WEIGHT_SUFFIXES,
     CheckpointInfo,
     clean_state_dict,
     has_prefix,
@@ -36,7 +39,10 @@ OFFICIAL_SIZES = {
     "GPT-B": (12, 768, 12), "GPT-L": (24, 1024, 16), "GPT-XL": (36, 1280, 20), "GPT-XXL": (48, 1536, 24),
     "GPT-XXXL": (48, 2560, 40), "GPT-1B": (22, 2048, 32), "GPT-3B": (24, 3200, 32), "GPT-7B": (32, 4096, 32),
 }
-DEFAULT_BLOCK_SIZE = 256  # image tokens of the official ModelArgs: 256px at downsample 16
+DEFAULT_IMAGE_SIZE = 256  # the official ModelArgs' block size, 256 tokens: 256 px at downsample 16
+DOWNSAMPLE = 16  # pixels per token side of every released LlamaGen GPT (VQ-16)
+SIZE_IN_NAME = re.compile(r"_(256|384|512)(?=[_.\-]|$)")  # c2i_XL_384.pt, t2i_XL_stage2_512.pt
+SIZE_HINT = "choose the image size (--image-size, or image_size on FastAR Load AR Model)"
 DEFAULT_CAPTION_TOKENS = 120
 
 # LANTERN's HF re-packaging of LlamaGen: same math, LLaMA names (q/k/v are fused separately).
@@ -55,14 +61,14 @@ HF_RENAMES = tuple((re.compile(pattern), official) for pattern, official in (
 HF_QKV = re.compile(r"model\.layers\.(\d+)\.self_attn\.([qkv])_proj\.weight")
 
 
-def load_llamagen(path_or_state_dict, *, grid=None, device="cpu", dtype=torch.float32,
+def load_llamagen(path_or_state_dict, *, image_size: int | None = None, device="cpu", dtype=torch.float32,
                   info: CheckpointInfo | None = None) -> LlamaGenGPT:
-    """A LlamaGen GPT (c2i or t2i) in eval mode without gradients. ``grid`` (tokens per side, or
-    ``(h, w)``) overrides the saved image size; ``info`` comes with an already read state dict."""
+    """A LlamaGen GPT (c2i or t2i) in eval mode without gradients. ``image_size`` (pixels, square) overrides
+    the saved size; ``info`` comes with an already read state dict."""
     sd, info = checkpoint_of(path_or_state_dict, info)
     if require_family(sd, info.source, AR_MODEL) == "llamagen-gpt-hf":
         sd = official_key_names(sd, info.source)
-    cfg = llamagen_config(sd, info, grid)
+    cfg = llamagen_config(sd, info, image_size)
     return build_and_load(LlamaGenGPT, cfg, sd, info.source, device, dtype)
 
 
@@ -117,24 +123,25 @@ def vq_config(sd, info: CheckpointInfo) -> VQConfig:
                           "re-download it") from e
 
 
-def llamagen_config(sd, info: CheckpointInfo, grid=None) -> LlamaGenConfig:
+def llamagen_config(sd, info: CheckpointInfo, image_size: int | None = None) -> LlamaGenConfig:
     """The config of a LlamaGen GPT state dict with official key names (rules in the module doc)."""
     saved = info.fastar_config()
     if saved is not None:
         cfg = config_from_metadata(LlamaGenConfig, saved, info.source)
-        if grid is not None:
-            cfg.grid = as_grid(grid, info.source)
+        if image_size is not None:
+            cfg.grid = grid_for(image_size, cfg.downsample, info.source)
         return cfg
     settings, source = info.settings(), info.source
     vocab_size, dim = weight_shape(sd, "tok_embeddings.weight", source)
     n_layer = 1 + max(int(m.group(1)) for k in sd if (m := re.match(r"layers\.(\d+)\.", k)))
     n_head = head_count(n_layer, dim, settings, source)
     qkv_rows = weight_shape(sd, "layers.0.attention.wqkv.weight", source)[0]
+    downsample = int(first_setting(settings, ("downsample_size",), DOWNSAMPLE))
     common = dict(
         dim=dim, n_layer=n_layer, n_head=n_head, vocab_size=vocab_size,
         n_kv_head=(qkv_rows // (dim // n_head) - n_head) // 2,
         ffn_hidden=weight_shape(sd, "layers.0.feed_forward.w1.weight", source)[0],
-        grid=grid_of(settings, grid, source),
+        grid=grid_of(info, image_size, downsample), downsample=downsample,
         norm_eps=float(first_setting(settings, ("norm_eps", "rms_norm_eps"), 1e-5)),
         rope_base=float(first_setting(settings, ("rope_base", "rope_theta"), 10000.0)),
     )
@@ -176,30 +183,49 @@ def head_count(n_layer: int, dim: int, settings: dict, source: str) -> int:
     raise FastARError(
         f"{source}: cannot tell the number of attention heads of a {n_layer}-layer, {dim}-wide LlamaGen "
         f"model{said}: it is none of the official sizes ({', '.join(OFFICIAL_SIZES)}) and no config says. "
-        "Put a config.json with num_attention_heads beside the weights in a model folder"
+        f'{where_config_goes(source)}: {{"num_attention_heads": N}}'
     )
 
 
-def grid_of(settings: dict, grid, source: str) -> tuple[int, int]:
-    """The image token grid: see the module doc for the rule."""
-    if grid is not None:
-        return as_grid(grid, source)
-    if settings.get("image_size") and settings.get("downsample_size"):
-        side = int(settings["image_size"]) // int(settings["downsample_size"])
-        return side, side
-    block_size = int(settings.get("block_size") or DEFAULT_BLOCK_SIZE)
-    side = math.isqrt(block_size)
-    if side * side != block_size:
-        raise FastARError(f"{source}: its block size {block_size} is not a square number of tokens, so the "
-                          "image grid is unknown: give the grid (tokens per side) explicitly")
+def where_config_goes(source: str) -> str:
+    """Advice on where FastAR reads a config for ``source``: NAME.json beside NAME.pt, or a folder's config.json."""
+    stem, dot, suffix = source.rpartition(".")
+    if dot and f".{suffix.lower()}" in WEIGHT_SUFFIXES:
+        return f"Write {stem}.json next to {source} with"
+    return "Write the folder's config.json with"
+
+
+def grid_of(info: CheckpointInfo, image_size: int | None, downsample: int) -> tuple[int, int]:
+    """The image token grid: see the module doc for the order of the rules."""
+    source = info.source
+    if image_size is not None:
+        return grid_for(image_size, downsample, source)
+    for settings, where in ((info.args or {}, "training args"), (info.config or {}, "config")):
+        if settings.get("image_size"):
+            return grid_for(int(settings["image_size"]), downsample, f"{source} ({where})")
+        if settings.get("block_size"):
+            side = math.isqrt(int(settings["block_size"]))
+            if side * side != int(settings["block_size"]):
+                raise FastARError(f"{source}: its {where} give a block size of {settings['block_size']} tokens, not "
+                                  f"a square grid, so the image size is unknown: {SIZE_HINT}")
+            return side, side
+    named = SIZE_IN_NAME.search(source)
+    if named:
+        return grid_for(int(named.group(1)), downsample, source)
+    side = DEFAULT_IMAGE_SIZE // downsample
+    warnings.warn(f"{source}: nothing says its image size (no training args, config or size in the file name); "
+                  f"using {DEFAULT_IMAGE_SIZE} px ({side}x{side} tokens). If it was trained at another size, "
+                  f"{SIZE_HINT}", FastARWarning, stacklevel=2)
     return side, side
 
 
-def as_grid(grid, source: str) -> tuple[int, int]:
-    h, w = (grid, grid) if isinstance(grid, int) else grid
-    if h <= 0 or w <= 0:
-        raise FastARError(f"{source}: grid {grid} is not a positive number of tokens per side")
-    return int(h), int(w)
+def grid_for(image_size: int, downsample: int, source: str) -> tuple[int, int]:
+    """Tokens per side of a square image of ``image_size`` pixels."""
+    if image_size <= 0 or image_size % downsample:
+        raise FastARError(f"{source}: image size {image_size} px is not a positive multiple of the model's "
+                          f"{downsample}-pixel tokens: use e.g. {downsample * 16}, {downsample * 24} or {downsample * 32}")
+    side = image_size // downsample
+    return side, side
 
 
 # -- HF names --------------------------------------------------------------------------------------

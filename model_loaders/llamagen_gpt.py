@@ -39,6 +39,7 @@ class LlamaGenConfig:
     norm_eps: float = 1e-5
     rope_base: float = 10000.0
     class_names: list[str] = field(default_factory=list)
+    downsample: int = 16  # pixels per token side (LlamaGen's VQ-16), to turn image sizes into grids
 
     def __post_init__(self):
         self.grid = tuple(self.grid)

@@ -22,6 +22,9 @@ class VQConfig:
     ch_mult: tuple[int, ...] = (1, 1, 2, 2, 4)
     num_res_blocks: int = 2
     with_encoder: bool = True
+    # encode each downsample x downsample patch on its own (the demo VQ): a code then depends on its
+    # patch's pixels alone, so equal patches get equal codes and an AR model sees no arbitrary synonyms
+    patch_encoder: bool = False
 
     def __post_init__(self):
         self.ch_mult = tuple(self.ch_mult)
@@ -223,7 +226,14 @@ class VQModel(nn.Module):
         """Images in [-1, 1] -> continuous latents before quantisation."""
         if not self.cfg.with_encoder:
             raise RuntimeError("this VQ checkpoint has no encoder weights")
-        return self.quant_conv(self.encoder(images))
+        if not self.cfg.patch_encoder:
+            return self.quant_conv(self.encoder(images))
+        b, c, height, width = images.shape
+        ds = self.cfg.downsample
+        h, w = height // ds, width // ds
+        patches = images.reshape(b, c, h, ds, w, ds).permute(0, 2, 4, 1, 3, 5).reshape(b * h * w, c, ds, ds)
+        latents = self.quant_conv(self.encoder(patches))  # [b*h*w, D, 1, 1]
+        return latents.reshape(b, h, w, -1).permute(0, 3, 1, 2)
 
     def encode(self, images: torch.Tensor) -> torch.Tensor:
         """Images in [-1, 1] -> codes [B, H/ds, W/ds]."""

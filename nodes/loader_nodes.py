@@ -54,40 +54,45 @@ def raise_if(message: str | None) -> None:
         raise FastARError(message)
 
 
+IMAGE_SIZES = ("auto", "128", "256", "384", "512")  # pixels; 128 is the demo model's
+
+
+def image_size_error(image_size: str) -> str | None:
+    if image_size not in IMAGE_SIZES:
+        return f"unknown image size '{image_size}': choose one of {', '.join(IMAGE_SIZES)}"
+    return None
+
+
 class CheckpointLoader(io.ComfyNode):
     """What every loader of a listed checkpoint does: check the pick and the dtype before the run, reload
-    when the file changes on disk, resolve and check again when it runs. A subclass names its list
-    widget and kind and loads the resolved path in ``load``. Inputs arrive by keyword because each
-    loader's list widget has its own id (saved workflows name it); the checks here cover every widget,
-    so ComfyUI's own combo checks (skipped for a **kwargs validator) are not missed."""
+    when the file changes on disk, resolve and check again when it runs. A subclass declares its inputs
+    in ``validate_inputs`` (each input it names skips ComfyUI's own checks, so it names only those it
+    checks itself), calls ``checked`` and ``loaded``, and loads the resolved path in ``load``."""
 
     KIND = files.AR
-    LIST = "model_name"
 
     @classmethod
-    def validate_inputs(cls, **inputs):
-        return dtype_error(inputs["dtype"]) or load_error(inputs[cls.LIST], cls.KIND) or True
+    def checked(cls, name: str, dtype: str):
+        return dtype_error(dtype) or load_error(name, cls.KIND) or True
 
     @classmethod
-    def fingerprint_inputs(cls, **inputs):
-        name, dtype = inputs[cls.LIST], inputs["dtype"]
+    def fingerprint(cls, name: str, *settings):
         try:
-            return files.fingerprint(cls.path(name)), dtype
+            return files.fingerprint(cls.path(name)), *settings
         except FastARError:
-            return name, dtype
+            return name, *settings
 
     @classmethod
     def path(cls, name: str) -> Path:
         return files.resolve(name, files.KIND_NAMES[cls.KIND], files.FOLDERS_OF[cls.KIND])
 
     @classmethod
-    def execute(cls, **inputs) -> io.NodeOutput:
-        name = inputs.pop(cls.LIST)
+    def loaded(cls, name: str, dtype: str, **settings) -> io.NodeOutput:
         raise_if(load_error(name, cls.KIND))
-        return io.NodeOutput(cls.load(cls.path(name), name, **inputs))
+        return io.NodeOutput(cls.load(cls.path(name), name, dtype, **settings))
 
     @classmethod
-    def load(cls, path: Path, name: str, dtype: str, **links):
+    def load(cls, path: Path, name: str, dtype: str, **settings):
         raise NotImplementedError
 
 
@@ -107,6 +112,11 @@ class LoadARModel(CheckpointLoader):
                                        "fastar: path of extra_model_paths.yaml. demo_c2i.safetensors is the bundled "
                                        "demo model (8 shape classes, 128 px, runs on CPU in seconds)."),
                 io.Combo.Input("dtype", options=list(glue.DTYPE_CHOICES), default="auto", tooltip=DTYPE_TOOLTIP),
+                io.Combo.Input("image_size", options=list(IMAGE_SIZES), default="auto",
+                               tooltip="Image size in pixels. auto: what the checkpoint says (training args, config, "
+                                       "or the size in an official file name such as c2i_L_384.pt = 384 px; 256 px "
+                                       "with a warning in the console when nothing says). Pick a size for a file "
+                                       "that does not say it, or to run a model at another size."),
             ],
             outputs=[FastARModel.Output("model", display_name="model",
                                         tooltip="The AR model, managed by ComfyUI (loaded to the GPU "
@@ -114,16 +124,29 @@ class LoadARModel(CheckpointLoader):
         )
 
     @classmethod
-    def load(cls, path, name, dtype):
+    def validate_inputs(cls, model_name, dtype, image_size="auto"):
+        return image_size_error(image_size) or cls.checked(model_name, dtype)
+
+    @classmethod
+    def fingerprint_inputs(cls, model_name, dtype, image_size="auto"):
+        return cls.fingerprint(model_name, dtype, image_size)
+
+    @classmethod
+    def execute(cls, model_name, dtype, image_size="auto") -> io.NodeOutput:
+        raise_if(image_size_error(image_size))
+        return cls.loaded(model_name, dtype, image_size=None if image_size == "auto" else int(image_size))
+
+    @classmethod
+    def load(cls, path, name, dtype, image_size=None):
         from ..model_loaders import load_ar_model
 
-        model = load_ar_model(path, device=glue.offload_device(), dtype=glue.choose_dtype(dtype, glue.load_device()))
+        model = load_ar_model(path, device=glue.offload_device(), dtype=glue.choose_dtype(dtype, glue.load_device()),
+                              image_size=image_size)
         return ModelHandle(glue.make_patcher(model), name)
 
 
 class LoadVQ(CheckpointLoader):
     KIND = files.VQ
-    LIST = "vq_name"
 
     @classmethod
     def define_schema(cls):
@@ -145,6 +168,18 @@ class LoadVQ(CheckpointLoader):
         )
 
     @classmethod
+    def validate_inputs(cls, vq_name, dtype):
+        return cls.checked(vq_name, dtype)
+
+    @classmethod
+    def fingerprint_inputs(cls, vq_name, dtype):
+        return cls.fingerprint(vq_name, dtype)
+
+    @classmethod
+    def execute(cls, vq_name, dtype) -> io.NodeOutput:
+        return cls.loaded(vq_name, dtype)
+
+    @classmethod
     def load(cls, path, name, dtype):
         from ..model_loaders import load_vq_model
 
@@ -158,7 +193,6 @@ DEMO_DRAFTER_NAME = f"{DEMO_DRAFTER.name}/"
 
 class LoadDrafter(CheckpointLoader):
     KIND = files.DRAFTER
-    LIST = "drafter_name"
 
     @classmethod
     def define_schema(cls):
@@ -188,6 +222,18 @@ class LoadDrafter(CheckpointLoader):
                                           tooltip="The drafter, bound to this AR model and managed by ComfyUI: "
                                                   "connect it to a sampler that uses the same model.")],
         )
+
+    @classmethod
+    def validate_inputs(cls, drafter_name, dtype):
+        return cls.checked(drafter_name, dtype)
+
+    @classmethod
+    def fingerprint_inputs(cls, drafter_name, dtype, model=None):  # ComfyUI passes widget values, not links
+        return cls.fingerprint(drafter_name, dtype)
+
+    @classmethod
+    def execute(cls, model, drafter_name, dtype) -> io.NodeOutput:
+        return cls.loaded(drafter_name, dtype, model=model)
 
     @classmethod
     def load(cls, path, name, dtype, model: ModelHandle):
@@ -297,6 +343,8 @@ class ClassLabel(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, class_name, index):
+        if not isinstance(index, int) or not isinstance(class_name, str):
+            return True  # ComfyUI reports a value of the wrong type itself
         if class_name.startswith(REFUSED):
             return class_name[len(REFUSED):]
         return widget_error(class_name, index) or True

@@ -139,11 +139,14 @@ class SamplerBase(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, cfg, temperature, top_k, top_p, init=None, coupling=None):
-        """Before the run: the engine's own range rules, and the choices (ComfyUI 0.3.75 does not check
-        V3 combo values itself)."""
+    def validate_inputs(cls, top_p, init=None, coupling=None):
+        """Before the run, what ComfyUI's own checks do not cover: top_p must be above 0 (the slider starts at
+        0), and the choices (ComfyUI 0.3.75 does not check V3 combo values; newer versions do). Inputs named
+        here skip ComfyUI's checks, so the other widgets keep its range and type checks."""
+        if not isinstance(top_p, (int, float)):
+            return True  # ComfyUI reports a value of the wrong type itself
         try:
-            SamplingSettings(cfg_scale=cfg, temperature=temperature, top_k=top_k, top_p=top_p).validate()
+            SamplingSettings(top_p=top_p).validate()
             if init is not None:
                 check_choice("initialisation", init, INIT_STRATEGIES)
             if coupling is not None:

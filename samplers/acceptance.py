@@ -128,8 +128,8 @@ class LanternRule(ExactRule):
     below ``delta``: moving that mass onto x changes the target by exactly that much in TV. On rejection
     the token comes from norm([p_A - q]_+), p_A being the distorted target (A's mass moved onto x).
     ``delta=0`` is exact speculative sampling. Greedy (temperature 0): accept iff x is the argmax of
-    p_A computed from the untempered target. Codes outside the target's support (top-k/top-p) are never
-    accepted. Relaxed: trades fidelity for speed.
+    p_A computed from the untempered target. A code outside the target's support (top-k/top-p) gets an empty A,
+    so it is never accepted nor drawn from the residual. Relaxed: trades fidelity for speed.
     """
 
     neighbours: torch.Tensor  # [V, k] int, column 0 = the code itself
@@ -148,21 +148,20 @@ class LanternRule(ExactRule):
         return probabilities(out, replace(sampling, temperature=1.0))
 
     def neighbourhood(self, p, x):
-        """x's candidate neighbours [..., k-1], their target mass, and which of them form A."""
+        """x's candidate neighbours [..., k-1], their target mass, and which of them form A. A is empty for a
+        draft outside the target's support (cut by top-k/top-p): moving mass onto it would put an excluded
+        code back into the distribution."""
         members = self.neighbours.to(p.device)[x][..., 1:].long()
         mass = p.gather(-1, members)
-        return members, mass, mass.cumsum(-1) < self.delta
+        return members, mass, (mass.cumsum(-1) < self.delta) & (at(p, x) > 0).unsqueeze(-1)
 
     def accept_probability(self, p, q, x):
         members, mass, in_a = self.neighbourhood(p, x)
-        p_x = at(p, x)
-        relaxed = p_x + (mass * in_a).sum(-1)
+        relaxed = at(p, x) + (mass * in_a).sum(-1)
         if self.greedy:  # x must beat every code p_A keeps: all but A and x itself
             others = without_a(p, members, mass, in_a).scatter(-1, x.unsqueeze(-1), 0.0).amax(-1)
-            ratio = (relaxed >= others).float()
-        else:
-            ratio = (relaxed / at(q, x).clamp_min(_TINY)).clamp(max=1.0)
-        return torch.where(p_x > 0, ratio, torch.zeros_like(ratio))
+            return (relaxed >= others).float()
+        return (relaxed / at(q, x).clamp_min(_TINY)).clamp(max=1.0)
 
     def distorted(self, p, x):
         """p_A: the target with A's mass moved onto x."""

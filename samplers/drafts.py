@@ -64,21 +64,26 @@ class DraftSource:
 
     def initial(self, seq, start, carried, p_last) -> tuple[torch.Tensor, torch.Tensor]:
         """Drafts ``[B, L]`` and their q ``[B, L, V]`` for window slots at positions ``start + i``;
-        only slots ``i >= carried`` (the fresh ones) are meant to be used."""
+        only slots ``i >= carried`` (the fresh ones) are meant to be used. ``seq`` holds the fixed tokens
+        and the carried drafts, i.e. every position below ``start + carried``; ``p_last`` is the target
+        distribution of the last of them."""
         B, L, V = seq.shape[0], self.L, self.V
+        known = (start + carried).unsqueeze(1)  # positions below this hold a token (fixed or a carried draft)
         positions = start.unsqueeze(1) + torch.arange(L, device=seq.device)
-        left_pos = (start + carried - 1).clamp(min=0).unsqueeze(1).expand(B, L)
+        left_pos = (known - 1).clamp(min=0).expand(B, L)
+        # the token above is known unless the window reaches more than a row ahead: then the left one is used
+        above_known = (positions >= self.width) & (positions - self.width < known)
         if self.init == "random":
             x = torch.randint(V, (B, L), generator=self.gen, device=seq.device)
             return x, self.uniform_q
         if self.init in ("horizontal", "vertical"):
             source = left_pos
             if self.init == "vertical":
-                source = torch.where(positions >= self.width, positions - self.width, left_pos)
+                source = torch.where(above_known, positions - self.width, left_pos)
             x = seq.gather(1, source)
             return x, torch.nn.functional.one_hot(x, V).float()
         dist = p_last.unsqueeze(1).expand(B, L, V)
-        if self.init == "sample-above":
+        if self.init == "sample-above":  # the history holds the latest p of every known position
             above = self.history.gather(1, ((positions - self.width) % self.ring).unsqueeze(-1).expand(B, L, V))
-            dist = torch.where((positions >= self.width).unsqueeze(-1), above, dist)
+            dist = torch.where(above_known.unsqueeze(-1), above, dist)
         return sample(dist, self.gen), dist

@@ -1,19 +1,25 @@
 """Lossless decoders must sample exactly the plain-AR distribution (bench.md, "Fidelity").
 
-On an enumerable toy model (3 codes, 2x2 grid: 81 sequences) we draw many rows in one batch (which
-also proves every row of a batch is exactly distributed) and run a chi-square test against the
-exact joint probabilities computed by enumeration. Deliberately broken acceptance rules must fail.
+On enumerable toy models (3 codes on 2x2, 2x3 and 3x2 grids: 81 or 729 sequences) we draw many rows in
+one batch (which also proves every row of a batch is exactly distributed) and run a chi-square test
+against the exact joint probabilities computed by enumeration. On the 2x2 grid every slot that is
+initialised after the first iteration lies past the last token, so initialisation is only tested on the
+wider grids, where windows of 3-4 reach past the row. Deliberately broken acceptance rules, drafts
+recorded with the wrong distribution and tempered drafts recorded untempered must all fail.
 """
+from functools import lru_cache
+
 import pytest
 import torch
 
 from fastar.model_loaders.ar_drafter import SmallARDrafter
 from fastar.model_loaders.protocol import ClassConditioning
+from fastar.samplers import jacobi, speculative
 from fastar.samplers.acceptance import ExactRule
 from fastar.samplers.decoders import DecoderSpec, decode, make_generator
-from fastar.samplers.drafts import COUPLINGS, INIT_STRATEGIES
+from fastar.samplers.drafts import COUPLINGS, INIT_STRATEGIES, DraftSource
 from fastar.samplers.jacobi import jacobi_decode
-from fastar.samplers.processing import SamplingSettings
+from fastar.samplers.processing import SamplingSettings, probabilities, sample
 from fastar.samplers.speculative import speculative_decode
 from fastar.tools.toy_model import ToyModel
 
@@ -25,10 +31,19 @@ MODEL = ToyModel(vocab=3, grid=(2, 2), num_classes=2, scale=2.0, seed=0)
 DRAFTER = SmallARDrafter(ToyModel(vocab=3, grid=(2, 2), num_classes=2, scale=2.0, seed=7))
 GUIDED = SamplingSettings(cfg_scale=2.0, top_k=2)
 PLAIN = SamplingSettings(cfg_scale=1.0, top_k=0)
+# wider grids: windows of 3-4 reach past the end of a row, so freshly initialised drafts get verified
+WIDE = {grid: ToyModel(vocab=3, grid=grid, num_classes=2, scale=2.0, seed=3) for grid in ((2, 3), (3, 2))}
+WIDE_ROWS = 20000
+# temperatures other than 1 and nucleus sampling, each with guidance
+PROCESSING = {
+    "T0.7": SamplingSettings(cfg_scale=2.0, temperature=0.7),
+    "T1.3-topk2": SamplingSettings(cfg_scale=2.0, temperature=1.3, top_k=2),
+    "T1.3-topp0.8": SamplingSettings(cfg_scale=1.5, temperature=1.3, top_p=0.8),
+}
 
 
-def chi_square_p_value(tokens: torch.Tensor, exact: torch.Tensor) -> float:
-    observed = torch.bincount(MODEL.index_of(tokens), minlength=len(exact)).double()
+def chi_square_p_value(tokens: torch.Tensor, exact: torch.Tensor, model=MODEL) -> float:
+    observed = torch.bincount(model.index_of(tokens), minlength=len(exact)).double()
     expected = exact * tokens.shape[0]
     assert observed[expected == 0].sum() == 0, "sampled a sequence of probability zero"
     # cells expected fewer than 5 times are pooled into one, where the chi-square law holds
@@ -46,8 +61,14 @@ def conditioning(label=1, rows=ROWS):
     return ClassConditioning(torch.full((rows,), label, dtype=torch.long))
 
 
-def exact_for(settings: SamplingSettings, label=1):
-    return MODEL.exact_joint(label, cfg_scale=settings.cfg_scale, top_k=settings.top_k)
+def exact_for(settings: SamplingSettings, label=1, model=MODEL):
+    return exact_joint(model, settings, label)
+
+
+@lru_cache(maxsize=None)
+def exact_joint(model, settings: SamplingSettings, label: int) -> torch.Tensor:
+    return model.exact_joint(label, cfg_scale=settings.cfg_scale, temperature=settings.temperature,
+                             top_k=settings.top_k, top_p=settings.top_p)
 
 
 def test_plain_ar_is_exact():
@@ -62,6 +83,72 @@ def test_sjd_is_exact_for_every_init_and_coupling(init, coupling):
     spec = DecoderSpec("sjd", window=3, init=init, coupling=coupling)
     tokens, _ = decode(MODEL, conditioning(), GUIDED, spec, seed=1)
     assert chi_square_p_value(tokens, exact_for(GUIDED)) > ALPHA
+
+
+@pytest.mark.parametrize("grid", list(WIDE), ids=lambda g: f"{g[0]}x{g[1]}")
+@pytest.mark.parametrize("window", [3, 4])
+@pytest.mark.parametrize("init", INIT_STRATEGIES)
+@pytest.mark.parametrize("coupling", COUPLINGS)
+def test_sjd_is_exact_when_fresh_drafts_are_verified(grid, window, init, coupling):
+    model = WIDE[grid]
+    spec = DecoderSpec("sjd", window=window, init=init, coupling=coupling)
+    tokens, _ = decode(model, conditioning(rows=WIDE_ROWS), GUIDED, spec, seed=window)
+    assert chi_square_p_value(tokens, exact_for(GUIDED, model=model), model) > ALPHA
+
+
+class RecordsTheWrongSlot(DraftSource):
+    """Broken: sample-left drafts drawn from the last slot's p but recorded with the slot before it."""
+
+    def record(self, positions, p):
+        super().record(positions, p)
+        if p.shape[1] > 1:  # a window, not the prefill's first distribution
+            self.window_p = p
+
+    def initial(self, seq, start, carried, p_last):
+        x, q = super().initial(seq, start, carried, p_last)
+        if hasattr(self, "window_p"):
+            q = self.window_p[:, -2:-1].expand_as(q)
+        return x, q
+
+
+def test_fresh_drafts_recorded_with_the_wrong_distribution_are_detected(monkeypatch):
+    monkeypatch.setattr(jacobi, "DraftSource", RecordsTheWrongSlot)
+    model = WIDE[(2, 3)]
+    spec = DecoderSpec("sjd", window=4, init="sample-left")
+    tokens, _ = decode(model, conditioning(rows=WIDE_ROWS), GUIDED, spec, seed=4)
+    assert chi_square_p_value(tokens, exact_for(GUIDED, model=model), model) < ALPHA
+
+
+@pytest.mark.parametrize("name", list(PROCESSING))
+@pytest.mark.parametrize("spec", [
+    DecoderSpec("ar"), DecoderSpec("sjd", window=3, init="sample-left", coupling="maximal"),
+    DecoderSpec("gsd", window=4, group=1, init="sample-above"), DecoderSpec("spec", gamma=2),
+    DecoderSpec("lantern", gamma=3, lantern_k=3, lantern_delta=0.0),
+], ids=lambda s: s.decoder)
+def test_lossless_decoders_are_exact_at_other_temperatures_and_with_top_p(name, spec):
+    settings = PROCESSING[name]
+    tokens, _ = decode(MODEL, conditioning(), settings, spec, seed=13, drafter=DRAFTER if spec.decoder in
+                       ("spec", "lantern") else None, codebook=MODEL.embeddings)
+    assert chi_square_p_value(tokens, exact_for(settings)) > ALPHA
+
+
+def untempered_draft_chain(draft_session, seq, n, last_out, last_start, length, sampling, generator):
+    """Broken: drafts sampled from the tempered q but recorded with the drafter's untempered distribution."""
+    x, q = [], []
+    out = draft_session.catch_up(seq, n, last_out, last_start)
+    for i in range(length):
+        x.append(sample(probabilities(out, sampling)[:, 0], generator))
+        q.append(probabilities(out, SamplingSettings(cfg_scale=sampling.cfg_scale))[:, 0])
+        if i + 1 < length:
+            out = draft_session.step(x[-1].unsqueeze(1), n + i)
+    return torch.stack(x, 1), torch.stack(q, 1)
+
+
+def test_tempered_drafts_recorded_untempered_are_detected(monkeypatch):
+    monkeypatch.setattr(speculative, "draft_chain", untempered_draft_chain)
+    settings = PROCESSING["T1.3-topk2"]
+    tokens, _ = decode(MODEL, conditioning(), settings, DecoderSpec("spec", gamma=2), seed=14, drafter=DRAFTER)
+    assert chi_square_p_value(tokens, exact_for(settings)) < ALPHA
 
 
 @pytest.mark.parametrize("settings", [PLAIN, GUIDED], ids=["no-cfg-no-topk", "cfg-topk"])
@@ -181,3 +268,18 @@ def test_greedy_decoders_reproduce_plain_greedy_decoding():
     for spec in (DecoderSpec("spec", gamma=3), DecoderSpec("lantern", gamma=3, lantern_k=3, lantern_delta=0.0)):
         tokens, _ = decode(MODEL, rows, greedy, spec, seed=1, drafter=DRAFTER, codebook=MODEL.embeddings)
         assert torch.equal(tokens, ar_tokens)
+
+
+@pytest.mark.parametrize("decoder,drafted", [("lantern", True), ("lantern", False), ("gsd", True), ("gsd", False)],
+                         ids=["lantern-drafter", "lantern-jacobi", "gsd-drafter", "gsd-jacobi"])
+def test_relaxed_decoders_never_emit_codes_that_top_k_removed(decoder, drafted):
+    """Relaxed decoders may shift probability, but never onto codes outside the target's support."""
+    toy = ToyModel(vocab=6, grid=(1, 3), num_classes=1, scale=1.5, seed=0)
+    drafter = SmallARDrafter(ToyModel(vocab=6, grid=(1, 3), num_classes=1, scale=1.5, seed=1))
+    settings = SamplingSettings(cfg_scale=2.0, top_k=3)
+    spec = DecoderSpec(decoder, window=3, gamma=2, lantern_k=6, lantern_delta=0.3, group=5, prob_threshold=1.0,
+                       distance_threshold=1.0)
+    tokens, _ = decode(toy, ClassConditioning(torch.zeros(20000, dtype=torch.long)), settings, spec, seed=15,
+                       drafter=drafter if drafted else None, codebook=toy.code_embeddings())
+    support = toy.exact_joint(0, cfg_scale=2.0, top_k=3) > 0
+    assert support[toy.index_of(tokens)].all()

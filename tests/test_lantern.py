@@ -81,12 +81,21 @@ def test_residual_is_the_positive_part_of_distorted_target_minus_draft():
     assert torch.allclose(LanternRule(rule.neighbours, 0.0).residual(p, q, x), ExactRule().residual(p, q, x))
 
 
-def test_codes_outside_the_target_support_are_never_accepted():
+def test_codes_outside_the_target_support_are_never_accepted_nor_resampled():
+    """The issue's counterexample: x = 0 has p(x) = 0 (cut by top-k); its neighbour 1 would fit in A at delta 0.1,
+    and moving A's mass onto x would let the residual draw the excluded code."""
+    p, q, x = torch.tensor([[0.0, 0.05, 0.95]]), torch.tensor([[0.01, 0.5, 0.49]]), torch.tensor([0])
+    rule = LanternRule(torch.tensor([[0, 1, 2], [1, 0, 2], [2, 1, 0]]), 0.1)
+    assert rule.accept_probability(p, q, x).item() == 0
+    assert torch.equal(rule.distorted(p, x), p)
+    assert torch.allclose(rule.residual(p, q, x), torch.tensor([[0.0, 0.0, 1.0]]))
     codebook, p, q, x = random_setup(4, batch=(8,))
     p = p.scatter(-1, x.unsqueeze(-1), 0.0)
     p = p / p.sum(-1, keepdim=True)
-    accept = LanternRule(latent_neighbours(codebook, 24), 0.9).accept_probability(p, q, x)
-    assert (accept == 0).all()
+    for greedy in (False, True):
+        rule = LanternRule(latent_neighbours(codebook, 24), 0.9, greedy=greedy)
+        assert (rule.accept_probability(p, q, x) == 0).all()
+        assert (rule.residual(p, q, x).gather(-1, x.unsqueeze(-1)) == 0).all()
 
 
 def test_greedy_accepts_exactly_when_the_draft_is_the_argmax_of_the_distorted_target():

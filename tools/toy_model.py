@@ -76,9 +76,9 @@ class ToyModel:
     def sequences(self) -> list[tuple[int, ...]]:
         return list(itertools.product(range(self.vocab_size), repeat=self.num_tokens))
 
-    def exact_joint(self, label: int, cfg_scale=1.0, temperature=1.0, top_k=0) -> torch.Tensor:
+    def exact_joint(self, label: int, cfg_scale=1.0, temperature=1.0, top_k=0, top_p=1.0) -> torch.Tensor:
         """Probability of every sequence (in ``sequences()`` order) under plain AR sampling,
-        computed straight from the definitions: CFG mix, temperature, top-k, softmax."""
+        computed straight from the definitions: CFG mix, temperature, top-k, top-p, softmax."""
         probs = []
         for seq in self.sequences():
             total = 1.0
@@ -95,7 +95,15 @@ class ToyModel:
                 if top_k:
                     kth = sorted(logits.tolist(), reverse=True)[top_k - 1]
                     logits = torch.where(logits >= kth, logits, torch.tensor(float("-inf"), dtype=torch.float64))
-                total *= float(torch.softmax(logits, 0)[seq[pos]])
+                step = torch.softmax(logits, 0)
+                if top_p < 1.0:  # keep the most likely codes until their mass first exceeds top_p
+                    kept, mass = torch.zeros_like(step), 0.0
+                    for code in sorted(range(self.vocab_size), key=lambda c: -float(step[c])):
+                        if mass > top_p:
+                            break
+                        kept[code], mass = step[code], mass + float(step[code])
+                    step = kept / kept.sum()
+                total *= float(step[seq[pos]])
             probs.append(total)
         return torch.tensor(probs, dtype=torch.float64)
 
