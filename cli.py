@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 from .errors import FastARError, FastARWarning
+from .samplers.acceptance import PROB_FILTERS
 from .samplers.decoders import DECODERS, LOSSLESS, NEEDS_DRAFTER, DecoderSpec
 from .samplers.drafts import COUPLINGS, INIT_STRATEGIES
 from .samplers.processing import SamplingSettings
@@ -34,7 +35,11 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--coupling", choices=COUPLINGS, default=SPEC_DEFAULTS.coupling,
                    help="SJD/GSD: how drafts are redrawn after a rejection (all lossless)")
     p.add_argument("--group", type=int, default=SPEC_DEFAULTS.group, help="GSD group size G (1 = SJD)")
-    p.add_argument("--prob-threshold", type=float, default=SPEC_DEFAULTS.prob_threshold, help="GSD delta")
+    p.add_argument("--prob-threshold", type=float, default=SPEC_DEFAULTS.prob_threshold,
+                   help="GSD delta: drop group members whose probability differs from the draft's by more")
+    p.add_argument("--prob-filter", choices=PROB_FILTERS, default=SPEC_DEFAULTS.prob_filter,
+                   help="GSD: measure that difference relative to the larger probability (means the same on "
+                   "confident and flat models) or absolute (the paper's rule)")
     p.add_argument("--distance-threshold", type=float, default=SPEC_DEFAULTS.distance_threshold,
                    help="GSD d: keep group members among the draft's nearest codes (0.5 = nearer half, 1 = all)")
     p.add_argument("--drafter", help="spec/lantern/gsd: a drafter to draft chains with: a LANTERN/EAGLE drafter "
@@ -81,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", required=True, help="output folder for bench.json, bench.md, pareto.png")
     bench.add_argument("--sweep-samples", type=int, help="images per slider-sweep point (default: half of --samples)")
     bench.add_argument("--no-pareto", action="store_true", help="skip the slider sweeps (faster)")
+    bench.add_argument("--toy-rows", type=int, default=20000,
+                       help="samples per setting for the relaxed decoders' total-variation distance on the toy")
 
     drafter = sub.add_parser("train-drafter", help="train a drafter (EAGLE head or small AR) on a target's samples")
     add_drafter_training_args(drafter)
@@ -89,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def spec_from(args, decoder: str) -> DecoderSpec:
     return DecoderSpec(decoder=decoder, window=args.window, init=args.init, coupling=args.coupling,
-                       group=args.group, prob_threshold=args.prob_threshold,
+                       group=args.group, prob_threshold=args.prob_threshold, prob_filter=args.prob_filter,
                        distance_threshold=args.distance_threshold, gamma=args.gamma, lantern_k=args.lantern_k,
                        lantern_delta=args.lantern_delta)
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 import torch
 from comfy_api.latest import io
 
-from ..errors import FastARError
+from ..errors import FastARError, check_choice
 from ..model_loaders.eagle_drafter import EagleHead
 from ..model_loaders.protocol import CaptionConditioning, ClassConditioning
 from ..pipeline import class_conditioning
+from ..samplers.acceptance import PROB_FILTERS
 from ..samplers.decoders import DecoderSpec, decode
-from ..samplers.drafts import COUPLINGS, INIT_STRATEGIES, check_choice
+from ..samplers.drafts import COUPLINGS, INIT_STRATEGIES
 from ..samplers.processing import SamplingSettings
 from . import comfy_glue as glue
 from .loader_nodes import FastARConditioning, FastARDrafter, FastARModel, FastARVQ
@@ -139,7 +140,7 @@ class SamplerBase(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, top_p, init=None, coupling=None):
+    def validate_inputs(cls, top_p, init=None, coupling=None, prob_filter=None):
         """Before the run, what ComfyUI's own checks do not cover: top_p must be above 0 (the slider starts at
         0), and the choices (ComfyUI 0.3.75 does not check V3 combo values; newer versions do). Inputs named
         here skip ComfyUI's checks, so the other widgets keep its range and type checks."""
@@ -151,6 +152,8 @@ class SamplerBase(io.ComfyNode):
                 check_choice("initialisation", init, INIT_STRATEGIES)
             if coupling is not None:
                 check_choice("coupling", coupling, COUPLINGS)
+            if prob_filter is not None:
+                check_choice("GSD probability filter", prob_filter, PROB_FILTERS)
         except FastARError as e:
             return str(e)
         return True
@@ -302,18 +305,23 @@ class SamplerGSD(SamplerSJD):
                          tooltip="Group size G, the speed/quality slider: how many similar codes may stand in for a "
                                  "draft. 1 = exactly SJD (lossless); larger is faster and less faithful."),
             slider("prob_threshold", SPEC.prob_threshold, 0.0, 1.0, 0.01,
-                   "Drop group members whose probability differs from the draft's by more than this."),
+                   "Drop group members whose probability differs from the draft's by more than this (see "
+                   "prob_filter for how the difference is measured)."),
             slider("distance_threshold", SPEC.distance_threshold, 0.0, 1.0, 0.01,
                    "Drop group members that are not among the draft's nearest codes: 0.5 keeps the nearer half "
                    "of the codebook (by code-embedding distance), 1.0 keeps all."),
             gamma_input(optional=True),  # optional: prompts saved before it existed stay valid
+            io.Combo.Input("prob_filter", options=list(PROB_FILTERS), default=SPEC.prob_filter, optional=True,
+                           tooltip="How prob_threshold measures a member's probability gap: relative to the larger "
+                                   "of the two probabilities (means the same on confident and flat models), or "
+                                   "absolute (the GSD paper's rule, tuned on flat distributions)."),
         ]
 
     @classmethod
     def spec(cls, group=SPEC.group, prob_threshold=SPEC.prob_threshold,
-             distance_threshold=SPEC.distance_threshold, **jacobi) -> DecoderSpec:
+             distance_threshold=SPEC.distance_threshold, prob_filter=SPEC.prob_filter, **jacobi) -> DecoderSpec:
         return super().spec(group=group, prob_threshold=prob_threshold, distance_threshold=distance_threshold,
-                            **jacobi)
+                            prob_filter=prob_filter, **jacobi)
 
 
 class SamplerSpeculative(SamplerBase):

@@ -11,10 +11,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..errors import FastARError
+from ..errors import FastARError, check_choice
 from .processing import probabilities
+from .table_cache import cached_table
 
 _TINY = 1e-12
+PROB_FILTERS = ("relative", "absolute")  # GSD's probability-closeness filters
 
 
 def at(dist: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -54,9 +56,13 @@ class ExactRule:
 class GroupedRule(ExactRule):
     """GSD: accept x when its dynamic cluster's target mass covers its draft mass.
 
-    The cluster is the codes whose rank under p is within ``group // 2`` of x's rank, minus those whose
-    probability differs from p(x) by more than ``prob_threshold`` or that lie farther from x than
-    ``distance_threshold``. Codes outside the target's support (cut by top-k/top-p) are never accepted.
+    The cluster is the 2 * (group // 2) + 1 codes whose rank under p is within ``group // 2`` of x's rank
+    (so an even G and G + 1 give the same cluster), minus the codes whose probability is not close to
+    p(x) or that lie farther from x than ``distance_threshold``. Codes outside the target's support (cut
+    by top-k/top-p) are never accepted.
+    Probability closeness (``prob_filter``): "absolute" is the paper's |p(c) - p(x)| <= prob_threshold,
+    tuned on flat distributions (a confident model leaves no member within 0.15 of a likely draft);
+    "relative" is |p(c) - p(x)| <= prob_threshold * max(p(c), p(x)), which means the same at every scale.
     Distance is rank-based, so one threshold means the same on every model: D(x, c) is the fraction of
     codes nearer to x than c is (0.5 keeps the nearer half). Raw L2 distances in a wide embedding table
     all sit close to their mean, where any absolute or mean-scaled threshold keeps everything or nothing.
@@ -67,6 +73,7 @@ class GroupedRule(ExactRule):
     embeddings: torch.Tensor  # [V, D]
     prob_threshold: float = 0.15
     distance_threshold: float = 0.5
+    prob_filter: str = "absolute"
     name = "grouped"
 
     def __post_init__(self):
@@ -75,6 +82,7 @@ class GroupedRule(ExactRule):
         if self.prob_threshold < 0 or not 0 <= self.distance_threshold <= 1:
             raise FastARError("GSD thresholds: the probability gap must be >= 0 and the distance (a fraction "
                               "of the codes) between 0 and 1")
+        check_choice("GSD probability filter", self.prob_filter, PROB_FILTERS)
         self.embeddings = self.embeddings.detach().float()
         self.radius = neighbourhood_radius(self.embeddings, self.distance_threshold)
 
@@ -89,9 +97,11 @@ class GroupedRule(ExactRule):
         in_range = (ranks >= 0) & (ranks < p.shape[-1])
         members = order.gather(-1, ranks.clamp(0, p.shape[-1] - 1))
         p_members, q_members = p.gather(-1, members), q.gather(-1, members)
-        close_prob = (p_members - at(p, x).unsqueeze(-1)).abs() <= self.prob_threshold
-        e, radius = self.embeddings.to(p.device), self.radius.to(p.device)
-        close_code = (e[members] - e[x].unsqueeze(-2)).pow(2).sum(-1) <= radius[x].unsqueeze(-1)
+        p_x = at(p, x).unsqueeze(-1)
+        scale = torch.maximum(p_members, p_x) if self.prob_filter == "relative" else 1.0
+        close_prob = (p_members - p_x).abs() <= self.prob_threshold * scale
+        e = self.embeddings
+        close_code = (e[members] - e[x].unsqueeze(-2)).pow(2).sum(-1) <= self.radius[x].unsqueeze(-1)
         keep = in_range & close_prob & close_code
         p_group = (p_members * keep).sum(-1)
         q_group = (q_members * keep).sum(-1)
@@ -105,17 +115,22 @@ def without_a(p, members, mass, in_a):
     return p.scatter(-1, members, torch.where(in_a, 0.0, mass))
 
 
-def neighbourhood_radius(embeddings: torch.Tensor, fraction: float, reference: int = 2048, chunk: int = 1024):
-    """Per code, the squared L2 radius holding ``fraction`` of all codes, estimated against a fixed
-    sample of ``reference`` codes (exact when the table is smaller)."""
+def neighbourhood_radius(embeddings: torch.Tensor, fraction: float) -> torch.Tensor:
+    """Per code, the squared L2 radius holding ``fraction`` of all codes, on the table's device; computed
+    once per table (seconds for a 16384-code table)."""
+    return cached_table("gsd_radius", embeddings, (float(fraction),), lambda e: _radius(e, fraction))
+
+
+def _radius(embeddings: torch.Tensor, fraction: float, reference: int = 2048, chunk: int = 1024):
+    """Estimated against a fixed sample of ``reference`` codes (exact when the table is smaller)."""
     V = embeddings.shape[0]
     if fraction >= 1.0:
-        return torch.full((V,), float("inf"))
+        return torch.full((V,), float("inf"), device=embeddings.device)
     sample = torch.randperm(V, generator=torch.Generator().manual_seed(0))[:reference]
     ref = embeddings[sample.to(embeddings.device)]
     k = max(1, math.ceil(fraction * ref.shape[0]))
     radii = [torch.cdist(part, ref).pow(2).kthvalue(k, dim=-1).values for part in embeddings.split(chunk)]
-    return torch.cat(radii).cpu()
+    return torch.cat(radii)
 
 
 @dataclass

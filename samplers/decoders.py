@@ -16,6 +16,7 @@ from .jacobi import ar_decode, jacobi_decode
 from .latent_neighbours import latent_neighbours
 from .processing import SamplingSettings
 from .speculative import speculative_decode
+from .stats import Stopwatch
 from .verifier import ProgressFn
 
 DECODERS = ("ar", "sjd", "gsd", "spec", "lantern")
@@ -32,6 +33,7 @@ class DecoderSpec:
     coupling: str = "independent"
     group: int = 10  # GSD cluster size G (1 = SJD)
     prob_threshold: float = 0.15  # GSD: drop cluster members whose p differs more than this
+    prob_filter: str = "absolute"  # GSD: how the gap is measured: "absolute" (the paper's) or "relative"
     distance_threshold: float = 0.5  # GSD: keep members among the nearest this fraction of codes
     gamma: int = 4  # drafter: drafts per target forward
     lantern_k: int = 1000  # LANTERN: latent neighbours considered per draft (capped at the codebook size)
@@ -47,7 +49,8 @@ def make_generator(seed: int, device) -> torch.Generator:
 
 def make_rule(spec: DecoderSpec, model, sampling: SamplingSettings, codebook):
     if spec.decoder == "gsd":
-        return GroupedRule(spec.group, model.code_embeddings(), spec.prob_threshold, spec.distance_threshold)
+        return GroupedRule(spec.group, model.code_embeddings(), spec.prob_threshold, spec.distance_threshold,
+                           spec.prob_filter)
     if spec.decoder == "lantern":
         if codebook is None:
             raise FastARError("LANTERN needs the VQ decoder's codebook to find latent neighbours: load the VQ "
@@ -75,13 +78,15 @@ def decode(model, conditioning, sampling: SamplingSettings, spec: DecoderSpec, *
         raise FastARError(f"the '{spec.decoder}' decoder does not use a drafter: choose one of "
                           f"{', '.join(WITH_DRAFTER)}, or remove the drafter")
     generator = make_generator(seed, model.device)
+    watch = Stopwatch(model.device)  # from here on: the generation's setup counts in its wall time
     if spec.decoder == "ar":
-        return ar_decode(model, conditioning, sampling, generator=generator, on_iteration=on_iteration)
+        return ar_decode(model, conditioning, sampling, generator=generator, on_iteration=on_iteration, watch=watch)
     rule = make_rule(spec, model, sampling, codebook)
+    watch.lap("setup")
     if drafter is not None:
         return speculative_decode(model, drafter, conditioning, sampling, generator=generator, gamma=spec.gamma,
-                                  rule=rule, name=spec.decoder, on_iteration=on_iteration)
+                                  rule=rule, name=spec.decoder, on_iteration=on_iteration, watch=watch)
     return jacobi_decode(
         model, conditioning, sampling, generator=generator, window=spec.window, init=spec.init,
-        coupling=spec.coupling, rule=rule, name=spec.decoder, on_iteration=on_iteration,
+        coupling=spec.coupling, rule=rule, name=spec.decoder, on_iteration=on_iteration, watch=watch,
     )

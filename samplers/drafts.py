@@ -8,18 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import FastARError
+from ..errors import check_choice
 from .acceptance import ExactRule, positive_residual
-from .processing import gumbel, sample, uniform
+from .processing import counter_gumbel, counter_key, sample, uniform
 
 INIT_STRATEGIES = ("random", "horizontal", "vertical", "sample-left", "sample-above")
 COUPLINGS = ("independent", "maximal", "gumbel")
-
-
-def check_choice(kind: str, value: str, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise FastARError(f"unknown {kind} '{value}': choose one of {', '.join(choices)}")
-    return value
 
 
 class DraftSource:
@@ -29,13 +23,12 @@ class DraftSource:
         self.init = check_choice("initialisation", init, INIT_STRATEGIES)
         self.coupling = check_choice("coupling", coupling, COUPLINGS)
         self.L, self.V, self.width = drafts, vocab, grid[1]
-        self.num_tokens = grid[0] * grid[1]
         self.gen = generator
         dev = generator.device
         if self.coupling == "gumbel":
-            # one noise vector per absolute position, fixed for the whole generation, so the drafts
-            # do not depend on the window size or the schedule
-            self.noise = gumbel((batch, self.num_tokens + drafts + 1, vocab), generator)
+            # one noise vector per absolute position, fixed for the whole generation (derived from this key,
+            # not stored), so the drafts do not depend on the window size or the schedule
+            self.noise_key = counter_key(generator)
         if self.init == "sample-above":
             # latest target distribution of each position, kept for one row plus one window
             self.ring = self.width + drafts + 1
@@ -52,8 +45,7 @@ class DraftSource:
         """Next drafts for every output slot ``[B, L+1]`` given outputs ``p`` [B, L+1, V] and the
         current drafts ``x``, ``q``; each has law exactly ``p`` of its slot."""
         if self.coupling == "gumbel":
-            g = self.noise.gather(1, positions.unsqueeze(-1).expand_as(p))
-            return (p.log() + g).argmax(-1)
+            return (p.log() + counter_gumbel(self.noise_key, positions, self.V)).argmax(-1)
         fresh = sample(p, self.gen)
         if self.coupling == "independent":
             return fresh

@@ -5,7 +5,8 @@ Jacobi iteration, per row (rows advance independently):
   acceptance rule -> fix the first rejected slot from the rule's residual (or a bonus token from the
   last output when all pass) -> the outputs after it become next drafts (coupling) -> new slots at the
   window's end are initialised -> repeat.
-One device-to-host sync per iteration (the rows' progress); everything else stays on the device.
+One device-to-host sync per iteration (the rows' progress) besides the stopwatch's; everything else stays on
+the device.
 """
 from __future__ import annotations
 
@@ -22,9 +23,10 @@ from .verifier import ProgressFn, TokenBuffer, begin, finish, progress, verify_w
 
 
 @torch.no_grad()
-def ar_decode(model, conditioning, sampling: SamplingSettings, *, generator, on_iteration: Optional[ProgressFn] = None):
+def ar_decode(model, conditioning, sampling: SamplingSettings, *, generator, on_iteration: Optional[ProgressFn] = None,
+              watch: Optional[Stopwatch] = None):
     """The baseline: one target forward per token, static cache, batched CFG, no host syncs."""
-    watch = Stopwatch()
+    watch = watch or Stopwatch(model.device)
     session, p0, stats = begin(model, conditioning, sampling, 1, "ar", {})
     B, N = conditioning.batch, model.grid[0] * model.grid[1]
     seq = torch.empty(B, N, dtype=torch.long, device=model.device)
@@ -55,6 +57,7 @@ def jacobi_decode(
     rule=None,
     name: str = "sjd",
     on_iteration: Optional[ProgressFn] = None,
+    watch: Optional[Stopwatch] = None,
 ):
     """Speculative Jacobi decoding. ``window`` = tokens per forward (last fixed token + drafts), so at
     most ``window`` tokens are fixed per iteration. Lossless with the exact rule."""
@@ -64,7 +67,7 @@ def jacobi_decode(
     if window < 2:
         raise FastARError(f"Jacobi window {window} is too small: use at least 2 (1 is plain AR)")
     L = min(window - 1, N - 1)  # draft slots
-    watch = Stopwatch()
+    watch = watch or Stopwatch(dev)
     settings = {"window": window, "init": init, "coupling": coupling, "rule": rule.name}
     session, p0, stats = begin(model, conditioning, sampling, L + 1, name, settings)
     drafts = DraftSource(init, coupling, batch=B, drafts=L, grid=(h, w), vocab=V, generator=generator)

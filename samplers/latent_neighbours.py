@@ -1,17 +1,13 @@
 """LANTERN's B_k: for every code, its k nearest codes in the VQ latent space (itself first).
 
-Computed once per codebook and kept in a small cache, so each generation only gathers rows.
+Computed once per codebook (see table_cache), so each generation only gathers rows.
 """
 from __future__ import annotations
-
-from collections import OrderedDict
 
 import torch
 
 from ..errors import FastARError
-
-_CACHE: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
-_CACHE_SIZE = 4
+from .table_cache import cached_table
 
 
 def latent_neighbours(codebook: torch.Tensor, k: int, chunk: int = 1024) -> torch.Tensor:
@@ -23,10 +19,11 @@ def latent_neighbours(codebook: torch.Tensor, k: int, chunk: int = 1024) -> torc
     codes = codebook.detach().float()
     V = codes.shape[0]
     k = min(int(k), V)
-    key = _fingerprint(codes) + (k,)
-    if key in _CACHE:
-        _CACHE.move_to_end(key)
-        return _CACHE[key]
+    return cached_table("latent_neighbours", codes, (k,), lambda c: _nearest(c, k, chunk))
+
+
+def _nearest(codes: torch.Tensor, k: int, chunk: int) -> torch.Tensor:
+    V = codes.shape[0]
     index_dtype = torch.int16 if V <= torch.iinfo(torch.int16).max else torch.int32
     rows = []
     for first in range(0, V, chunk):
@@ -35,15 +32,4 @@ def latent_neighbours(codebook: torch.Tensor, k: int, chunk: int = 1024) -> torc
         own = torch.arange(first, first + part.shape[0], device=codes.device)
         dist[torch.arange(part.shape[0]), own] = -1.0  # itself first, whatever ties
         rows.append(dist.topk(k, dim=-1, largest=False, sorted=True).indices.to(index_dtype))
-    table = torch.cat(rows)
-    _CACHE[key] = table
-    if len(_CACHE) > _CACHE_SIZE:
-        _CACHE.popitem(last=False)
-    return table
-
-
-def _fingerprint(codes: torch.Tensor) -> tuple:
-    """Identifies a codebook by content (VQ loaders may hand out a fresh normalised tensor per call)."""
-    weights = torch.arange(1, codes.numel() + 1, device=codes.device, dtype=torch.float64).view_as(codes)
-    c = codes.double()
-    return tuple(codes.shape), str(codes.device), float(c.sum()), float((c * weights).sum())
+    return torch.cat(rows)

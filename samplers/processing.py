@@ -66,6 +66,39 @@ def uniform(shape, generator: torch.Generator) -> torch.Tensor:
     return torch.rand(shape, generator=generator, device=generator.device)
 
 
-def gumbel(shape, generator: torch.Generator) -> torch.Tensor:
-    u = uniform(shape, generator).clamp_(1e-20, 1.0 - 1e-7)
-    return -torch.log(-torch.log(u))
+_MASK32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """``x * c mod 2**32`` for x in [0, 2**32) in int64, split so that no product passes 2**48."""
+    hi, lo = c >> 16, c & 0xFFFF
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _MASK32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit avalanche mix (xor-shift-multiply; every input bit flips about half the output bits)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def counter_key(generator: torch.Generator) -> int:
+    """A 32-bit key for ``counter_gumbel``, drawn once from the generation's generator."""
+    return int(torch.randint(0, 2**32, (1,), generator=generator, device=generator.device, dtype=torch.int64))
+
+
+def counter_gumbel(key: int, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Gumbel(0, 1) noise ``[B, W, V]`` for every (row, absolute position, code): a hash of the key and
+    those three counters, so the same position always gets the same noise whatever the window or the
+    schedule, and memory is only that of the window."""
+    B = positions.shape[0]
+    dev = positions.device
+    rows = torch.arange(B, device=dev).view(B, 1, 1)
+    codes = torch.arange(vocab, device=dev).view(1, 1, vocab)
+    h = _mix32((rows + ((key * 0x9E3779B9) & _MASK32)) & _MASK32)  # a stream per row, then per position, then per code
+    h = _mix32(h ^ (positions.unsqueeze(-1).long() & _MASK32))
+    h = _mix32((h + codes * 0x9E3779B9) & _MASK32)
+    u = (h.double() + 0.5) / 2.0**32  # in (0, 1), never 0 or 1
+    return (-torch.log(-torch.log(u))).float()

@@ -31,6 +31,7 @@ def speculative_decode(
     rule=None,
     name: str = "spec",
     on_iteration: Optional[ProgressFn] = None,
+    watch: Optional[Stopwatch] = None,
 ):
     """Draft-then-verify decoding. ``gamma`` = drafts per target forward; at most gamma + 1 tokens are
     fixed per forward. Lossless with the exact rule."""
@@ -39,7 +40,7 @@ def speculative_decode(
         raise FastARError(f"gamma {gamma} is too small: draft at least 1 token per target forward")
     N, B, dev = model.grid[0] * model.grid[1], conditioning.batch, model.device
     L = min(gamma, N - 1)
-    watch = Stopwatch()
+    watch = watch or Stopwatch(dev)
     settings = {"gamma": gamma, "drafter": drafter.name, "rule": rule.name}
     session, p0, stats = begin(model, conditioning, sampling, L + 1, name, settings, hidden=drafter.needs_target_hidden)
     draft_session = drafter.start(conditioning, cfg=sampling.use_cfg, max_window=L + 1, target_session=session)

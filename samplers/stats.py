@@ -17,7 +17,8 @@ class DecodeStats:
     drafter_forwards: int = 0
     accepted_per_iteration: list[list[int]] = field(default_factory=list)  # [iteration][row]
     fixed_at: list[list[int]] = field(default_factory=list)  # [row][token]: iteration that fixed it (0 = prefill)
-    wall_time_s: float = 0.0
+    wall_time_s: float = 0.0  # everything the generation waited for, per-generation setup included
+    setup_time_s: float = 0.0  # e.g. building GSD's or LANTERN's per-codebook tables (cached after the first)
     forward_time_s: float = 0.0
     verify_time_s: float = 0.0
     drafter_time_s: float = 0.0
@@ -60,6 +61,7 @@ class DecodeStats:
             "accepted_per_iteration": self.accepted_per_iteration,
             "fixed_at": self.fixed_at,
             "wall_time_s": self.wall_time_s,
+            "setup_time_s": self.setup_time_s,
             "forward_time_s": self.forward_time_s,
             "verify_time_s": self.verify_time_s,
             "drafter_time_s": self.drafter_time_s,
@@ -68,20 +70,28 @@ class DecodeStats:
 
 
 class Stopwatch:
-    """Accumulates host time per phase. On a GPU the split is the host's view (launches are
-    asynchronous); the per-iteration sync makes the total exact."""
+    """Accumulates time per phase. GPU work is asynchronous, so every clock read that ends a timed region
+    first waits for the device: the phases and the total are what the user waits, not launch times."""
 
-    def __init__(self):
+    def __init__(self, device=None):
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.totals: dict[str, float] = {}
-        self._start = self._last = time.perf_counter()
+        self._start = self._last = self._now()
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elif self.device.type == "mps":
+            torch.mps.synchronize()
+        return time.perf_counter()
 
     def lap(self, phase: str) -> None:
-        now = time.perf_counter()
+        now = self._now()
         self.totals[phase] = self.totals.get(phase, 0.0) + now - self._last
         self._last = now
 
     def elapsed(self) -> float:
-        return time.perf_counter() - self._start
+        return self._now() - self._start
 
 
 def acceptance_heatmap(fixed_at: list[int] | torch.Tensor, grid: tuple[int, int], scale: int = 16) -> np.ndarray:

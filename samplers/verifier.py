@@ -52,6 +52,7 @@ def begin(model, conditioning, sampling: SamplingSettings, width: int, name: str
 
 def finish(stats: DecodeStats, watch: Stopwatch, fixed_counts: list, fixed_at: torch.Tensor, n_tokens: int):
     stats.wall_time_s = watch.elapsed()
+    stats.setup_time_s = watch.totals.get("setup", 0.0)
     stats.forward_time_s = watch.totals.get("forward", 0.0)
     stats.verify_time_s = watch.totals.get("verify", 0.0)
     stats.drafter_time_s = watch.totals.get("draft", 0.0)

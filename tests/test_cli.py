@@ -103,25 +103,59 @@ def test_bad_drafter_settings_give_a_clear_error(tmp_path, args, message):
 
 
 @needs_demo
-def test_bench_writes_json_markdown_and_pareto(tmp_path):
-    r = fastar("bench", "--decoders", "ar,sjd,gsd,spec,lantern-jacobi", "--samples", 8, "--timing-runs", 1,
-               "--sweep-samples", 4, "--out", tmp_path / "b", cwd=tmp_path)
+def test_bench_smoke_writes_json_and_markdown(tmp_path):
+    """A smoke run: fewest samples, no sweeps (the statistics live in the exactness tests)."""
+    r = fastar("bench", "--decoders", "ar,sjd,spec,lantern-jacobi", "--samples", 2, "--timing-runs", 1,
+               "--no-pareto", "--toy-rows", 500, "--out", tmp_path / "b", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "b" / "bench.json").read_text())
-    for name in ("ar", "sjd", "gsd", "spec", "lantern-jacobi"):
-        result = report["results"][name]
+    assert set(report["results"]) == {"ar", "sjd", "spec", "lantern-jacobi"} and "pareto" not in report
+    for result in report["results"].values():
         for key in ("step_compression", "latency_ratio", "class_accuracy", "frechet", "drafter_time_share"):
-            assert key in result
+            assert np.isfinite(result[key])
     assert report["results"]["spec"]["drafter_forwards_per_image"] > 0 < report["results"]["spec"]["drafter_time_share"]
     assert report["results"]["lantern-jacobi"]["drafter_forwards_per_image"] == 0
-    tv = report["toy_tv"]
-    assert tv["lantern_drafter_by_delta"]["0.4"] > tv["lantern_drafter_by_delta"]["0.0"]
-    assert {p["series"] for p in report["pareto"]} >= {"LANTERN (delta)", "GSD (group size)"}
+    assert report["toy_tv"]["rows"] == 500 and set(report["toy_tv"]["gsd_by_group"]) == {"1", "3", "5"}
     assert report["results"]["ar"]["step_compression"] == pytest.approx(256 / 255)
     assert report["results"]["ar"]["latency_ratio"] == pytest.approx(1.0)
     assert report["results"]["sjd"]["step_compression"] > 1.2
     assert (tmp_path / "b" / "bench.md").read_text().startswith("# FastAR benchmark")
-    assert Image.open(tmp_path / "b" / "pareto.png").size[0] > 400
+    assert not (tmp_path / "b" / "pareto.png").exists()
+
+
+@needs_demo
+def test_bench_sweeps_every_slider_and_plots_the_pareto_front(tmp_path, monkeypatch):
+    from fastar.pipeline import load_models
+    from fastar.samplers.decoders import DecoderSpec
+    from fastar.samplers.processing import SamplingSettings
+    from fastar.tools import bench
+    from fastar.tools.classifier import classify, load_classifier
+    from fastar.tools.demo_data import make_batch
+
+    for name, values in (("SWEEP_GROUPS", (1, 10)), ("SWEEP_WINDOWS", (4,)), ("SWEEP_DELTAS", (0.0, 0.4)),
+                         ("SWEEP_KS", (1,))):
+        monkeypatch.setattr(bench, name, values)
+    models = load_models(None, None, "cpu", drafter_path="demo")
+    judge = load_classifier()
+    reference = classify(judge, make_batch(np.random.default_rng(0), 16)[0])[1]
+    points = bench.sweep(models, judge, SamplingSettings(), DecoderSpec(), [0, 1], 0, reference)
+    assert {(p["series"], p["value"]) for p in points} == {
+        ("GSD (group size)", 1), ("GSD (group size)", 10), ("SJD independent (window)", 4),
+        ("SJD maximal (window)", 4), ("LANTERN (delta)", 0.0), ("LANTERN (delta)", 0.4),
+        ("LANTERN (k, delta=0.2)", 1)}
+    assert all(p["drafter"] for p in points if p["series"].startswith("LANTERN"))
+    results = {"ar": {"step_compression": 1.0, "class_accuracy": 1.0, "frechet": 1.0}}
+    bench.plot_pareto(points, results, tmp_path / "pareto.png")
+    assert Image.open(tmp_path / "pareto.png").size[0] > 400
+
+
+def test_bench_without_matplotlib_says_what_to_install(monkeypatch):
+    from fastar.errors import FastARError
+    from fastar.tools import bench
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    with pytest.raises(FastARError, match="pip install matplotlib, or run the benchmark with --no-pareto"):
+        bench.require_matplotlib()
 
 
 def test_text_to_image_from_an_official_pickle_and_a_local_t5_folder(tmp_path):

@@ -111,6 +111,97 @@ def test_group_distance_is_scale_free():
     assert small < everything  # the filter did drop someone
 
 
+def test_relative_probability_filter_means_the_same_at_every_scale():
+    """The paper's absolute gap drops every member next to a confident draft; the relative one keeps the
+    members within the same ratio whether the draft holds 0.6 or 0.006 of the mass."""
+    q = torch.tensor([[[0.05, 0.0, 0.05, 0.9, 0.0, 0.0]]])
+    x = torch.tensor([[3]])
+    confident = torch.tensor([[[0.1, 0.3, 0.05, 0.5, 0.05, 0.0]]])  # code 1: gap 0.2 = 0.4 of max(p)
+    flat = confident * 0.01
+    flat[..., 0] = 1 - flat[..., 1:].sum()  # the rest of the mass on code 0, now ranked first: far off
+    by_hand = (0.5 + 0.3) / 0.9  # x and code 1 kept: p and q scale alike, the ratio does not move
+    for p in (confident, flat):
+        relative = grouped(3, prob_filter="relative", prob_threshold=0.5, distance_threshold=1.0)
+        accepted = relative.accept_probability(p, q, x)
+        assert torch.allclose(accepted, torch.tensor([[by_hand]]) * p[0, 0, 3] / 0.5)
+        assert torch.allclose(accepted / ExactRule().accept_probability(p, q, x), torch.tensor([[1.6]]))
+    # a tighter ratio drops code 1 at both scales; the absolute 0.15 drops it only next to the confident draft
+    tight = grouped(3, prob_filter="relative", prob_threshold=0.3, distance_threshold=1.0)
+    absolute = grouped(3, prob_threshold=0.15, distance_threshold=1.0)
+    for p in (confident, flat):
+        assert torch.allclose(tight.accept_probability(p, q, x), ExactRule().accept_probability(p, q, x))
+    assert torch.allclose(absolute.accept_probability(confident, q, x), ExactRule().accept_probability(confident, q, x))
+    assert absolute.accept_probability(flat, q, x) > ExactRule().accept_probability(flat, q, x)
+    with pytest.raises(FastARError, match="GSD probability filter"):
+        grouped(3, prob_filter="ratio")
+
+
+def test_gsd_radius_is_computed_once_per_table_and_stays_on_its_device(monkeypatch):
+    from fastar.samplers import acceptance
+
+    calls = []
+    real = acceptance._radius
+    monkeypatch.setattr(acceptance, "_radius", lambda e, f: calls.append(f) or real(e, f))
+    table = torch.randn(40, 4, generator=torch.Generator().manual_seed(11))
+    first = GroupedRule(5, table, distance_threshold=0.3)
+    again = GroupedRule(5, table.clone(), distance_threshold=0.3)  # same content, a fresh tensor
+    GroupedRule(5, table, distance_threshold=0.6)
+    assert calls == [0.3, 0.6]
+    assert again.radius is first.radius and first.radius.device == table.device
+
+
+def test_setup_counts_in_the_wall_time(monkeypatch):
+    """Building a rule's tables is part of what the user waits for."""
+    import time as clock
+    from fastar.samplers import decoders
+
+    model = tiny_model()
+    real = decoders.make_rule
+    monkeypatch.setattr(decoders, "make_rule", lambda *a: clock.sleep(0.3) or real(*a))
+    _, stats = decode(model, tiny_conditioning(model), SamplingSettings(), DecoderSpec("gsd", window=4), seed=0)
+    assert stats.setup_time_s >= 0.3 and stats.wall_time_s >= stats.setup_time_s + stats.forward_time_s
+
+
+def test_stopwatch_waits_for_the_gpu_before_every_clock_read(monkeypatch):
+    from fastar.samplers import stats as stats_module
+
+    events = []
+    monkeypatch.setattr(stats_module.torch.cuda, "synchronize", lambda device=None: events.append("sync"))
+    real_clock = stats_module.time.perf_counter
+    monkeypatch.setattr(stats_module.time, "perf_counter", lambda: events.append("clock") or real_clock())
+    watch = stats_module.Stopwatch(torch.device("cuda", 0))
+    watch.lap("forward")
+    watch.elapsed()
+    assert events == ["sync", "clock"] * 3
+    events.clear()
+    stats_module.Stopwatch(torch.device("cpu")).lap("forward")
+    assert events == ["clock", "clock"]
+
+
+def test_gumbel_noise_is_fixed_per_position_whatever_the_window():
+    from fastar.samplers.processing import counter_gumbel, counter_key
+
+    key = counter_key(torch.Generator().manual_seed(0))
+    wide = counter_gumbel(key, torch.arange(10, 20).view(1, 10).expand(3, 10), 7)
+    narrow = counter_gumbel(key, torch.tensor([[15, 16], [15, 16], [15, 16]]), 7)
+    assert torch.equal(wide[:, 5:7], narrow)
+    assert not torch.equal(wide[0], wide[1])  # each row its own stream
+    other = counter_gumbel(counter_key(torch.Generator().manual_seed(1)), torch.arange(10, 20).view(1, 10), 7)
+    assert not torch.equal(wide[:1], other)
+    # Gumbel(0, 1): mean is Euler's constant, standard deviation pi / sqrt(6)
+    many = counter_gumbel(key, torch.arange(40000).view(2, 20000), 5)
+    assert abs(many.mean().item() - 0.5772) < 0.02 and abs(many.std().item() - 1.2825) < 0.02
+
+
+def test_gumbel_coupling_keeps_no_noise_for_the_whole_image():
+    from fastar.samplers.drafts import DraftSource
+
+    source = DraftSource("random", "gumbel", batch=8, drafts=31, grid=(32, 32), vocab=16384,
+                         generator=torch.Generator().manual_seed(0))
+    assert not [name for name, value in vars(source).items()
+                if isinstance(value, torch.Tensor) and value.numel() > 8 * 32 * 16384]
+
+
 @pytest.mark.parametrize("decoder", ["ar", "sjd", "gsd"])
 def test_same_seed_same_tokens_other_seed_other_tokens(decoder):
     model = tiny_model()

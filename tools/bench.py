@@ -142,13 +142,12 @@ def window_costs(model, cfg: bool, repeats: int = 20) -> dict:
     return {str(w): seconds[w] / seconds[1] for w in WINDOW_COSTS}
 
 
-def toy_total_variation(base: DecoderSpec) -> dict:
-    """Measured TV distance to the exact target on the enumerable toy (6 codes, 3 tokens, 20,000 rows)
-    for GSD per group size and LANTERN per delta, with a drafter toy and on Jacobi drafts. The exact
-    decoders' TV (G=1, delta=0) is the sampling-noise floor."""
+def toy_total_variation(base: DecoderSpec, rows: int = 20000) -> dict:
+    """Measured TV distance to the exact target on the enumerable toy (6 codes, 3 tokens) for GSD per
+    group size and LANTERN per delta, with a drafter toy and on Jacobi drafts. The exact decoders' TV
+    (G=1, delta=0) is the sampling-noise floor."""
     from .toy_model import ToyModel
 
-    rows = 20000
     toy = ToyModel(vocab=6, grid=(1, 3), num_classes=1, scale=1.5, seed=0)
     drafter = SmallARDrafter(ToyModel(vocab=6, grid=(1, 3), num_classes=1, scale=1.5, seed=1))
     sampling = SamplingSettings(cfg_scale=2.0)
@@ -197,6 +196,8 @@ def run_bench(args) -> dict:
     from .demo_data import make_batch
 
     entries = parse_entries(args.decoders, args)
+    if not args.no_pareto:
+        require_matplotlib()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -246,7 +247,7 @@ def run_bench(args) -> dict:
         "window_cost": window_costs(models.ar, sampling.use_cfg),
     }
     print("[bench] toy total-variation distance of the relaxed decoders", flush=True)
-    report["toy_tv"] = toy_total_variation(spec_from(args, "sjd"))
+    report["toy_tv"] = toy_total_variation(spec_from(args, "sjd"), args.toy_rows)
     if not args.no_pareto:
         print("[bench] slider sweeps for the Pareto plot", flush=True)
         sweep_labels = labels[: args.sweep_samples or max(num_classes, args.samples // 2)]
@@ -294,6 +295,15 @@ def markdown(report: dict) -> str:
 def sweep_label(point: dict) -> str:
     source = " with the drafter" if point["drafter"] else ""
     return f"{point['series']}{source}: {point['slider']}={point['value']}"
+
+
+def require_matplotlib() -> None:
+    """Fail before the long run, not after it, when the plot cannot be drawn."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise FastARError("the Pareto plot needs matplotlib, which FastAR does not install: pip install "
+                          "matplotlib, or run the benchmark with --no-pareto") from None
 
 
 def plot_pareto(points: list[dict], results: dict, path: Path) -> None:

@@ -6,7 +6,6 @@ features, a Frechet distance between generated and real images (an FID for the d
 from __future__ import annotations
 
 import json
-import warnings
 
 import numpy as np
 import torch
@@ -69,18 +68,22 @@ def classify(model: DemoClassifier, images, batch: int = 64):
 
 
 def frechet_distance(feats_a, feats_b) -> float:
-    """Frechet distance between Gaussians fitted to two feature sets [N, D] (the FID formula)."""
-    from scipy import linalg
+    """Frechet distance between Gaussians fitted to two feature sets [N, D] (the FID formula).
 
+    tr sqrt(A B) is computed as tr sqrt(A^1/2 B A^1/2): that matrix is symmetric positive semi-definite,
+    so symmetric eigendecompositions suffice (no scipy), and the singular covariances of few samples
+    need no regularisation (their negative rounding-error eigenvalues are clipped to 0)."""
     a, b = (np.asarray(torch.as_tensor(f).double()) for f in (feats_a, feats_b))
     mu_a, mu_b = a.mean(0), b.mean(0)
     cov_a, cov_b = np.atleast_2d(np.cov(a, rowvar=False)), np.atleast_2d(np.cov(b, rowvar=False))
-    with warnings.catch_warnings():  # few samples give singular covariances; handled below
-        warnings.simplefilter("ignore")
-        covmean = linalg.sqrtm(cov_a @ cov_b)
-        if not np.isfinite(covmean).all():  # regularise as the reference FID code does
-            eps = np.eye(len(cov_a)) * 1e-6
-            covmean = linalg.sqrtm((cov_a + eps) @ (cov_b + eps))
-    covmean = covmean.real
+    root_a = psd_sqrt(cov_a)
+    middle = root_a @ cov_b @ root_a
+    trace_covmean = np.sqrt(np.linalg.eigvalsh((middle + middle.T) / 2).clip(min=0.0)).sum()
     diff = mu_a - mu_b
-    return float(max(diff @ diff + np.trace(cov_a) + np.trace(cov_b) - 2 * np.trace(covmean), 0.0))
+    return float(max(diff @ diff + np.trace(cov_a) + np.trace(cov_b) - 2 * trace_covmean, 0.0))
+
+
+def psd_sqrt(matrix: np.ndarray) -> np.ndarray:
+    """The symmetric square root of a positive semi-definite matrix."""
+    values, vectors = np.linalg.eigh(matrix)
+    return (vectors * np.sqrt(values.clip(min=0.0))) @ vectors.T

@@ -27,7 +27,7 @@ from .demo_data import CLASS_NAMES, make_batch
 
 def model_config(vocab_size: int) -> LlamaGenConfig:
     return LlamaGenConfig(
-        dim=192, n_layer=4, n_head=6, vocab_size=vocab_size, grid=(16, 16),
+        dim=256, n_layer=4, n_head=8, vocab_size=vocab_size, grid=(16, 16), downsample=8,
         num_classes=len(CLASS_NAMES), class_names=list(CLASS_NAMES),
     )
 
