@@ -206,7 +206,7 @@ def grid_of(info: CheckpointInfo, image_size: int | None, downsample: int) -> tu
         if settings.get("block_size"):
             side = math.isqrt(int(settings["block_size"]))
             if side * side != int(settings["block_size"]):
-                raise FastARError(f"{source}: its {where} give a block size of {settings['block_size']} tokens, not "
+                raise FastARError(f"{source}: the block size in its {where} ({settings['block_size']} tokens) is not "
                                   f"a square grid, so the image size is unknown: {SIZE_HINT}")
             return side, side
     named = SIZE_IN_NAME.search(source)

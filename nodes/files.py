@@ -106,7 +106,7 @@ def read_json(path: Path) -> dict | None:
 
 
 def folder_kind(folder: Path) -> str | None:
-    """AR for a model folder (config.json/index + weights), T5 for a T5 encoder folder, DRAFTER for an
+    """AR for a model folder (config.json/index + weights of any supported suffix), T5 for a T5 encoder folder, DRAFTER for an
     EAGLE drafter folder (LANTERN's format keeps the base model's config.json with one layer), else None."""
     config = read_json(folder / "config.json") if (folder / "config.json").is_file() else None
     if config is not None and (config.get("model_type") == "t5" or "T5" in " ".join(config.get("architectures", []))):
@@ -117,8 +117,8 @@ def folder_kind(folder: Path) -> str | None:
         return DRAFTER
     if any((folder / name).is_file() for name in WEIGHT_FILES_IN_FOLDER):
         return AR
-    if config is not None and any(folder.glob("*.safetensors")):
-        return AR
+    if config is not None and any(p.is_file() and p.suffix.lower() in WEIGHT_SUFFIXES for p in folder.iterdir()):
+        return AR  # config.json + a weights file of any name (my_gpt.pt), as the loader reads it
     return None
 
 

@@ -112,7 +112,8 @@ class LoadARModel(CheckpointLoader):
                                        "fastar: path of extra_model_paths.yaml. demo_c2i.safetensors is the bundled "
                                        "demo model (8 shape classes, 128 px, runs on CPU in seconds)."),
                 io.Combo.Input("dtype", options=list(glue.DTYPE_CHOICES), default="auto", tooltip=DTYPE_TOOLTIP),
-                io.Combo.Input("image_size", options=list(IMAGE_SIZES), default="auto",
+                # optional: prompts saved before it existed stay valid
+                io.Combo.Input("image_size", options=list(IMAGE_SIZES), default="auto", optional=True,
                                tooltip="Image size in pixels. auto: what the checkpoint says (training args, config, "
                                        "or the size in an official file name such as c2i_L_384.pt = 384 px; 256 px "
                                        "with a warning in the console when nothing says). Pick a size for a file "

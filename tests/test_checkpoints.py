@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from fastar.errors import FastARError
+from fastar.errors import FastARError, FastARWarning
 from fastar.model_loaders import load_ar_model, load_vq_model
 from fastar.model_loaders.checkpoint import CheckpointInfo, detect_family, read_state_dict
 from fastar.model_loaders.llamagen import llamagen_config, load_llamagen, load_vq
@@ -52,7 +52,7 @@ def test_safetensors_with_fastar_config(tmp_path):
     assert loaded.cfg == model.cfg
     assert not loaded.training and not any(p.requires_grad for p in loaded.parameters())
     assert same_logits(model, loaded)
-    assert load_llamagen(path, grid=2).cfg.grid == (2, 2)  # an explicit grid wins
+    assert load_llamagen(path, image_size=32).cfg.grid == (2, 2)  # an explicit image size wins
 
 
 def test_pt_with_model_and_namespace_args(tmp_path):
@@ -229,12 +229,13 @@ def meta_sd(n_layer, dim, n_head, n_kv_head=None, vocab=16384, caption=None):
 @pytest.mark.parametrize("n_layer,dim,n_head", [(12, 768, 12), (24, 1024, 16), (36, 1280, 20), (48, 1536, 24),
                                                 (24, 3200, 32)])
 def test_official_sizes_give_heads_and_default_grid(n_layer, dim, n_head):
-    cfg = llamagen_config(meta_sd(n_layer, dim, n_head), CheckpointInfo("raw.pt"))
+    with pytest.warns(FastARWarning, match="raw.pt: nothing says its image size"):
+        cfg = llamagen_config(meta_sd(n_layer, dim, n_head), CheckpointInfo("raw.pt"))
     assert (cfg.n_head, cfg.n_kv_head, cfg.grid, cfg.num_classes) == (n_head, n_head, (16, 16), 1000)
 
 
 def test_gqa_kv_heads_come_from_the_wqkv_shape():
-    cfg = llamagen_config(meta_sd(24, 1024, 16, n_kv_head=4), CheckpointInfo("gqa.pt"))
+    cfg = llamagen_config(meta_sd(24, 1024, 16, n_kv_head=4), CheckpointInfo("gqa_256.pt"))
     assert (cfg.n_head, cfg.n_kv_head) == (16, 4)
 
 
@@ -247,14 +248,113 @@ def test_t2i_caption_layout_and_grid_from_args():
 def test_grid_is_the_square_root_of_the_block_size():
     cfg = llamagen_config(meta_sd(12, 768, 12), CheckpointInfo("c", config={"block_size": 576}))
     assert cfg.grid == (24, 24)
-    with pytest.raises(FastARError, match="block size 200 is not a square"):
+    with pytest.raises(FastARError, match=r"block size in its config \(200 tokens\) is not a square grid"):
         llamagen_config(meta_sd(12, 768, 12), CheckpointInfo("c", config={"block_size": 200}))
 
 
-def test_unofficial_size_without_config_is_refused(tmp_path):
-    torch.save(official_sd(), tmp_path / "custom.pt")
-    with pytest.raises(FastARError, match="number of attention heads.*config.json"):
-        load_llamagen(tmp_path / "custom.pt")
+# -- image size: official releases carry no grid ----------------------------------------------------
+
+
+def release_standin(folder: Path, name: str, n_layer: int, dim: int, n_head: int, wrapped: bool) -> Path:
+    """A file shaped like an official release (names, layout, shapes) at almost no size: every tensor is
+    one zero expanded to its shape, which torch.save stores as one element plus strides."""
+    sd = {k: torch.zeros(()).expand(v.shape) for k, v in meta_sd(n_layer, dim, n_head).items()}
+    torch.save({"model": sd} if wrapped else sd, folder / name)  # XXL and 3B are raw FSDP state dicts
+    return folder / name
+
+
+RELEASES = [  # file name, (layers, width, heads), wrapped in {"model": ...}, tokens per side
+    ("c2i_B_256.pt", (12, 768, 12), True, 16), ("c2i_B_384.pt", (12, 768, 12), True, 24),
+    ("c2i_L_256.pt", (24, 1024, 16), True, 16), ("c2i_L_384.pt", (24, 1024, 16), True, 24),
+    ("c2i_XL_384.pt", (36, 1280, 20), True, 24), ("c2i_XXL_384.pt", (48, 1536, 24), False, 24),
+    ("c2i_3B_384.pt", (24, 3200, 32), False, 24),
+]
+
+
+@pytest.mark.parametrize("name,size,wrapped,side", RELEASES)
+def test_official_releases_get_the_grid_their_name_says(tmp_path, recwarn, name, size, wrapped, side):
+    sd, info = read_state_dict(release_standin(tmp_path, name, *size, wrapped))
+    cfg = llamagen_config(sd, info)
+    assert (cfg.n_layer, cfg.dim, cfg.n_head, cfg.grid) == (*size, (side, side))
+    assert llamagen_config(sd, info, image_size=512).grid == (32, 32)  # the user's choice wins
+    assert not [w for w in recwarn if issubclass(w.category, FastARWarning)]
+
+
+def test_image_size_order_explicit_args_config_name_default(tmp_path):
+    sd = meta_sd(12, 768, 12)
+    args = {"image_size": 384, "downsample_size": 16}
+    assert llamagen_config(sd, CheckpointInfo("c2i_B_256.pt", args=args)).grid == (24, 24)  # args beat the name
+    assert llamagen_config(sd, CheckpointInfo("c2i_B_256.pt", config={"image_size": 512})).grid == (32, 32)
+    assert llamagen_config(sd, CheckpointInfo("c2i_B_256.pt", args=args), image_size=256).grid == (16, 16)
+    with pytest.warns(FastARWarning, match=r"using 256 px \(16x16 tokens\).*--image-size"):
+        assert llamagen_config(sd, CheckpointInfo("my_gpt.pt")).grid == (16, 16)
+    with pytest.raises(FastARError, match="image size 300 px is not a positive multiple of the model's 16-pixel"):
+        llamagen_config(sd, CheckpointInfo("c2i_B_256.pt"), image_size=300)
+
+
+def test_following_the_size_warning_loads_at_the_chosen_size_without_warning(tmp_path, recwarn):
+    path = tmp_path / "mine.pt"
+    torch.save(official_sd(), path)
+    (tmp_path / "mine.json").write_text(json.dumps({"n_head": 4}))
+    with pytest.warns(FastARWarning, match="choose the image size"):
+        assert load_ar_model(path).cfg.grid == (16, 16)
+    recwarn.clear()
+    assert load_ar_model(path, image_size=64).cfg.grid == (4, 4)
+    assert not [w for w in recwarn if issubclass(w.category, FastARWarning)]
+
+
+# -- size metadata beside the weights: every error's advice works ------------------------------------
+
+
+def advice(error: pytest.ExceptionInfo) -> str:
+    return str(error.value)
+
+
+def test_unofficial_size_advice_name_json_next_to_the_file_works(tmp_path):
+    torch.save({"model": official_sd(), "args": {"image_size": 64}}, tmp_path / "custom.pt")
+    with pytest.raises(FastARError) as error:
+        load_ar_model(tmp_path / "custom.pt")
+    said = re.search(r'Write (\S+) next to custom.pt with: (\{.*\})', advice(error))
+    assert said, advice(error)
+    (tmp_path / said.group(1)).write_text(said.group(2).replace("N", "4"))
+    model = load_ar_model(tmp_path / "custom.pt")
+    assert model.cfg.n_head == 4 and model.cfg.grid == (4, 4)
+    assert_same_weights(model, official_sd())
+
+
+def test_unofficial_size_advice_in_a_folder_works(tmp_path):
+    folder = tmp_path / "my_gpt"
+    folder.mkdir()
+    torch.save(official_sd(), folder / "my_gpt_step_20000.pt")  # any weights name, not only the HF ones
+    with pytest.raises(FastARError) as error:
+        load_ar_model(folder)
+    said = re.search(r"Write the folder's config.json with: (\{.*\})", advice(error))
+    assert said, advice(error)
+    (folder / "config.json").write_text(said.group(1).replace("N", "4")[:-1] + ', "image_size": 64}')
+    model = load_ar_model(folder)
+    assert (model.cfg.n_head, model.cfg.grid) == (4, (4, 4))
+
+
+def test_folder_with_several_weights_files_says_keep_one_and_then_loads(tmp_path):
+    folder = tmp_path / "gpt"
+    folder.mkdir()
+    torch.save(official_sd(), folder / "last.pt")
+    torch.save(official_sd(), folder / "best.ckpt")
+    (folder / "config.json").write_text(json.dumps({"n_head": 4, "image_size": 64}))
+    with pytest.raises(FastARError, match="several weights files .*best.ckpt, last.pt.*keep one") as error:
+        load_ar_model(folder)
+    (folder / "best.ckpt").unlink()
+    assert load_ar_model(folder).cfg.grid == (4, 4)
+
+
+def test_folder_without_weights_advice_works(tmp_path):
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"n_head": 4, "image_size": 64}))
+    with pytest.raises(FastARError, match=r"holds no weights: put the model's weights file \(.safetensors, .pt"):
+        load_ar_model(folder)
+    torch.save(official_sd(), folder / "weights.pth")
+    assert load_ar_model(folder).cfg.n_head == 4
 
 
 # -- errors ----------------------------------------------------------------------------------------
@@ -263,12 +363,6 @@ def test_unofficial_size_without_config_is_refused(tmp_path):
 def test_missing_file_names_path_and_models_folder(tmp_path):
     with pytest.raises(FastARError, match=r"no checkpoint at .*nothing\.safetensors.*models/fastar"):
         read_state_dict(tmp_path / "nothing.safetensors")
-
-
-def test_folder_without_weights(tmp_path):
-    (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(FastARError, match="holds no weights.*model.safetensors"):
-        read_state_dict(tmp_path)
 
 
 def test_index_with_missing_shard(tmp_path):

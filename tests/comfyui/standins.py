@@ -97,6 +97,19 @@ def write_hf_folder(folder: Path) -> None:
     (folder / "config.json").write_text(json.dumps({"n_head": 4, "image_size": 128, "downsample_size": 8}))
 
 
+PT_FOLDER = "LlamaGen-c2i-pt"
+
+
+def write_pt_folder(folder: Path) -> None:
+    """A model folder holding one pickled checkpoint of any name beside its config.json."""
+    folder = folder / PT_FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = LlamaGenConfig(dim=64, n_layer=2, n_head=4, vocab_size=512, grid=(16, 16), num_classes=1000)
+    torch.save({"model": gpt_sd(cfg, 9)}, folder / "c2i_tiny_step_5000.pt")
+    (folder / "config.json").write_text(json.dumps({"num_attention_heads": 4, "image_size": 128,
+                                                    "downsample_size": 8}))
+
+
 def write_t5(folder: Path) -> None:
     """A random 1-layer T5 encoder (d_model 32) with a word-level tokenizer: a real transformers folder."""
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -180,6 +193,7 @@ def write_all(folder: Path, demo: bool, drafters: Path | None = None) -> None:
         write_drafters(drafters)
     write_llamagen(folder)
     write_hf_folder(folder)
+    write_pt_folder(folder)
     write_slow(folder)
     write_corrupt(folder)
 

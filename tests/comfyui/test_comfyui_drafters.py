@@ -142,6 +142,7 @@ def test_drafter_loaded_for_another_model_gives_fastar_message(comfy, object_inf
     ("FastARSamplerSpeculative", "gamma", 0, "smaller than min of 1"),
     ("FastARSamplerSpeculative", "top_p", 0.0, "top-p 0.0 is out of range"),
     ("FastARSamplerGSD", "gamma", 100, "bigger than max of 64"),
+    ("FastARSamplerGSD", "prob_filter", "ratio", "unknown GSD probability filter 'ratio'"),
     ("FastARLoadDrafter", "dtype", "fp8", "unknown dtype 'fp8'"),
     ("FastARLoadDrafter", "drafter_name", "missing_drafter/", "put it in ComfyUI's models/fastar_drafters folder"),
     ("FastARLoadDrafter", "drafter_name", "demo_vq.safetensors", "is a VQ decoder (load it with FastAR Load VQ "

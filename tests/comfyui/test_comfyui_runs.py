@@ -39,6 +39,20 @@ def test_hf_style_model_folder_is_listed_and_runs(comfy, object_info):
     assert images_of(comfy, entry)
 
 
+def test_folder_with_a_pt_of_any_name_is_listed_and_runs_at_the_chosen_image_size(comfy, object_info):
+    from standins import PT_FOLDER
+
+    loader = object_info["FastARLoadModel"]["input"]
+    assert f"{PT_FOLDER}/" in loader["required"]["model_name"][1]["options"]
+    assert not any(name.startswith(f"{PT_FOLDER}/c2i_tiny") for name in loader["required"]["model_name"][1]["options"])
+    assert loader["optional"]["image_size"][1]["options"] == ["auto", "128", "256", "384", "512"]
+    prompt = workflow_prompt("fastar_llamagen_c2i", object_info)
+    node_of(prompt, "FastARLoadModel")["inputs"].update(model_name=f"{PT_FOLDER}/", image_size="256")
+    entry = comfy.run(prompt)
+    assert entry["status"]["status_str"] == "success", harness.execution_error(entry)
+    assert [image.shape for image in images_of(comfy, entry)] == [(256, 256, 3)]
+
+
 def test_compare_workflow_measures_speedup_against_ar(comfy, object_info):
     entry = comfy.run(workflow_prompt("fastar_compare_ar_sjd_gsd", object_info))
     texts = sorted(out["text"][0] for out in entry["outputs"].values() if "text" in out)
@@ -124,7 +138,10 @@ def demo(object_info):
 
 @pytest.mark.parametrize("node,field,value,message", [
     ("FastARSamplerSJD", "top_p", 0.0, "top-p 0.0 is out of range"),
-    ("FastARSamplerSJD", "cfg", -1.0, "cfg scale -1.0 is out of range"),
+    ("FastARSamplerSJD", "cfg", -1.0, "Value -1.0 smaller than min of 0.0"),  # ComfyUI's own range check
+    ("FastARSamplerSJD", "cfg", "strong", "Failed to convert an input value to a FLOAT value"),
+    ("FastARSamplerSJD", "top_p", "most", "Failed to convert an input value to a FLOAT value"),
+    ("FastARLoadModel", "image_size", "1000", "unknown image size '1000'"),
     ("FastARSamplerSJD", "window", 1, "smaller than min of 2"),
     ("FastARSamplerSJD", "batch", 0, "smaller than min of 1"),
     ("FastARSamplerSJD", "init", "diagonal", "unknown initialisation 'diagonal'"),
