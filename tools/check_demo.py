@@ -1,6 +1,7 @@
-"""Check the bundled demo models end to end: plain AR sampling -> VQ decode -> classifier agreement.
+"""Check the bundled demo models end to end: sampling (plain AR, or a Jacobi decoder) -> VQ decode ->
+classifier agreement.
 
-    python -m fastar.tools.check_demo [--samples N] [--cfg 2.0] [--top-k 0]
+    python -m fastar.tools.check_demo [--decoder ar|sjd|gsd] [--samples N] [--cfg 2.0] [--top-k 0]
 
 Agreement = share of samples whose requested class is the classifier's prediction (balanced classes).
 Also reports the Frechet distance to real images in classifier-feature space and writes a grid PNG
@@ -26,6 +27,7 @@ from .demo_data import CLASS_NAMES, balanced_labels, make_batch
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--decoder", choices=("ar", "sjd", "gsd"), default="ar", help="with its default settings")
     p.add_argument("--samples", type=int, default=64)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--cfg", type=float, default=2.0)
@@ -44,14 +46,15 @@ def main(argv=None):
     labels = torch.from_numpy(balanced_labels(args.samples))
     images = []
     for i, chunk in enumerate(labels.split(args.batch)):
-        codes, _ = decode(model, ClassConditioning(chunk), sampling, DecoderSpec("ar"), seed=args.seed + i)
+        codes, _ = decode(model, ClassConditioning(chunk), sampling, DecoderSpec(args.decoder),
+                          seed=args.seed + i)
         images.append(codes_to_images(vq, codes, model.grid))
     images = np.concatenate(images)
     pred, feats = classify(clf, images)
     agree = pred == labels
     real, real_labels = make_batch(np.random.default_rng(20_000 + args.seed), args.samples, balanced_labels(args.samples))
     _, real_feats = classify(clf, real)
-    print(f"cfg {args.cfg} temperature {args.temperature} top-k {args.top_k}: "
+    print(f"{args.decoder}, cfg {args.cfg} temperature {args.temperature} top-k {args.top_k}: "
           f"agreement {agree.float().mean():.3f} on {args.samples} samples, "
           f"Frechet distance to real {frechet_distance(feats, real_feats):.2f} [{timer}]")
     for k, name in enumerate(CLASS_NAMES):
@@ -64,7 +67,7 @@ def main(argv=None):
         OUT_DIR.mkdir(exist_ok=True)
         from PIL import Image
 
-        path = OUT_DIR / f"demo_samples_cfg{args.cfg}_k{args.top_k}.png"
+        path = OUT_DIR / f"demo_samples_{args.decoder}_cfg{args.cfg}_k{args.top_k}.png"
         Image.fromarray(np.concatenate(rows, 0)).save(path)
         print(f"grid: {path}")
 

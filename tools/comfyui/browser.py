@@ -48,9 +48,18 @@ def open_ui(playwright, url: str, size=(1600, 1000)):
     return browser, page
 
 
-def close_dialogs(page) -> None:
-    for _ in range(3):
-        page.keyboard.press("Escape")
+def close_dialogs(page, timeout: float = 10.0) -> None:
+    """Press Escape until no dialog is open; the first-run template browser may open seconds late."""
+    deadline = time.time() + timeout
+    quiet_since = None
+    while time.time() < deadline:
+        if page.locator(".p-dialog:visible").count():
+            page.keyboard.press("Escape")
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = time.time()
+        elif time.time() - quiet_since > 1.0:
+            return
         time.sleep(0.2)
 
 
@@ -176,6 +185,7 @@ def command_thumbnail(args) -> int:
             close_dialogs(page)
             load_workflow(page, args.workflow)
             fit_view(page)
+            close_dialogs(page)  # a thumbnail shows the workflow, never a dialog over it
             png = args.out.with_suffix(".png.tmp")
             target = page.locator("#graph-canvas")
             (target if target.count() else page).screenshot(path=str(png), type="png")

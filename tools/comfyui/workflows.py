@@ -183,7 +183,8 @@ def llamagen_c2i(info) -> dict:
                    sampler_widgets(seed=42, cfg=4.0, top_k=2000) + [32, "random", "gumbel"], "FastAR_llamagen_c2i")
     g.note((0, 430), f"LlamaGen class-to-image (ImageNet) with SJD.\n\nDownload from the LlamaGen release "
                      f"(FoundationVision/LlamaGen on Hugging Face) into ComfyUI/models/fastar/:\n- {LLAMAGEN_C2I} "
-                     f"(or any c2i_*.pt: B, L, XL, XXL, 3B; 256 or 384 px)\n- {LLAMAGEN_VQ_C2I}\nthen press R and "
+                     f"(or any c2i_*.pt: B, L, XL, XXL, 3B; a _384 file runs at 384 px by its name: set image_size on the "
+                     f"loader if you renamed it)\n- {LLAMAGEN_VQ_C2I}\nthen press R and "
                      "pick them in the loaders. Official settings: cfg 4.0, top-k 2000.", width=320, height=260)
     return g.to_json()
 
