@@ -158,9 +158,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=str(DEMO_AR), help="target AR checkpoint (default: the bundled demo model)")
     p.add_argument("--out", help="eagle: output folder; ar: output .safetensors (default: the demo drafter)")
     p.add_argument("--kind", choices=("eagle", "ar"), default="eagle")
-    p.add_argument("--samples", type=int, default=4000, help="target samples to train on (generated once)")
+    p.add_argument("--samples", type=int, default=2500, help="target samples to train on (generated once)")
     p.add_argument("--val-samples", type=int, default=64, help="held-out target samples for the agreement")
-    p.add_argument("--steps", type=int, default=1200)
+    p.add_argument("--steps", type=int, default=900)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=3e-3,
                    help="peak learning rate (LANTERN trained real drafters at 1e-4, batch 16, for many more steps)")
