@@ -1,6 +1,7 @@
 """What a real ComfyUI shows of the pack: every node in /object_info with the expected inputs, tooltips,
 sliders, seeds and custom types; model lists from the fastar folders (extra_model_paths.yaml honoured,
 demo model listed); the example workflows in the template browser; the stats display script."""
+import json
 import re
 
 import pytest
@@ -121,3 +122,20 @@ def test_workflows_are_ui_format_with_fastar_nodes(workflow, object_info):
     prompt = workflow_prompt(workflow, object_info)
     kinds = {n["class_type"] for n in prompt.values()}
     assert "FastARVQDecode" in kinds and kinds & {"SaveImage", "PreviewImage"}
+
+
+@pytest.mark.parametrize("workflow", [p.stem for p in WORKFLOWS])
+def test_workflows_open_fitted_to_a_laptop_canvas(workflow):
+    """ComfyUI opens a workflow at its saved view (extra.ds): every node (title bar included) and group lies
+    inside a 1440 x 780 browser, clear of the side bar (80 px) and the menu and tabs (110 px) lying over the
+    canvas, and the view is not shrunk more than it needs to be."""
+    data = json.loads(next(p for p in WORKFLOWS if p.stem == workflow).read_text())
+    scale, (ox, oy) = data["extra"]["ds"]["scale"], data["extra"]["ds"]["offset"]
+    boxes = [(n["pos"][0], n["pos"][1] - 30, n["pos"][0] + n["size"][0], n["pos"][1] + n["size"][1])
+             for n in data["nodes"]]
+    boxes += [(x, y, x + w, y + h) for x, y, w, h in (g["bounding"] for g in data["groups"])]
+    left, top = min(b[0] for b in boxes), min(b[1] for b in boxes)
+    right, bottom = max(b[2] for b in boxes), max(b[3] for b in boxes)
+    assert (left + ox) * scale >= 79.9 and (top + oy) * scale >= 109.9
+    assert (right + ox) * scale <= 1440 and (bottom + oy) * scale <= 780
+    assert scale == 1.0 or max((right - left) * scale / 1440, (bottom - top) * scale / 780) > 0.8

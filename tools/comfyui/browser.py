@@ -93,26 +93,45 @@ def load_workflow(page, workflow: Path) -> None:
 
 FIT = """
 () => {
-  const c = window.app.canvas, nodes = window.app.graph._nodes;
-  if (!nodes.length) return;
-  let [x0, y0, x1, y1] = [Infinity, Infinity, -Infinity, -Infinity];
-  for (const n of nodes) {
-    x0 = Math.min(x0, n.pos[0]); y0 = Math.min(y0, n.pos[1] - 30);
-    x1 = Math.max(x1, n.pos[0] + n.size[0]); y1 = Math.max(y1, n.pos[1] + n.size[1]);
-  }
+  const c = window.app.canvas, g = window.app.graph;
+  const boxes = g._nodes.map(n => [n.pos[0], n.pos[1] - 30, n.pos[0] + n.size[0], n.pos[1] + n.size[1]])
+    .concat((g._groups || []).map(gr => { const b = gr._bounding ?? gr.bounding;
+                                           return [b[0], b[1], b[0] + b[2], b[1] + b[3]]; }));
+  if (!boxes.length) return null;
+  const x0 = Math.min(...boxes.map(b => b[0])), y0 = Math.min(...boxes.map(b => b[1]));
+  const x1 = Math.max(...boxes.map(b => b[2])), y1 = Math.max(...boxes.map(b => b[3]));
+  // clear of the side bar (left) and the menu bar and tabs (top), which lie over the canvas
+  const [left, top, right, bottom] = [80, 110, 40, 40];
   const w = c.canvas.width / (window.devicePixelRatio || 1), h = c.canvas.height / (window.devicePixelRatio || 1);
-  const scale = Math.min(1.0, (w - 120) / (x1 - x0), (h - 160) / (y1 - y0));
+  const scale = Math.min(1.0, (w - left - right) / (x1 - x0), (h - top - bottom) / (y1 - y0));
   c.ds.scale = scale;
-  c.ds.offset = [60 / scale - x0, 110 / scale - y0];
+  c.ds.offset = [left / scale - x0, top / scale - y0];
   c.setDirty(true, true);
+  return {x: left, y: top, width: (x1 - x0) * scale, height: (y1 - y0) * scale};
 }
 """
 
 
-def fit_view(page) -> None:
-    """Show the whole graph (as the UI's fit-view does)."""
-    page.evaluate(FIT)
+# Hides the UI's bars and buttons that float over the canvas; keeps the canvas and the nodes' DOM widgets.
+HIDE_OVERLAYS = """
+() => {
+  const widgets = [...document.querySelectorAll('.dom-widget')];
+  const keep = new Set();
+  for (const start of [document.getElementById('graph-canvas'), ...widgets])
+    for (let e = start; e; e = e.parentElement) keep.add(e);
+  for (const e of keep) {
+    if (widgets.includes(e)) continue;
+    for (const child of e.children) if (!keep.has(child)) child.style.visibility = 'hidden';
+  }
+}
+"""
+
+
+def fit_view(page) -> dict | None:
+    """Show the whole graph (as the UI's fit-view does); returns where it lies on the page."""
+    rect = page.evaluate(FIT)
     time.sleep(0.3)
+    return rect
 
 
 def press_run(page) -> str:
@@ -184,15 +203,17 @@ def command_thumbnail(args) -> int:
         try:
             close_dialogs(page)
             load_workflow(page, args.workflow)
-            fit_view(page)
+            rect = fit_view(page)
             close_dialogs(page)  # a thumbnail shows the workflow, never a dialog over it
+            page.evaluate(HIDE_OVERLAYS)
             png = args.out.with_suffix(".png.tmp")
-            target = page.locator("#graph-canvas")
-            (target if target.count() else page).screenshot(path=str(png), type="png")
+            margin = 16  # the graph itself, not the empty canvas or the UI's bars around it
+            page.screenshot(path=str(png), type="png", clip={
+                "x": rect["x"] - margin, "y": rect["y"] - margin,
+                "width": rect["width"] + 2 * margin, "height": rect["height"] + 2 * margin})
         finally:
             browser.close()
     image = Image.open(png).convert("RGB")
-    image = image.crop((56, 72, image.width, image.height))  # no banner, tabs or side bar
     image.thumbnail((args.width, args.width))
     image.save(args.out, "JPEG", quality=82)
     png.unlink()

@@ -81,6 +81,7 @@ class Server:
     drafter_folders: list[Path] = field(default_factory=list)
     port: int = 0
     extra_args: list[str] = field(default_factory=list)
+    settings: dict = field(default_factory=dict)  # the default user's UI settings (comfy.settings.json)
     log_path: Path | None = None
     process: subprocess.Popen | None = None
     client_id: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -95,6 +96,10 @@ class Server:
             raise RuntimeError(problem)
         self.port = self.port or free_port()
         yaml = write_base(self.base, self.model_folders, self.drafter_folders)
+        if self.settings:
+            user = self.base / "user" / "default"
+            user.mkdir(parents=True, exist_ok=True)
+            (user / "comfy.settings.json").write_text(json.dumps(self.settings))
         self.log_path = self.log_path or self.base / "comfyui.log"
         command = [str(python()), "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
                    "--disable-auto-launch", "--dont-print-server", "--base-directory", str(self.base),

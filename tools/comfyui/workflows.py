@@ -71,10 +71,21 @@ class Graph:
     def group(self, title, bounding, color="#3f789e"):
         self.groups.append({"title": title, "bounding": list(bounding), "color": color, "font_size": 24, "flags": {}})
 
+    def fitted_view(self, canvas=(1440, 780), clear=(80, 110, 40, 40), title_bar=30) -> dict:
+        """The saved view (ComfyUI opens a workflow at its ``ds``): the whole graph fits a laptop's browser,
+        clear of the side bar and the menu and tab bars that lie over the canvas (left, top, right, bottom)."""
+        boxes = [(n["pos"][0], n["pos"][1] - title_bar, n["pos"][0] + n["size"][0], n["pos"][1] + n["size"][1])
+                 for n in self.nodes] + [(x, y, x + w, y + h) for x, y, w, h in (g["bounding"] for g in self.groups)]
+        x0, y0 = min(b[0] for b in boxes), min(b[1] for b in boxes)
+        x1, y1 = max(b[2] for b in boxes), max(b[3] for b in boxes)
+        left, top, right, bottom = clear
+        scale = min(1.0, (canvas[0] - left - right) / (x1 - x0), (canvas[1] - top - bottom) / (y1 - y0))
+        return {"scale": round(scale, 4), "offset": [round(left / scale - x0, 1), round(top / scale - y0, 1)]}
+
     def to_json(self) -> dict:
         return {"last_node_id": len(self.nodes), "last_link_id": len(self.links), "nodes": self.nodes,
-                "links": self.links, "groups": self.groups, "config": {}, "extra": {"ds": {"scale": 0.8,
-                "offset": [40, 60]}}, "version": 0.4}
+                "links": self.links, "groups": self.groups, "config": {}, "extra": {"ds": self.fitted_view()},
+                "version": 0.4}
 
 
 def sampler_widgets(seed=7, cfg=2.0, temperature=1.0, top_k=0, top_p=1.0, batch=1):
@@ -289,10 +300,16 @@ def write_all(info: dict, out: Path = OUT) -> list[Path]:
     return paths
 
 
+# a returning user's settings (a new user's first page opens the template browser), no canvas info or
+# minimap, and text drawn at any zoom (a thumbnail of a large graph is drawn small)
+THUMBNAIL_SETTINGS = {"Comfy.TutorialCompleted": True, "Comfy.Graph.CanvasInfo": False, "Comfy.Minimap.Visible": False,
+                      "LiteGraph.Canvas.MinFontSizeForLOD": 0}
+
 if __name__ == "__main__":
     import subprocess
 
-    with tempfile.TemporaryDirectory() as base, harness.Server(Path(base)) as server:
+    with tempfile.TemporaryDirectory() as base, \
+            harness.Server(Path(base), settings=THUMBNAIL_SETTINGS) as server:
         for p in write_all(server.object_info()):
             print(f"wrote {p.relative_to(harness.ROOT)}", file=sys.stderr)
             if "--thumbnails" in sys.argv:
