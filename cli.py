@@ -53,6 +53,8 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                    help="LANTERN delta: total-variation budget per token (0 = exact speculative decoding)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "fp16", "bf16"])
+    p.add_argument("--threads", type=int, help="CPU threads for PyTorch (default: its own, one per core, the fastest "
+                   "on an idle machine; when other jobs keep the cores busy, --threads 1 can be several times faster)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,19 +117,22 @@ def sampling_from(args) -> SamplingSettings:
 
 
 class ProgressLine:
-    """A one-line progress display on stderr, redrawn at most ten times a second."""
+    """A one-line progress display on stderr, redrawn at most ten times a second. ``done`` counts the
+    tokens of the slowest row; the rate is of the whole batch."""
 
-    def __init__(self, label: str, enabled: bool):
-        self.label, self.enabled, self.start, self.last = label, enabled, time.perf_counter(), 0.0
+    def __init__(self, label: str, enabled: bool, batch: int = 1):
+        self.label, self.enabled, self.batch = label, enabled, batch
+        self.start, self.last = time.perf_counter(), 0.0
 
     def __call__(self, done: int, total: int, _tokens) -> None:
         now = time.perf_counter()
         if not self.enabled or (now - self.last < 0.1 and done < total):
             return
         self.last = now
-        rate = done / max(now - self.start, 1e-9)
+        rate = self.batch * done / max(now - self.start, 1e-9)
         bar = "#" * int(30 * done / total)
-        print(f"\r{self.label} [{bar:<30}] {done}/{total} tokens  {rate:.0f} tok/s", end="", file=sys.stderr)
+        rows = f" ({self.batch} images)" if self.batch > 1 else ""
+        print(f"\r{self.label} [{bar:<30}] {done}/{total} tokens{rows}  {rate:.0f} tok/s", end="", file=sys.stderr)
         if done >= total:
             print(file=sys.stderr)
 
@@ -150,7 +155,7 @@ def command_generate(args) -> int:
                                     t5_folder=args.t5)
     spec, sampling = spec_from(args, args.decoder), sampling_from(args)
     kind = "lossless" if LOSSLESS[spec.decoder] else "relaxed (trades fidelity for speed)"
-    progress = ProgressLine(f"{spec.decoder} ({kind})", enabled=not args.quiet)
+    progress = ProgressLine(f"{spec.decoder} ({kind})", enabled=not args.quiet, batch=conditioning.batch)
     codes, stats = decode(models.ar, conditioning, sampling, spec, seed=args.seed, on_iteration=progress,
                           drafter=models.drafter, codebook=models.codebook())
     grid = models.ar.grid
@@ -159,8 +164,12 @@ def command_generate(args) -> int:
     print(f"{stats.decoder}: {stats.num_tokens} tokens x {stats.batch} in {stats.target_forwards} forwards "
           f"(step compression {stats.step_compression:.2f}x, mean accepted {stats.mean_accepted:.2f}){drafted}, "
           f"{stats.wall_time_s:.2f} s")
-    if args.tokens_out:
-        Path(args.tokens_out).write_text(json.dumps({"tokens": codes.tolist(), "grid": list(grid)}))
+    tokens_out = args.tokens_out
+    if args.out and models.vq is None and not tokens_out:  # no images without a VQ: keep the codes instead
+        tokens_out = Path(args.out).with_suffix(".tokens.json")
+        Path(tokens_out).parent.mkdir(parents=True, exist_ok=True)
+    if tokens_out:
+        Path(tokens_out).write_text(json.dumps({"tokens": codes.tolist(), "grid": list(grid)}))
     if args.stats_out:
         Path(args.stats_out).write_text(json.dumps(stats.to_json(), indent=1))
     if args.map_out:
@@ -168,7 +177,8 @@ def command_generate(args) -> int:
             Image.fromarray(acceptance_heatmap(row, grid)).save(numbered(Path(args.map_out), i, stats.batch))
     if args.out:
         if models.vq is None:
-            print("no VQ decoder given (--vq): wrote tokens only", file=sys.stderr)
+            print(f"no images written: the model's VQ decoder is needed to make them (give --vq). The image "
+                  f"codes are in {tokens_out}", file=sys.stderr)
         else:
             images = codes_to_images(models.vq, codes, grid)
             out = Path(args.out)
@@ -201,10 +211,21 @@ def show_warning(message, category, filename, lineno, file=None, line=None):
         sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
+def set_threads(threads: int | None) -> None:
+    if threads is None:
+        return
+    if threads < 1:
+        raise FastARError(f"--threads {threads}: give at least 1 (or leave it out for PyTorch's default)")
+    import torch
+
+    torch.set_num_threads(threads)
+
+
 def main(argv=None) -> int:
     warnings.showwarning = show_warning
     args = build_parser().parse_args(argv)
     try:
+        set_threads(getattr(args, "threads", None))
         commands = {"generate": command_generate, "bench": command_bench, "train-drafter": command_train_drafter}
         return commands[args.command](args)
     except FastARError as e:

@@ -115,7 +115,7 @@ def read_pickle(path: Path):
     try:
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             return torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
-    except PermissionError:
+    except (PermissionError, FileNotFoundError, MemoryError):
         raise
     except pickle.UnpicklingError as e:
         refused = re.search(r"GLOBAL (\S+)", str(e))
@@ -126,8 +126,8 @@ def read_pickle(path: Path):
                 "environment, or use a safetensors release of the model"
             ) from e
         raise FastARError(f"{path.name}: {CORRUPT_HINT}") from e
-    except (RuntimeError, EOFError, ValueError, OSError) as e:
-        raise FastARError(f"{path.name}: {CORRUPT_HINT} ({e})") from e
+    except Exception as e:  # noqa: BLE001 - a damaged pickle stream can fail in any way (KeyError, IndexError, ...)
+        raise FastARError(f"{path.name}: {CORRUPT_HINT} ({type(e).__name__}: {e})") from e
 
 
 def read_folder(folder: Path) -> tuple[dict[str, torch.Tensor], CheckpointInfo]:

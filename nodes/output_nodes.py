@@ -96,6 +96,7 @@ def summary(stats: DecodeStats, baseline: DecodeStats | None = None) -> str:
     conditioning = stats.settings.get("conditioning")
     if conditioning:
         lines.append(f"{conditioning}, seed {stats.settings.get('seed')}")
+    lines += [f"WARNING: {warning}" for warning in stats.warnings]
     return "\n".join(lines)
 
 

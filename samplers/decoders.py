@@ -6,11 +6,12 @@ iteration's samples) or a drafter model (a chain of gamma drafts per target forw
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass
 
 import torch
 
-from ..errors import FastARError
+from ..errors import FastARError, FastARWarning
 from .acceptance import ExactRule, GroupedRule, LanternRule
 from .jacobi import ar_decode, jacobi_decode
 from .latent_neighbours import latent_neighbours
@@ -77,7 +78,25 @@ def decode(model, conditioning, sampling: SamplingSettings, spec: DecoderSpec, *
     if drafter is not None and spec.decoder not in WITH_DRAFTER:
         raise FastARError(f"the '{spec.decoder}' decoder does not use a drafter: choose one of "
                           f"{', '.join(WITH_DRAFTER)}, or remove the drafter")
-    generator = make_generator(seed, model.device)
+    notes = quality_warnings(spec, drafter)
+    for note in notes:
+        warnings.warn(note, FastARWarning, stacklevel=2)
+    codes, stats = run_decoder(model, conditioning, sampling, spec, make_generator(seed, model.device),
+                               on_iteration, drafter, codebook)
+    stats.warnings.extend(notes)
+    return codes, stats
+
+
+def quality_warnings(spec: DecoderSpec, drafter) -> list[str]:
+    """Settings that run but cost a lot of quality: said on the command line and on the Stats node."""
+    if spec.decoder == "lantern" and drafter is None and spec.lantern_delta > 0:
+        return ["LANTERN without a drafter verifies Jacobi drafts, which its relaxation accepts far too easily: "
+                "expect a fast but badly degraded image. Connect a drafter (--drafter), lower lantern delta, or "
+                "use sjd (lossless)"]
+    return []
+
+
+def run_decoder(model, conditioning, sampling, spec, generator, on_iteration, drafter, codebook):
     watch = Stopwatch(model.device)  # from here on: the generation's setup counts in its wall time
     if spec.decoder == "ar":
         return ar_decode(model, conditioning, sampling, generator=generator, on_iteration=on_iteration, watch=watch)

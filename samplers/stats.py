@@ -23,6 +23,7 @@ class DecodeStats:
     verify_time_s: float = 0.0
     drafter_time_s: float = 0.0
     settings: dict = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # quality warnings about this run's settings
 
     @property
     def num_tokens(self) -> int:
@@ -66,6 +67,7 @@ class DecodeStats:
             "verify_time_s": self.verify_time_s,
             "drafter_time_s": self.drafter_time_s,
             "settings": self.settings,
+            "warnings": self.warnings,
         }
 
 

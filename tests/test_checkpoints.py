@@ -407,6 +407,28 @@ def test_corrupt_files_ask_for_a_redownload(tmp_path, kind):
         read_state_dict(CORRUPT_FILES[kind](tmp_path))
 
 
+@pytest.mark.parametrize("text", ["hello", "h", "}", "(", "PK", "version https://git-lfs.github.com/spec/v1\n",
+                                  "<!DOCTYPE html><html>Not Found</html>", "0123456789"])
+def test_text_named_pt_is_reported_as_corrupt(tmp_path, text):
+    """What a failed download leaves: an HTML page, an LFS pointer, a stray text file named like weights."""
+    with pytest.raises(FastARError, match="truncated or corrupt: re-download it"):
+        read_state_dict(filled(tmp_path / "model.pt", text.encode()))
+
+
+def test_reader_fuzzed_with_short_random_files_only_raises_clear_errors(tmp_path):
+    """Any damaged pickle stream must end in a FastARError that says what to do, never in a traceback."""
+    generator = torch.Generator().manual_seed(0)
+    clear = re.compile("truncated or corrupt: re-download it|refused for safety|holds no weights")
+    for i in range(300):
+        size = int(torch.randint(0, 48, (), generator=generator))
+        data = bytes(torch.randint(0, 256, (size,), generator=generator, dtype=torch.uint8).tolist())
+        if i % 3 == 0:  # the pickle protocol header, so the unpickler runs further into the noise
+            data = b"\x80\x02" + data
+        with pytest.raises(FastARError) as error:
+            read_state_dict(filled(tmp_path / f"fuzz{i}.pt", data))
+        assert clear.search(str(error.value)), (data, str(error.value))
+
+
 class CreatesFileWhenUnpickled:
     marker: Path
 

@@ -40,6 +40,17 @@ def test_generate_writes_images_tokens_stats_and_maps(tmp_path):
 
 
 @needs_demo
+def test_without_a_vq_the_codes_are_kept_next_to_out_and_progress_counts_the_batch(tmp_path):
+    r = fastar("generate", "--model", DEMO_AR, "--class", "4", "--batch", 2, "--decoder", "sjd",
+               "--out", tmp_path / "pics" / "img.png", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    kept = tmp_path / "pics" / "img.tokens.json"
+    assert "no images written" in r.stderr and str(kept) in r.stderr and "--vq" in r.stderr
+    assert len(json.loads(kept.read_text())["tokens"]) == 2 and not list(tmp_path.glob("pics/*.png"))
+    assert "256/256 tokens (2 images)" in r.stderr  # and the tok/s beside it is of both images
+
+
+@needs_demo
 def test_same_seed_same_tokens_and_class_repeats_over_batch(tmp_path):
     runs = []
     for name in ("a", "b"):
@@ -58,6 +69,7 @@ def test_same_seed_same_tokens_and_class_repeats_over_batch(tmp_path):
     (["--cfg", "-2"], "cfg scale"),
     (["--window", "1"], "window"),
     (["--model", "missing.safetensors"], "missing.safetensors"),
+    (["--threads", "0"], "--threads 0: give at least 1"),
 ])
 def test_bad_input_gives_a_clear_error_and_exit_code(tmp_path, args, message):
     r = fastar("generate", "--quiet", *args, cwd=tmp_path)
@@ -73,18 +85,22 @@ def test_drafter_decoders_from_the_command_line(tmp_path):
         "lantern": ["--decoder", "lantern", "--drafter", "demo", "--lantern-k", 64, "--lantern-delta", 0.3],
         "lantern-jacobi": ["--decoder", "lantern", "--lantern-delta", 0.3],
     }
-    stats = {}
+    stats, stderr = {}, {}
     for name, args in runs.items():
         r = fastar("generate", "--class", "1", "--batch", 2, "--seed", 3, "--quiet", *args,
                    "--stats-out", tmp_path / f"{name}.json", "--out", tmp_path / f"{name}.png", cwd=tmp_path)
         assert r.returncode == 0, r.stderr
-        stats[name] = json.loads((tmp_path / f"{name}.json").read_text())
+        stats[name], stderr[name] = json.loads((tmp_path / f"{name}.json").read_text()), r.stderr
         assert Image.open(tmp_path / f"{name}_1.png").size == (128, 128)
     assert stats["spec"]["settings"] == {"gamma": 3, "drafter": stats["spec"]["settings"]["drafter"], "rule": "exact"}
     assert stats["spec"]["drafter_forwards"] == 3 * stats["spec"]["target_forwards"]
     assert 1.2 < stats["spec"]["step_compression"] <= 4.0  # at most gamma + 1 tokens per forward
     assert stats["lantern"]["settings"]["rule"] == "lantern" and stats["lantern"]["drafter_forwards"] > 0
     assert stats["lantern-jacobi"]["drafter_forwards"] == 0 and stats["lantern-jacobi"]["settings"]["window"] == 16
+    # LANTERN on Jacobi drafts degrades the image badly: said on the command line and kept in the stats
+    assert "warning: LANTERN without a drafter" in stderr["lantern-jacobi"]
+    assert stats["lantern-jacobi"]["warnings"] and not stats["lantern"]["warnings"] and not stats["spec"]["warnings"]
+    assert "warning" not in stderr["lantern"] + stderr["spec"]
 
 
 @needs_demo
@@ -106,10 +122,11 @@ def test_bad_drafter_settings_give_a_clear_error(tmp_path, args, message):
 def test_bench_smoke_writes_json_and_markdown(tmp_path):
     """A smoke run: fewest samples, no sweeps (the statistics live in the exactness tests)."""
     r = fastar("bench", "--decoders", "ar,sjd,spec,lantern-jacobi", "--samples", 2, "--timing-runs", 1,
-               "--no-pareto", "--toy-rows", 500, "--out", tmp_path / "b", cwd=tmp_path)
+               "--no-pareto", "--toy-rows", 500, "--threads", 1, "--out", tmp_path / "b", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "b" / "bench.json").read_text())
     assert set(report["results"]) == {"ar", "sjd", "spec", "lantern-jacobi"} and "pareto" not in report
+    assert report["machine"].endswith(", 1 threads")  # --threads reaches PyTorch
     for result in report["results"].values():
         for key in ("step_compression", "latency_ratio", "class_accuracy", "frechet", "drafter_time_share"):
             assert np.isfinite(result[key])
@@ -124,7 +141,7 @@ def test_bench_smoke_writes_json_and_markdown(tmp_path):
 
 
 @needs_demo
-def test_bench_sweeps_every_slider_and_plots_the_pareto_front(tmp_path, monkeypatch):
+def test_bench_sweeps_every_slider_and_plots_the_pareto_front(tmp_path, monkeypatch, capsys):
     from fastar.pipeline import load_models
     from fastar.samplers.decoders import DecoderSpec
     from fastar.samplers.processing import SamplingSettings
@@ -138,7 +155,10 @@ def test_bench_sweeps_every_slider_and_plots_the_pareto_front(tmp_path, monkeypa
     models = load_models(None, None, "cpu", drafter_path="demo")
     judge = load_classifier()
     reference = classify(judge, make_batch(np.random.default_rng(0), 16)[0])[1]
-    points = bench.sweep(models, judge, SamplingSettings(), DecoderSpec(), [0, 1], 0, reference)
+    configs = bench.sweep_configs(DecoderSpec(), {"ar", "gsd", "sjd", "lantern"}, drafted=True)
+    points = bench.sweep(models, judge, SamplingSettings(), configs, [0, 1], 0, reference)
+    progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[bench] sweep")]
+    assert len(progress) == 7 and progress[-1].startswith("[bench] sweep 7/7 LANTERN (k, delta=0.2) with the drafter")
     assert {(p["series"], p["value"]) for p in points} == {
         ("GSD (group size)", 1), ("GSD (group size)", 10), ("SJD independent (window)", 4),
         ("SJD maximal (window)", 4), ("LANTERN (delta)", 0.0), ("LANTERN (delta)", 0.4),
@@ -147,6 +167,21 @@ def test_bench_sweeps_every_slider_and_plots_the_pareto_front(tmp_path, monkeypa
     results = {"ar": {"step_compression": 1.0, "class_accuracy": 1.0, "frechet": 1.0}}
     bench.plot_pareto(points, results, tmp_path / "pareto.png")
     assert Image.open(tmp_path / "pareto.png").size[0] > 400
+
+
+def test_bench_sweeps_only_the_decoders_asked_for():
+    from fastar.samplers.decoders import DecoderSpec
+    from fastar.tools import bench
+
+    def series(decoders):
+        return {config[0] for config in bench.sweep_configs(DecoderSpec(), set(decoders), drafted=False)}
+
+    assert series({"ar"}) == set() and series({"ar", "spec"}) == set()
+    assert series({"ar", "sjd"}) == {"SJD independent (window)", "SJD maximal (window)"}
+    assert series({"gsd"}) == {"GSD (group size)"}
+    assert series({"lantern"}) == {"LANTERN (delta)", "LANTERN (k, delta=0.2)"}
+    configs = bench.sweep_configs(DecoderSpec(), {"lantern"}, drafted=False)
+    assert not any(with_drafter for *_, with_drafter in configs)
 
 
 def test_bench_without_matplotlib_says_what_to_install(monkeypatch):

@@ -4,14 +4,13 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-python="${PYTHON:-python3}"
+source tools/setup_lib.sh
 if [ ! -x .venv/bin/python ]; then
-  "$python" -m venv .venv
+  "$(pick_python)" -m venv .venv
 fi
-pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check -c .ci/lock.txt)
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
-  "${pip[@]}" "torch==2.13.0"
+  pip_quiet .venv/bin/python "torch==2.13.0"
 fi
-"${pip[@]}" -r .ci/requirements-dev.txt
-"${pip[@]}" --no-deps -e .
+pip_quiet .venv/bin/python -r .ci/requirements-dev.txt
+pip_quiet .venv/bin/python --no-deps -e .
 echo "environment ready: $root/.venv"

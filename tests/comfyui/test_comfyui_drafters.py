@@ -77,9 +77,20 @@ def test_compare_workflow_runs_every_drafter_decoder(comfy, object_info):
     assert "SPEC (lossless)" in texts["SPEC"] and "LANTERN (relaxed" in texts["LANTERN"]
     for decoder in ("SPEC", "LANTERN", "GSD"):
         assert f"drafter {DEMO_DRAFTER}:" in texts[decoder] and "speed-up vs AR (measured)" in texts[decoder]
-    assert "drafter" not in texts["AR"]
+    assert "drafter" not in texts["AR"] and not any("WARNING" in text for text in texts.values())
     images = images_by_title(comfy, prompt, entry)
     assert len(images) == 4 and all(image.std() > 1 for image in images.values())
+
+
+def test_lantern_without_a_drafter_says_so_on_the_stats_node(comfy, object_info):
+    """LANTERN on Jacobi drafts runs (fast) but degrades the image badly: the artist is told."""
+    prompt = workflow_prompt(COMPARE, object_info)
+    del node_of(prompt, "FastARSamplerLANTERN")["inputs"]["drafter"]
+    entry = comfy.run(prompt)
+    assert entry["status"]["status_str"] == "success", harness.execution_error(entry)
+    texts = texts_by_decoder(entry)
+    assert "WARNING: LANTERN without a drafter" in texts["LANTERN"] and "drafter demo" not in texts["LANTERN"]
+    assert not any("WARNING" in texts[decoder] for decoder in ("AR", "SPEC", "GSD"))
 
 
 def test_t2i_workflow_with_lanterns_drafter_folder(comfy, object_info):

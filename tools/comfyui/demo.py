@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -78,6 +79,8 @@ def main(argv=None) -> int:
     server = harness.Server(harness.HOME / "base", model_folders=[m.resolve() for m in args.models],
                             port=port_or_free(args.port), extra_args=["--preview-method", "auto"])
     print("starting ComfyUI with the FastAR pack ...", file=sys.stderr)
+    for stop in (signal.SIGTERM, signal.SIGHUP):  # as Ctrl-C: leave through the finally that stops the server
+        signal.signal(stop, lambda number, _frame: sys.exit(128 + number))
     started = time.monotonic()
     server.start()
     try:

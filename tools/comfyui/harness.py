@@ -6,6 +6,7 @@ format that /prompt takes. Standard library only: it runs under any Python.
 from __future__ import annotations
 
 import base64
+import ctypes
 import json
 import os
 import signal
@@ -25,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 HOME = Path(os.environ.get("FASTAR_COMFYUI_HOME", ROOT / ".comfyui"))
 PACK_NAME = "FastAR"
+PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 FRONTEND_ONLY = {"Note", "MarkdownNote", "Reroute", "PrimitiveNode"}  # nodes that never reach the server
 
 
@@ -72,6 +74,15 @@ def write_base(base: Path, model_folders: list[Path] | None = None, drafter_fold
     return yaml
 
 
+def die_with_parent() -> None:
+    """In the server's process before it starts ComfyUI: Linux sends it SIGTERM when the process that
+    started it dies, even by SIGKILL, so no server outlives its script on its port."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the script's own signal handling is all there is
+        pass
+
+
 @dataclass
 class Server:
     """One ComfyUI process. ``with Server(base) as s: ...`` starts it and stops it by PID."""
@@ -111,7 +122,7 @@ class Server:
         env.pop("PYTHONPATH", None)
         log = open(self.log_path, "w")
         self.process = subprocess.Popen(command, cwd=comfyui_dir(), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=die_with_parent)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

