@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .diffusion import SpacedDiffusion
 from .protocol import ClassConditioning
 
 LN_EPS = 1e-6
@@ -195,10 +196,17 @@ class MAR(nn.Module):
         self.decoder_norm = nn.LayerNorm(cfg.decoder_dim, eps=LN_EPS)
         self.diffusion_pos_embed_learned = nn.Parameter(torch.zeros(1, L, cfg.decoder_dim))
         self.diffloss = DiffLoss(cfg)
+        self._schedules: dict[int, SpacedDiffusion] = {}
 
     @property
     def head(self) -> DiffusionHead:
         return self.diffloss.net
+
+    def diffusion(self, sampling_steps: int) -> SpacedDiffusion:
+        """The head's reverse process respaced to ``sampling_steps`` (built once per step count)."""
+        if sampling_steps not in self._schedules:
+            self._schedules[sampling_steps] = SpacedDiffusion(sampling_steps)
+        return self._schedules[sampling_steps]
 
     @property
     def device(self) -> torch.device:
