@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import FastARError
+from .checkpoint import has_prefix
 from .vq import AttnBlock, Downsample, ResnetBlock, Upsample, group_norm
 
 
@@ -42,9 +43,8 @@ class KLConfig:
         def count(prefix: str) -> int:
             return len({k[len(prefix):].split(".")[0] for k in sd if k.startswith(prefix)})
 
-        def attn_levels(side: str) -> tuple[int, ...]:
-            return tuple(i for i in range(count(f"{side}.{'down' if side == 'encoder' else 'up'}."))
-                         if any(k.startswith(f"{side}.{'down' if side == 'encoder' else 'up'}.{i}.attn.") for k in sd))
+        def attn_levels(levels: str) -> tuple[int, ...]:  # "encoder.down" or "decoder.up"
+            return tuple(i for i in range(count(f"{levels}.")) if has_prefix(sd, f"{levels}.{i}.attn."))
 
         try:
             ch = sd["decoder.conv_out.weight"].shape[1]
@@ -52,7 +52,7 @@ class KLConfig:
             mult = tuple(sd[f"decoder.up.{i}.block.0.conv2.weight"].shape[0] // ch for i in range(levels))
             return cls(embed_dim=sd["post_quant_conv.weight"].shape[0], ch=ch, ch_mult=mult,
                        num_res_blocks=count("decoder.up.0.block.") - 1,
-                       encoder_attn_levels=attn_levels("encoder"), decoder_attn_levels=attn_levels("decoder"),
+                       encoder_attn_levels=attn_levels("encoder.down"), decoder_attn_levels=attn_levels("decoder.up"),
                        with_encoder="encoder.conv_in.weight" in sd)
         except KeyError as e:
             raise FastARError(f"{source} looks like a KL autoencoder but lacks {e.args[0]}: the file is "
