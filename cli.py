@@ -1,4 +1,4 @@
-"""``python -m fastar generate|bench|train-drafter``: the command line."""
+"""``python -m fastar generate|decode|bench|train-drafter``: the command line."""
 from __future__ import annotations
 
 import argparse
@@ -10,18 +10,24 @@ from pathlib import Path
 
 from .errors import FastARError, FastARWarning
 from .samplers.acceptance import PROB_FILTERS
+from .samplers.cspd import VERIFY_MODES, CSpDSettings
 from .samplers.decoders import DECODERS, LOSSLESS, NEEDS_DRAFTER, DecoderSpec
 from .samplers.drafts import COUPLINGS, INIT_STRATEGIES
+from .samplers.masked import CFG_SCHEDULES, MaskedSettings
 from .samplers.processing import SamplingSettings
 from .tools.train_drafter import add_arguments as add_drafter_training_args
 
 SPEC_DEFAULTS = DecoderSpec()
 SAMPLING_DEFAULTS = SamplingSettings()
+MASKED_DEFAULTS = MaskedSettings()
+CSPD_DEFAULTS = CSpDSettings()
 
 
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="AR checkpoint file or HF folder (default: the bundled demo model)")
-    p.add_argument("--vq", help="VQ tokenizer checkpoint (default: the bundled demo VQ when --model is not given)")
+    p.add_argument("--model", help="AR checkpoint file or HF folder: LlamaGen GPT or MAR (default: the bundled demo "
+                   "LlamaGen model; demo/demo_mar.safetensors is the demo MAR)")
+    p.add_argument("--vq", "--vae", dest="vq", help="image decoder: the VQ tokenizer (LlamaGen) or KL autoencoder (MAR) "
+                   "checkpoint (default: the bundled demo one for a demo model)")
     p.add_argument("--image-size", type=int, help="image size in pixels (square), for a checkpoint that does not say "
                    "it or to run at another size (default: from its training args, config or file name, e.g. 384 for "
                    "c2i_L_384.pt)")
@@ -46,7 +52,20 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                    "folder or a smaller AR checkpoint of the same family; 'demo' = the bundled demo drafter "
                    "(default for spec on the demo model). Without one, lantern and gsd draft Jacobi windows (for lantern "
                    "much faster but at a large quality loss: use a drafter)")
-    p.add_argument("--gamma", type=int, default=SPEC_DEFAULTS.gamma, help="drafter: drafts per target forward")
+    p.add_argument("--gamma", type=int, help=f"drafter: drafts per target forward (default {SPEC_DEFAULTS.gamma}; "
+                   f"CSpD: draft MAR steps per target call, default {CSPD_DEFAULTS.gamma})")
+    mar = p.add_argument_group("MAR models (ar and cspd)")
+    mar.add_argument("--num-iter", type=int, default=MASKED_DEFAULTS.num_iter,
+                     help="MAR steps: tokens are fixed in this many parallel steps (1 to the token count)")
+    mar.add_argument("--cfg-schedule", choices=CFG_SCHEDULES, default=MASKED_DEFAULTS.cfg_schedule,
+                     help="MAR: guidance grows with the tokens fixed (linear, MAR's default) or stays at --cfg")
+    mar.add_argument("--diffusion-steps", type=int, default=MASKED_DEFAULTS.diffusion_steps,
+                     help="MAR: reverse diffusion steps of the token head")
+    mar.add_argument("--prefill", type=float, default=CSPD_DEFAULTS.prefill,
+                     help="CSpD: fraction of the steps the target does alone first")
+    mar.add_argument("--cspd-verify", choices=VERIFY_MODES, default=CSPD_DEFAULTS.verify,
+                     help="CSpD: 'steps' = exactly plain MAR at --num-iter (lossless); 'merged' = the paper's scheme, "
+                     "each token distributed as plain MAR with the drafted steps merged into one")
     p.add_argument("--lantern-k", type=int, default=SPEC_DEFAULTS.lantern_k,
                    help="LANTERN k: latent neighbours considered per draft (capped at the codebook size)")
     p.add_argument("--lantern-delta", type=float, default=SPEC_DEFAULTS.lantern_delta,
@@ -72,10 +91,20 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--decoder", choices=DECODERS, default="sjd")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--out", help="PNG path (batch > 1: PATH_0.png, PATH_1.png, ...)")
-    gen.add_argument("--tokens-out", help="write the image codes as JSON")
+    gen.add_argument("--tokens-out", help="write the image codes as JSON (token models)")
+    gen.add_argument("--latents-out", help="write the image decoder's input as float32 .npy [B, C, h, w] (MAR: the "
+                     "tokens divided by the scale factor); python -m fastar decode turns it into images")
     gen.add_argument("--stats-out", help="write the decode statistics as JSON")
     gen.add_argument("--map-out", help="write the acceptance heatmap (iteration that fixed each token) as PNG")
     gen.add_argument("--quiet", action="store_true", help="no progress line")
+
+    dec = sub.add_parser("decode", help="decode saved latents (--latents-out) or codes (--tokens-out) into images")
+    dec.add_argument("--vq", "--vae", dest="vq", required=True, help="the image decoder (VQ tokenizer or KL autoencoder)")
+    source = dec.add_mutually_exclusive_group(required=True)
+    source.add_argument("--latents-in", help=".npy of float32 latents [B, C, h, w]")
+    source.add_argument("--tokens-in", help="JSON of image codes, as --tokens-out writes it")
+    dec.add_argument("--out", required=True, help="PNG path (several images: PATH_0.png, PATH_1.png, ...)")
+    dec.add_argument("--device", default="auto")
 
     bench = sub.add_parser("bench", help="compare decoders side by side on the demo model")
     add_decoding_args(bench)
@@ -99,16 +128,30 @@ def build_parser() -> argparse.ArgumentParser:
 def spec_from(args, decoder: str) -> DecoderSpec:
     return DecoderSpec(decoder=decoder, window=args.window, init=args.init, coupling=args.coupling,
                        group=args.group, prob_threshold=args.prob_threshold, prob_filter=args.prob_filter,
-                       distance_threshold=args.distance_threshold, gamma=args.gamma, lantern_k=args.lantern_k,
-                       lantern_delta=args.lantern_delta)
+                       distance_threshold=args.distance_threshold, gamma=SPEC_DEFAULTS.gamma if args.gamma is None else args.gamma,
+                       lantern_k=args.lantern_k, lantern_delta=args.lantern_delta)
+
+
+def masked_settings_from(args) -> MaskedSettings:
+    if args.top_k != SAMPLING_DEFAULTS.top_k or args.top_p != SAMPLING_DEFAULTS.top_p:
+        raise FastARError("--top-k and --top-p act on token probabilities; a MAR model samples continuous tokens: "
+                          "leave them out (--temperature and --cfg apply)")
+    return MaskedSettings(num_iter=args.num_iter, cfg_scale=args.cfg, cfg_schedule=args.cfg_schedule,
+                          temperature=args.temperature, diffusion_steps=args.diffusion_steps)
+
+
+def cspd_from(args) -> CSpDSettings:
+    return CSpDSettings(gamma=CSPD_DEFAULTS.gamma if args.gamma is None else args.gamma, prefill=args.prefill, verify=args.cspd_verify).validate()
 
 
 def drafter_choice(args, decoder: str) -> str | None:
-    """The drafter path for ``decoder``: --drafter, or the demo drafter for exact speculative decoding on
-    the demo model; None (Jacobi drafts) otherwise."""
+    """The drafter path for ``decoder``: --drafter, or the demo drafter for a decoder that needs one on a
+    demo model; None (Jacobi drafts) otherwise."""
+    from .model_loaders.demo import is_demo_mar
+
     if args.drafter:
         return args.drafter
-    return "demo" if decoder in NEEDS_DRAFTER and args.model is None else None
+    return "demo" if decoder in NEEDS_DRAFTER and (args.model is None or is_demo_mar(args.model)) else None
 
 
 def sampling_from(args) -> SamplingSettings:
@@ -142,34 +185,76 @@ def numbered(path: Path, index: int, count: int) -> Path:
 
 
 def command_generate(args) -> int:
-    from PIL import Image
-
-    from .pipeline import codes_to_images, conditioning_for, load_models
-    from .samplers.decoders import decode
-    from .samplers.stats import acceptance_heatmap
+    from .pipeline import conditioning_for, load_models
 
     models = load_models(args.model, args.vq, args.device, args.dtype, drafter_path=drafter_choice(args, args.decoder),
                          image_size=args.image_size)
     classes = args.classes.split(",") if args.classes else [args.class_] if args.class_ else None
     conditioning = conditioning_for(models.ar, classes=classes, batch=args.batch, prompts=args.prompt,
                                     t5_folder=args.t5)
+    kind = "lossless" if LOSSLESS[args.decoder] else "relaxed (trades fidelity for speed)"
+    progress = ProgressLine(f"{args.decoder} ({kind})", enabled=not args.quiet, batch=conditioning.batch)
+    if models.ar.kind == "masked-ar":
+        outputs, stats = generate_masked(args, models, conditioning, progress)
+    else:
+        outputs, stats = generate_tokens(args, models, conditioning, progress)
+    write_outputs(args, models, outputs, stats)
+    return 0
+
+
+def generate_tokens(args, models, conditioning, progress):
+    from .samplers.decoders import decode
+
+    if args.latents_out:
+        raise FastARError("--latents-out is for MAR models (continuous latents); a token model's output is codes: "
+                          "use --tokens-out")
     spec, sampling = spec_from(args, args.decoder), sampling_from(args)
-    kind = "lossless" if LOSSLESS[spec.decoder] else "relaxed (trades fidelity for speed)"
-    progress = ProgressLine(f"{spec.decoder} ({kind})", enabled=not args.quiet, batch=conditioning.batch)
     codes, stats = decode(models.ar, conditioning, sampling, spec, seed=args.seed, on_iteration=progress,
                           drafter=models.drafter, codebook=models.codebook())
-    grid = models.ar.grid
-
     drafted = f", {stats.drafter_forwards} drafter forwards ({stats.drafter_time_s:.2f} s)" if models.drafter else ""
     print(f"{stats.decoder}: {stats.num_tokens} tokens x {stats.batch} in {stats.target_forwards} forwards "
           f"(step compression {stats.step_compression:.2f}x, mean accepted {stats.mean_accepted:.2f}){drafted}, "
           f"{stats.wall_time_s:.2f} s")
+    return codes, stats
+
+
+def generate_masked(args, models, conditioning, progress):
+    from .samplers.decoders import decode_masked
+
+    if args.tokens_out:
+        raise FastARError("--tokens-out is for token models; a MAR model writes continuous latents: use --latents-out")
+    tokens, stats = decode_masked(models.ar, conditioning, masked_settings_from(args), args.decoder, seed=args.seed,
+                                  cspd=cspd_from(args), drafter=models.drafter, on_iteration=progress)
+    line = f"{stats.decoder}: {stats.num_tokens} tokens x {stats.batch} in {stats.target_forwards} target calls"
+    if stats.decoder == "cspd":
+        line += (f" + {stats.drafter_forwards} draft calls ({stats.drafter_time_s:.2f} s), acceptance "
+                 f"{stats.acceptance_rate or 0.0:.1%} of {stats.drafted_tokens} drafted tokens, "
+                 f"{stats.resample_tries} residual proposals ({stats.resample_fallbacks} fell back)")
+    print(f"{line}, {stats.wall_time_s:.2f} s")
+    return tokens, stats
+
+
+def write_outputs(args, models, outputs, stats) -> None:
+    from PIL import Image
+
+    from .pipeline import outputs_to_images
+    from .samplers.stats import acceptance_heatmap
+
+    grid = models.ar.grid
     tokens_out = args.tokens_out
-    if args.out and models.vq is None and not tokens_out:  # no images without a VQ: keep the codes instead
-        tokens_out = Path(args.out).with_suffix(".tokens.json")
-        Path(tokens_out).parent.mkdir(parents=True, exist_ok=True)
+    if args.out and models.vq is None and not tokens_out and not args.latents_out:
+        # no images without an image decoder: keep the model's output instead
+        if models.ar.kind == "masked-ar":
+            args.latents_out = str(Path(args.out).with_suffix(".latents.npy"))
+        else:
+            tokens_out = str(Path(args.out).with_suffix(".tokens.json"))
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     if tokens_out:
-        Path(tokens_out).write_text(json.dumps({"tokens": codes.tolist(), "grid": list(grid)}))
+        Path(tokens_out).write_text(json.dumps({"tokens": outputs.tolist(), "grid": list(grid)}))
+    if args.latents_out:
+        import numpy as np
+
+        np.save(args.latents_out, models.ar.decoder_input(outputs).float().cpu().numpy())
     if args.stats_out:
         Path(args.stats_out).write_text(json.dumps(stats.to_json(), indent=1))
     if args.map_out:
@@ -177,16 +262,58 @@ def command_generate(args) -> int:
             Image.fromarray(acceptance_heatmap(row, grid)).save(numbered(Path(args.map_out), i, stats.batch))
     if args.out:
         if models.vq is None:
-            print(f"no images written: the model's VQ decoder is needed to make them (give --vq). The image "
-                  f"codes are in {tokens_out}", file=sys.stderr)
+            print(f"no images written: the model's image decoder is needed to make them (give --vq). Its output is "
+                  f"in {tokens_out or args.latents_out}", file=sys.stderr)
         else:
-            images = codes_to_images(models.vq, codes, grid)
-            out = Path(args.out)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            for i, image in enumerate(images):
-                Image.fromarray(image).save(numbered(out, i, len(images)))
-            print(f"wrote {len(images)} image(s) to {out}" + ("" if len(images) == 1 else " (numbered)"))
+            save_images(outputs_to_images(models.vq, models.ar, outputs), Path(args.out))
+
+
+def save_images(images, out: Path) -> None:
+    from PIL import Image
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for i, image in enumerate(images):
+        Image.fromarray(image).save(numbered(out, i, len(images)))
+    print(f"wrote {len(images)} image(s) to {out}" + ("" if len(images) == 1 else " (numbered)"))
+
+
+def command_decode(args) -> int:
+    import numpy as np
+    import torch
+
+    from .model_loaders import load_image_decoder
+    from .pipeline import decode_images, resolve_device
+
+    decoder = load_image_decoder(args.vq, device=resolve_device(args.device))
+    if args.latents_in:
+        try:
+            inputs = torch.from_numpy(np.load(args.latents_in)).float()
+        except (OSError, ValueError) as e:
+            raise FastARError(f"{args.latents_in} is not a .npy array ({e}): give the file --latents-out wrote") from e
+        want = "latents"
+    else:
+        try:
+            saved = json.loads(Path(args.tokens_in).read_text())
+            inputs = torch.tensor(saved["tokens"], dtype=torch.long).view(-1, *saved["grid"])
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
+            raise FastARError(f"{args.tokens_in} is not a tokens file ({type(e).__name__}: {e}): give the JSON "
+                              "--tokens-out wrote") from e
+        want = "codes"
+    if decoder.input_kind != want:
+        raise FastARError(f"{args.vq} is {decoder.what}, which decodes {decoder.input_kind}, but {want} were given: "
+                          f"use {'a KL autoencoder for --latents-in' if want == 'latents' else 'a VQ tokenizer for --tokens-in'}")
+    check_decoder_input(decoder, inputs)
+    save_images(decode_images(decoder, inputs), Path(args.out))
     return 0
+
+
+def check_decoder_input(decoder, inputs) -> None:
+    if decoder.input_kind == "latents":
+        if inputs.dim() != 4 or inputs.shape[1] != decoder.cfg.embed_dim:
+            raise FastARError(f"latents of shape {tuple(inputs.shape)}: this KL autoencoder decodes [B, "
+                              f"{decoder.cfg.embed_dim}, h, w]; pick the autoencoder the model was trained with")
+    elif int(inputs.max()) >= decoder.cfg.codebook_size or int(inputs.min()) < 0:
+        raise FastARError(f"codes outside 0..{decoder.cfg.codebook_size - 1}: pick the VQ the model was trained with")
 
 
 def command_bench(args) -> int:
@@ -226,7 +353,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         set_threads(getattr(args, "threads", None))
-        commands = {"generate": command_generate, "bench": command_bench, "train-drafter": command_train_drafter}
+        commands = {"generate": command_generate, "decode": command_decode, "bench": command_bench,
+                    "train-drafter": command_train_drafter}
         return commands[args.command](args)
     except FastARError as e:
         print(f"error: {e}", file=sys.stderr)

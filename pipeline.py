@@ -60,32 +60,56 @@ def parse_class(value: str, class_names: list[str]) -> int:
 
 
 @torch.no_grad()
-def codes_to_images(vq, codes: torch.Tensor, grid: tuple[int, int], chunk: int = 16) -> np.ndarray:
-    """Image codes ``[B, h*w]`` -> uint8 RGB ``[B, H, W, 3]``."""
+def decode_images(decoder, inputs: torch.Tensor, chunk: int = 16) -> np.ndarray:
+    """The image decoder's inputs (VQ codes ``[B, h, w]`` or KL latents ``[B, C, h, w]``) -> uint8 RGB
+    ``[B, H, W, 3]``."""
     out = []
-    for part in codes.split(chunk):
-        pixels = vq.decode_codes(part.view(-1, *grid)).float().clamp(-1, 1)
+    for part in inputs.split(chunk):
+        pixels = decoder.decode(part.to(decoder.device)).float().clamp(-1, 1)
         out.append(((pixels + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy())
     return np.concatenate(out)
+
+
+def outputs_to_images(decoder, model, outputs: torch.Tensor) -> np.ndarray:
+    """A model's outputs (codes ``[B, h*w]``, or MAR tokens ``[B, L, C]``) -> uint8 RGB ``[B, H, W, 3]``."""
+    return decode_images(decoder, model.decoder_input(outputs))
+
+
+def check_image_decoder(model, decoder) -> None:
+    """The image decoder must read what the model writes: VQ codes of the same codebook, or KL latents with
+    the same channels."""
+    if getattr(model, "kind", "token-ar") == "masked-ar":
+        if decoder.input_kind != "latents":
+            raise FastARError(f"a MAR model writes continuous latents: its image decoder is a KL autoencoder (the "
+                              f"official kl16.ckpt for MAR), not {decoder.what}")
+        if decoder.cfg.embed_dim != model.cfg.token_dim:
+            raise FastARError(f"the KL autoencoder has {decoder.cfg.embed_dim} latent channels but the MAR model writes "
+                              f"{model.cfg.token_dim}: pick the autoencoder the model was trained with")
+        return
+    if decoder.input_kind != "codes":
+        raise FastARError(f"{model.what} writes VQ codes: its image decoder is its VQ tokenizer, not {decoder.what}")
+    if decoder.cfg.codebook_size != model.vocab_size:
+        raise FastARError(f"the VQ decoder has {decoder.cfg.codebook_size} codes but the AR model predicts "
+                          f"{model.vocab_size}: pick the VQ the model was trained with")
 
 
 @dataclass
 class LoadedModels:
     ar: torch.nn.Module
-    vq: torch.nn.Module | None
+    vq: torch.nn.Module | None  # the image decoder: VQ tokenizer or KL autoencoder
     drafter: object | None = None
 
     def codebook(self) -> torch.Tensor | None:
-        """The code vectors as the VQ decoder uses them (LANTERN's latent space)."""
-        return None if self.vq is None else self.vq.quantize.codebook().detach()
+        """The code vectors as the VQ decoder uses them (LANTERN's latent space); None for KL latents."""
+        return None if self.vq is None else self.vq.codebook()
 
 
 def load_models(model_path: str | None, vq_path: str | None, device: str = "auto", dtype: str = "auto",
                 drafter_path: str | None = None, image_size: int | None = None) -> LoadedModels:
     """The AR model, VQ decoder and optional drafter; model and VQ default to the bundled demo models,
     ``drafter_path="demo"`` is the bundled demo drafter. ``image_size`` (pixels) overrides the model's."""
-    from .model_loaders import load_ar_model, load_vq_model
-    from .model_loaders.demo import DEMO_AR, DEMO_DRAFTER, DEMO_VQ
+    from .model_loaders import load_ar_model, load_image_decoder
+    from .model_loaders.demo import DEMO_AR, DEMO_VQ
     from .model_loaders.drafters import load_drafter
 
     dev = resolve_device(device)
@@ -93,13 +117,10 @@ def load_models(model_path: str | None, vq_path: str | None, device: str = "auto
     ar = load_ar_model(model_path or DEMO_AR, device=dev, dtype=dt, image_size=image_size)
     if vq_path is None and model_path is None:
         vq_path = DEMO_VQ
-    vq = load_vq_model(vq_path, device=dev, dtype=torch.float32 if dev.type == "cpu" else dt) if vq_path else None
-    if vq is not None and vq.cfg.codebook_size != ar.vocab_size:
-        raise FastARError(f"the VQ decoder has {vq.cfg.codebook_size} codes but the AR model predicts "
-                          f"{ar.vocab_size}: pick the VQ the model was trained with")
-    drafter = None
-    if drafter_path:
-        drafter = load_drafter(DEMO_DRAFTER if drafter_path == "demo" else drafter_path, ar, device=dev, dtype=dt)
+    vq = load_image_decoder(vq_path, device=dev, dtype=torch.float32 if dev.type == "cpu" else dt) if vq_path else None
+    if vq is not None:
+        check_image_decoder(ar, vq)
+    drafter = load_drafter(drafter_path, ar, device=dev, dtype=dt) if drafter_path else None
     return LoadedModels(ar, vq, drafter)
 
 

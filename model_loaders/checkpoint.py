@@ -40,11 +40,11 @@ MODELS_HINT = "put downloaded models in ComfyUI's models/fastar folder, or give 
 CORRUPT_HINT = "the file is truncated or corrupt: re-download it"
 
 AR_MODEL = "an AR model"
-VQ_TOKENIZER = "a VQ tokenizer"
+IMAGE_DECODER = "an image decoder"  # VQ tokenizer or KL autoencoder: what turns model outputs into pixels
 DRAFTER = "an EAGLE-style drafter"
 LOAD_AS = {
     AR_MODEL: "load it as the AR model (the model loader), not as the image decoder",
-    VQ_TOKENIZER: "load it as the VQ decoder (the VQ loader), not as the AR model",
+    IMAGE_DECODER: "load it as the image decoder (the VQ / image decoder loader, --vq), not as the AR model",
     DRAFTER: "load it as a drafter (FastAR Load Drafter, or --drafter) for the AR model it was trained with",
 }
 
@@ -215,7 +215,8 @@ def clean_state_dict(tensors: dict[str, torch.Tensor], source: str) -> dict[str,
 @dataclass(frozen=True)
 class Family:
     name: str
-    kind: str  # AR_MODEL, VQ_TOKENIZER or DRAFTER
+    kind: str  # AR_MODEL, IMAGE_DECODER or DRAFTER
+    what: str  # how messages call it: "a LlamaGen GPT"
     matches: Callable[[Mapping[str, torch.Tensor]], bool]
 
 
@@ -229,15 +230,20 @@ def has_prefix(sd, prefix: str) -> bool:
 
 # First match wins: put more specific families above the ones they resemble.
 FAMILIES = (
-    Family("llamagen-gpt", AR_MODEL,
+    Family("llamagen-gpt", AR_MODEL, "a LlamaGen GPT",
            lambda sd: "tok_embeddings.weight" in sd and has_suffix(sd, ".attention.wqkv.weight")),
-    Family("llamagen-gpt-hf", AR_MODEL,
+    Family("llamagen-gpt-hf", AR_MODEL, "a LlamaGen GPT",
            lambda sd: "model.embed_tokens.weight" in sd and has_prefix(sd, "model.cls_embedding.")),
-    Family("llamagen-vq", VQ_TOKENIZER,
+    Family("mar", AR_MODEL, "a MAR model",
+           lambda sd: "z_proj.weight" in sd and has_prefix(sd, "diffloss.net.")),
+    Family("llamagen-vq", IMAGE_DECODER, "a VQ tokenizer",
            lambda sd: "quantize.embedding.weight" in sd and has_prefix(sd, "decoder.conv_blocks.")),
-    Family("eagle-drafter", DRAFTER, lambda sd: "fc.weight" in sd and "embed_tokens.weight" in sd),
+    Family("kl-vae", IMAGE_DECODER, "a KL autoencoder",
+           lambda sd: "post_quant_conv.weight" in sd and has_prefix(sd, "decoder.up.")),
+    Family("eagle-drafter", DRAFTER, "an EAGLE-style drafter", lambda sd: "fc.weight" in sd and "embed_tokens.weight" in sd),
 )
 FAMILY_KIND = {f.name: f.kind for f in FAMILIES}
+FAMILY_WHAT = {f.name: f.what for f in FAMILIES}
 
 
 def detect_family(sd: Mapping[str, torch.Tensor]) -> str | None:
@@ -246,7 +252,7 @@ def detect_family(sd: Mapping[str, torch.Tensor]) -> str | None:
 
 
 def require_family(sd: Mapping[str, torch.Tensor], source: str, kind: str) -> str:
-    """The family of ``sd``, which must be a ``kind`` (AR_MODEL or VQ_TOKENIZER)."""
+    """The family of ``sd``, which must be a ``kind`` (AR_MODEL, IMAGE_DECODER or DRAFTER)."""
     family = detect_family(sd)
     if family is None:
         supported = ", ".join(f.name for f in FAMILIES)
@@ -255,7 +261,7 @@ def require_family(sd: Mapping[str, torch.Tensor], source: str, kind: str) -> st
             f"families ({supported}). Check that you picked the right file"
         )
     if FAMILY_KIND[family] != kind:
-        raise FastARError(f"{source} is {FAMILY_KIND[family]} ({family}), not {kind}: "
+        raise FastARError(f"{source} is {FAMILY_WHAT[family]} ({family}), not {kind}: "
                           f"{LOAD_AS[FAMILY_KIND[family]]}")
     return family
 
@@ -280,7 +286,7 @@ def load_weights(model: nn.Module, sd: Mapping[str, torch.Tensor], source: str) 
         problems.append(f"missing {sample_keys(missing)} (an incomplete file, or a different model size)")
     if unexpected:
         stray = detect_family({k: sd[k] for k in unexpected})
-        suggests = f": these look like {FAMILY_KIND[stray]}, {LOAD_AS[FAMILY_KIND[stray]]}" if stray else ""
+        suggests = f": these look like {FAMILY_WHAT[stray]}, {LOAD_AS[FAMILY_KIND[stray]]}" if stray else ""
         problems.append(f"unexpected {sample_keys(unexpected)}{suggests}")
     if wrong:
         problems.append(f"wrong shapes {sample_keys(wrong, 2)} (checkpoint vs model: the config saved with "

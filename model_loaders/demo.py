@@ -1,4 +1,4 @@
-"""The bundled demo models: small LlamaGen-format models trained on procedural images (tools/)."""
+"""The bundled demo models: small models in the official formats, trained on procedural images (tools/)."""
 from pathlib import Path
 
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo"
@@ -6,3 +6,12 @@ DEMO_AR = DEMO_DIR / "demo_c2i.safetensors"
 DEMO_VQ = DEMO_DIR / "demo_vq.safetensors"
 DEMO_CLASSIFIER = DEMO_DIR / "demo_classifier.safetensors"
 DEMO_DRAFTER = DEMO_DIR / "demo_drafter"  # EAGLE head for DEMO_AR (LANTERN's folder format)
+DEMO_KL = DEMO_DIR / "demo_kl_vae.safetensors"  # KL autoencoder (LDM format) for the MAR demo
+DEMO_MAR = DEMO_DIR / "demo_mar.safetensors"  # MAR target on DEMO_KL's latents
+DEMO_MAR_DRAFT = DEMO_DIR / "demo_mar_draft.safetensors"  # smaller MAR on the same latents (CSpD's draft)
+
+
+
+def is_demo_mar(path) -> bool:
+    """Whether ``path`` is the bundled demo MAR (CSpD then drafts with the demo draft by default)."""
+    return Path(path).resolve() == DEMO_MAR.resolve()

@@ -74,11 +74,27 @@ class SpacedDiffusion:
         """The training timestep the head is called with at reverse index ``index``."""
         return self.timestep_map[index]
 
-    def reverse_step(self, x: torch.Tensor, index: int, eps: torch.Tensor, variance_values: torch.Tensor) -> ReverseStep:
+    def constants(self, index: int | torch.Tensor) -> dict:
+        """The table at reverse index ``index``: floats, or ``[N, 1]`` columns for a tensor of indices."""
+        if isinstance(index, int):
+            return {k: float(v[index]) for k, v in self.table.items()}
+        return {k: v.to(index.device)[index].unsqueeze(-1) for k, v in self.table.items()}
+
+    def reverse_step(self, x: torch.Tensor, index: int | torch.Tensor, eps: torch.Tensor,
+                     variance_values: torch.Tensor) -> ReverseStep:
         """The Gaussian of x_{t-1} given x_t = ``x`` and the head's outputs at reverse index ``index``."""
-        c = {k: float(v[index]) for k, v in self.table.items()}
+        c = self.constants(index)
         x0 = c["recip_sqrt_ac"] * x - c["recip_sqrt_ac_m1"] * eps
-        mean = c["coef_x0"] * x0 + c["coef_xt"] * x
         blend = (variance_values + 1) / 2
         log_variance = blend * c["log_beta"] + (1 - blend) * c["clipped_log_variance"]
-        return ReverseStep(mean, torch.exp(0.5 * log_variance))
+        return ReverseStep(self.posterior_mean(x0, x, c), torch.exp(0.5 * log_variance))
+
+    @staticmethod
+    def posterior_mean(x0: torch.Tensor, x: torch.Tensor, c: dict) -> torch.Tensor:
+        """The mean of q(x_{t-1} | x_t = x, x_0)."""
+        return c["coef_x0"] * x0 + c["coef_xt"] * x
+
+    def noised(self, x0: torch.Tensor, index: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """x_t ~ q(x_t | x_0) at reverse indices ``index`` [N] (training)."""
+        c = self.constants(index)
+        return (x0 + c["recip_sqrt_ac_m1"] * noise) / c["recip_sqrt_ac"]

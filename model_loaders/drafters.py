@@ -1,8 +1,9 @@
 """Loading drafters for speculative decoding, checked against the target they will serve.
 
-Two kinds: an EAGLE head (LANTERN's format: config.json + ``fc``/``embed_tokens`` weights) that reads the
-target's hidden states, or a smaller LlamaGen GPT that shares the target's VQ codes (any file
-``load_ar_model`` reads).
+For token models, two kinds: an EAGLE head (LANTERN's format: config.json + ``fc``/``embed_tokens``
+weights) that reads the target's hidden states, or a smaller LlamaGen GPT that shares the target's VQ
+codes (any file ``load_ar_model`` reads). For a MAR target: a smaller MAR on the same latents (CSpD).
+``"demo"`` names the bundled demo drafter of the target's kind.
 """
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ from safetensors.torch import save_file
 from ..errors import FastARError
 from . import LOADERS
 from .ar_drafter import SmallARDrafter
-from .checkpoint import AR_MODEL, FAMILY_KIND, CheckpointInfo, detect_family, read_json, read_state_dict, sample_keys
+from .checkpoint import AR_MODEL, FAMILY_KIND, FAMILY_WHAT, CheckpointInfo, detect_family, read_json, read_state_dict, sample_keys
 from .eagle_drafter import EagleConfig, EagleDrafter, EagleHead
 from .llamagen import build_and_load, weight_shape
+from .demo import DEMO_DRAFTER, DEMO_MAR_DRAFT
 from .llamagen_gpt import LlamaGenGPT
+from .mar import load_mar_draft
 
 RETRAIN_HINT = "use a drafter trained for this target model (python -m fastar train-drafter makes one)"
 KIND_NAMES = {"c2i": "class-to-image", "t2i": "text-to-image"}
@@ -27,6 +30,9 @@ KIND_NAMES = {"c2i": "class-to-image", "t2i": "text-to-image"}
 def load_drafter(path, target: LlamaGenGPT, *, device=None, dtype=None):
     """The drafter in a checkpoint file or folder, bound to ``target``; device and dtype default to the
     target's."""
+    if target.kind == "masked-ar":
+        return load_mar_draft(DEMO_MAR_DRAFT if path == "demo" else path, target, device=device, dtype=dtype)
+    path = DEMO_DRAFTER if path == "demo" else path
     sd, info = read_state_dict(path)
     device = target.device if device is None else device
     dtype = target.dtype if dtype is None else dtype
@@ -34,7 +40,7 @@ def load_drafter(path, target: LlamaGenGPT, *, device=None, dtype=None):
     if family == "eagle-drafter":
         return load_eagle(sd, info, Path(path), target, device, dtype)
     if family is None or FAMILY_KIND[family] != AR_MODEL:
-        what = f"{FAMILY_KIND[family]} ({family})" if family else f"no model FastAR knows (keys {sample_keys(sd)})"
+        what = f"{FAMILY_WHAT[family]} ({family})" if family else f"no model FastAR knows (keys {sample_keys(sd)})"
         raise FastARError(f"{info.source} is {what}, not a drafter: pick an EAGLE drafter folder (config.json + "
                           "fc/embed_tokens weights) or a smaller LlamaGen GPT trained on the target's VQ codes")
     model = LOADERS[family](sd, info=info, device=device, dtype=dtype)

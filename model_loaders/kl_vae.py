@@ -156,5 +156,15 @@ class KLAutoencoder(nn.Module):
         mean, logvar = self.quant_conv(self.encoder(images)).chunk(2, dim=1)
         return mean, logvar.clamp(-30.0, 20.0)
 
+    input_kind = "latents"
+    what = "a KL autoencoder"
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """The image-decoder protocol: latents [B, C, h, w] -> images in [-1, 1] (not clamped)."""
+        return self.decode_latents(latents)
+
+    def codebook(self) -> None:
+        return None  # continuous latents: no codes
+
     def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
         return self.decoder(self.post_quant_conv(latents.to(self.post_quant_conv.weight.dtype)))

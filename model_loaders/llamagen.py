@@ -21,7 +21,7 @@ from torch import nn
 from ..errors import FastARError, FastARWarning
 from .checkpoint import (
     AR_MODEL,
-    VQ_TOKENIZER,
+    IMAGE_DECODER,
     WEIGHT_SUFFIXES,
     CheckpointInfo,
     clean_state_dict,
@@ -76,7 +76,7 @@ def load_vq(path_or_state_dict, *, device="cpu", dtype=torch.float32,
             info: CheckpointInfo | None = None) -> VQModel:
     """A LlamaGen VQ tokenizer in eval mode: decoder only, unless the file has encoder weights."""
     sd, info = checkpoint_of(path_or_state_dict, info)
-    require_family(sd, info.source, VQ_TOKENIZER)
+    require_family(sd, info.source, IMAGE_DECODER)
     sd = {k: v for k, v in sd.items() if k != "quantize.codebook_used"}  # training statistics
     return build_and_load(VQModel, vq_config(sd, info), sd, info.source, device, dtype)
 

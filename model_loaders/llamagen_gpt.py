@@ -196,6 +196,9 @@ class KVCache:
 
 
 class LlamaGenGPT(nn.Module):
+    kind = "token-ar"
+    what = "a LlamaGen GPT"
+
     def __init__(self, cfg: LlamaGenConfig):
         super().__init__()
         if cfg.dim % cfg.n_head or cfg.n_head % cfg.n_kv_head or cfg.head_dim % 4:
@@ -226,6 +229,10 @@ class LlamaGenGPT(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.tok_embeddings.weight.dtype
+
+    def decoder_input(self, codes: torch.Tensor) -> torch.Tensor:
+        """Codes ``[B, h*w]`` -> the VQ decoder's input ``[B, h, w]``."""
+        return codes.view(-1, *self.grid)
 
     def code_embeddings(self) -> torch.Tensor:
         return self.tok_embeddings.weight

@@ -61,10 +61,12 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x):
+    def forward(self, x, keys=None):
+        """``keys`` [B, n] bool: the positions each row may attend to (None = all)."""
         b, n, d = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        return self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, d))
+        mask = None if keys is None else keys[:, None, None, :]
+        return self.proj(F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b, n, d))
 
 
 class Mlp(nn.Module):
@@ -85,8 +87,8 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(dim, eps=LN_EPS)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
 
-    def forward(self, x):
-        x = x + self.attn(self.norm1(x))
+    def forward(self, x, keys=None):
+        x = x + self.attn(self.norm1(x), keys)
         return x + self.mlp(self.norm2(x))
 
 
@@ -176,6 +178,9 @@ class DiffLoss(nn.Module):
 class MAR(nn.Module):
     """Condition vectors for every position from the known tokens (the masked-AR protocol)."""
 
+    kind = "masked-ar"
+    what = "a MAR model"
+
     def __init__(self, cfg: MARConfig):
         super().__init__()
         self.cfg = cfg
@@ -216,6 +221,11 @@ class MAR(nn.Module):
     def grid(self) -> tuple[int, int]:
         return self.cfg.grid
 
+    def decoder_input(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Tokens ``[B, L, C]`` -> the KL autoencoder's latents ``[B, C, h, w]`` (divided by the scale factor)."""
+        B, L, C = tokens.shape
+        return (tokens.float() / self.cfg.scale_factor).transpose(1, 2).reshape(B, C, *self.grid)
+
     def class_vectors(self, conditioning: ClassConditioning, uncond: bool) -> torch.Tensor:
         """``[B, dim]``: the class embeddings, or the learned unconditional vector for every row."""
         if uncond:
@@ -224,7 +234,9 @@ class MAR(nn.Module):
 
     def conditions(self, tokens: torch.Tensor, known: torch.Tensor, class_vectors: torch.Tensor) -> torch.Tensor:
         """Condition vectors ``[B, L, decoder_dim]`` for every position, from ``tokens`` [B, L, C] of which
-        only the ``known`` [B, L] ones are seen. Every row must know the same number of tokens."""
+        only the ``known`` [B, L] ones are seen. Rows may know different numbers of tokens (CSpD scores
+        several contexts in one call): the encoder then masks the unknown ones out of attention instead
+        of dropping them, which gives the same vectors."""
         B, L, _ = tokens.shape
         buffer = self.cfg.buffer
         x = self.z_proj(tokens.to(self.z_proj.weight.dtype))
@@ -232,13 +244,20 @@ class MAR(nn.Module):
         x = self.z_proj_ln(x + self.encoder_pos_embed_learned)
         keep = torch.cat([torch.ones(B, buffer, dtype=torch.bool, device=known.device), known], dim=1)
         kept = keep.nonzero(as_tuple=True)
-        x = x[kept].view(B, -1, x.shape[-1])
-        for block in self.encoder_blocks:
-            x = block(x)
-        x = self.decoder_embed(self.encoder_norm(x))
+        counts = keep.sum(1)
+        if bool((counts == counts[0]).all()):  # the official path: unknown tokens dropped
+            x = self.encode(x[kept].view(B, -1, x.shape[-1]), None).flatten(0, 1)
+        else:
+            x = self.encode(x, keep)[kept]
         full = self.mask_token.to(x.dtype).expand(B, buffer + L, -1).clone()
-        full[kept] = x.reshape(-1, x.shape[-1])
+        full[kept] = x
         x = full + self.decoder_pos_embed_learned
         for block in self.decoder_blocks:
             x = block(x)
         return self.decoder_norm(x)[:, buffer:] + self.diffusion_pos_embed_learned
+
+    def encode(self, x: torch.Tensor, keys) -> torch.Tensor:
+        """The encoder blocks and the projection to the decoder's width."""
+        for block in self.encoder_blocks:
+            x = block(x, keys)
+        return self.decoder_embed(self.encoder_norm(x))

@@ -244,6 +244,17 @@ class VQModel(nn.Module):
     def decode_vectors(self, vectors: torch.Tensor) -> torch.Tensor:
         return self.decoder(self.post_quant_conv(vectors))
 
+    input_kind = "codes"
+    what = "a VQ tokenizer"
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """The image-decoder protocol: codes [B, h, w] -> images in [-1, 1] (not clamped)."""
+        return self.decode_codes(codes)
+
+    def codebook(self) -> torch.Tensor:
+        """The code vectors as the decoder uses them (LANTERN's latent space)."""
+        return self.quantize.codebook().detach()
+
     def decode_codes(self, codes: torch.Tensor) -> torch.Tensor:
         """Codes [B, h, w] -> images [B, 3, h*ds, w*ds] in [-1, 1] (not clamped)."""
         vectors = self.quantize.lookup(codes.to(self.device))

@@ -182,9 +182,9 @@ class LoadVQ(CheckpointLoader):
 
     @classmethod
     def load(cls, path, name, dtype):
-        from ..model_loaders import load_vq_model
+        from ..model_loaders import load_image_decoder
 
-        vq = load_vq_model(path, device=glue.offload_device(),
+        vq = load_image_decoder(path, device=glue.offload_device(),
                            dtype=glue.choose_dtype(dtype, glue.load_device(), for_vq=True))
         return ModelHandle(glue.make_patcher(vq), name)
 

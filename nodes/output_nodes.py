@@ -5,7 +5,7 @@ import numpy as np
 from comfy_api.latest import io
 
 from ..errors import FastARError
-from ..pipeline import codes_to_images
+from ..pipeline import decode_images
 from ..samplers.decoders import LOSSLESS
 from ..samplers.stats import DecodeStats, acceptance_heatmap
 from . import comfy_glue as glue
@@ -40,7 +40,7 @@ class VQDecode(io.ComfyNode):
         side = model.cfg.downsample
         pixels = tokens.codes.shape[0] * h * w * side * side
         glue.load_for_inference([vq.patcher], memory_required=pixels * model.cfg.ch * 4 * 8)
-        images = codes_to_images(model, tokens.codes.to(model.device), tokens.grid)
+        images = decode_images(model, tokens.codes.view(-1, h, w))
         glue.free_cache()
         return io.NodeOutput(glue.to_image_tensor(images))
 

@@ -1,8 +1,11 @@
 """The decoders by name, with their parameters: the one entry point for the CLI, the benchmark and
 the nodes.
 
-A decoder is an acceptance rule plus a draft source: Jacobi self-drafts (the window of the previous
-iteration's samples) or a drafter model (a chain of gamma drafts per target forward).
+``DECODER_TABLE`` says which model kind each decoder runs on, whether it is lossless and whether it takes
+a drafter; the CLI choices, the bench rows and the checks below read it. A token-AR decoder is an
+acceptance rule plus a draft source: Jacobi self-drafts (the window of the previous iteration's samples)
+or a drafter model (a chain of gamma drafts per target forward). ``ar`` is every kind's own baseline
+sampler (raster AR for token models, MAR's masked schedule for MAR).
 """
 from __future__ import annotations
 
@@ -16,14 +19,63 @@ from .acceptance import ExactRule, GroupedRule, LanternRule
 from .jacobi import ar_decode, jacobi_decode
 from .latent_neighbours import latent_neighbours
 from .processing import SamplingSettings
+from .cspd import CSpDSettings, cspd_decode
+from .masked import MaskedSettings, masked_decode
 from .speculative import speculative_decode
 from .stats import Stopwatch
 from .verifier import ProgressFn
 
-DECODERS = ("ar", "sjd", "gsd", "spec", "lantern")
-LOSSLESS = {"ar": True, "sjd": True, "gsd": False, "spec": True, "lantern": False}
-WITH_DRAFTER = ("spec", "gsd", "lantern")  # decoders that can verify a drafter's chain
-NEEDS_DRAFTER = ("spec",)
+TOKEN_AR, MASKED_AR = "token-ar", "masked-ar"
+KIND_NAMES = {TOKEN_AR: "a token model (LlamaGen)", MASKED_AR: "a MAR model"}
+
+
+@dataclass(frozen=True)
+class Decoder:
+    name: str
+    kinds: tuple[str, ...]  # the model kinds it runs on
+    lossless: bool
+    drafter: str  # "no", "optional" or "required"
+
+
+DECODER_TABLE = (
+    Decoder("ar", (TOKEN_AR, MASKED_AR), lossless=True, drafter="no"),
+    Decoder("sjd", (TOKEN_AR,), lossless=True, drafter="no"),
+    Decoder("gsd", (TOKEN_AR,), lossless=False, drafter="optional"),
+    Decoder("spec", (TOKEN_AR,), lossless=True, drafter="required"),
+    Decoder("lantern", (TOKEN_AR,), lossless=False, drafter="optional"),
+    Decoder("cspd", (MASKED_AR,), lossless=True, drafter="required"),
+)
+DECODER_BY_NAME = {d.name: d for d in DECODER_TABLE}
+DECODERS = tuple(DECODER_BY_NAME)
+LOSSLESS = {d.name: d.lossless for d in DECODER_TABLE}
+WITH_DRAFTER = tuple(d.name for d in DECODER_TABLE if d.drafter != "no")  # decoders that verify a drafter's drafts
+NEEDS_DRAFTER = tuple(d.name for d in DECODER_TABLE if d.drafter == "required")
+
+
+def decoders_for(kind: str) -> tuple[str, ...]:
+    return tuple(d.name for d in DECODER_TABLE if kind in d.kinds)
+
+
+def check_decoder(name: str, model, drafter) -> Decoder:
+    """The table entry of ``name``, checked against the model's kind and the drafter given."""
+    if name not in DECODER_BY_NAME:
+        raise FastARError(f"unknown decoder '{name}': choose one of {', '.join(DECODERS)}")
+    decoder = DECODER_BY_NAME[name]
+    kind = getattr(model, "kind", TOKEN_AR)
+    if kind not in decoder.kinds:
+        needs = " or ".join(KIND_NAMES[k] for k in decoder.kinds)
+        raise FastARError(f"{name} needs {needs}; this is {getattr(model, 'what', KIND_NAMES[kind])}: use one of "
+                          f"{', '.join(decoders_for(kind))} with it")
+    if drafter is None and decoder.drafter == "required":
+        if kind == MASKED_AR:
+            raise FastARError("CSpD needs a draft model: load a smaller MAR trained on the same VAE latents as the "
+                              "drafter (e.g. mar_base for mar_huge; the demo's is demo_mar_draft)")
+        raise FastARError("speculative decoding needs a drafter: load one (a smaller AR model of the same family "
+                          "or an EAGLE-style head), or use 'sjd' to draft with the model itself")
+    if drafter is not None and decoder.drafter == "no":
+        raise FastARError(f"the '{name}' decoder does not use a drafter: choose one of "
+                          f"{', '.join(d for d in WITH_DRAFTER if kind in DECODER_BY_NAME[d].kinds)}, or remove the drafter")
+    return decoder
 
 
 @dataclass(frozen=True)
@@ -69,15 +121,8 @@ def decode(model, conditioning, sampling: SamplingSettings, spec: DecoderSpec, *
     """Generate image codes ``[B, h*w]`` and their DecodeStats. Same seed, settings and device give
     the same codes. ``drafter`` (spec, gsd, lantern) drafts chains instead of Jacobi windows;
     ``codebook`` [V, D] (the VQ decoder's code vectors) is needed by LANTERN."""
+    check_decoder(spec.decoder, model, drafter)
     sampling.validate()
-    if spec.decoder not in DECODERS:
-        raise FastARError(f"unknown decoder '{spec.decoder}': choose one of {', '.join(DECODERS)}")
-    if drafter is None and spec.decoder in NEEDS_DRAFTER:
-        raise FastARError("speculative decoding needs a drafter: load one (a smaller AR model of the same family "
-                          "or an EAGLE-style head), or use 'sjd' to draft with the model itself")
-    if drafter is not None and spec.decoder not in WITH_DRAFTER:
-        raise FastARError(f"the '{spec.decoder}' decoder does not use a drafter: choose one of "
-                          f"{', '.join(WITH_DRAFTER)}, or remove the drafter")
     notes = quality_warnings(spec, drafter)
     for note in notes:
         warnings.warn(note, FastARWarning, stacklevel=2)
@@ -109,3 +154,16 @@ def run_decoder(model, conditioning, sampling, spec, generator, on_iteration, dr
         model, conditioning, sampling, generator=generator, window=spec.window, init=spec.init,
         coupling=spec.coupling, rule=rule, name=spec.decoder, on_iteration=on_iteration, watch=watch,
     )
+
+
+def decode_masked(model, conditioning, settings: MaskedSettings, decoder: str = "ar", *, seed: int,
+                  cspd: CSpDSettings = CSpDSettings(), drafter=None, on_iteration: ProgressFn | None = None):
+    """Generate MAR tokens ``[B, L, C]`` and their DecodeStats: ``ar`` (MAR's own sampler) or ``cspd``
+    (``drafter``: a smaller MAR). Same seed, settings and device give the same tokens."""
+    check_decoder(decoder, model, drafter)
+    generator = make_generator(seed, model.device)
+    watch = Stopwatch(model.device)
+    if decoder == "cspd":
+        return cspd_decode(model, drafter, conditioning, settings, cspd, generator=generator,
+                           on_iteration=on_iteration, watch=watch)
+    return masked_decode(model, conditioning, settings, generator=generator, on_iteration=on_iteration, watch=watch)

@@ -21,6 +21,7 @@ from typing import Optional
 import torch
 
 from ..errors import FastARError, check_choice
+from ..model_loaders.diffusion import ReverseStep
 from .stats import DecodeStats, Stopwatch
 from .verifier import ProgressFn, finish
 
@@ -69,7 +70,8 @@ def cfg_at(settings: MaskedSettings, num_tokens: int, masked_after: int) -> floa
 
 @dataclass
 class Trajectories:
-    """x_T ``[B, L, C]`` and every reverse step's noise ``[S, B, L, C]``, per token position."""
+    """x_T ``[B, L, C]`` and every reverse step's noise ``[S, B, L, C]``, per token position; ``noise[0]``
+    is the last step's, which only CSpD's target (a Gaussian last step) uses."""
 
     start: torch.Tensor
     noise: torch.Tensor
@@ -81,9 +83,44 @@ class Trajectories:
         return cls(start, noise)
 
 
-def reverse_process(head, diffusion, z_cond, z_uncond, cfg_scale: float, temperature: float,
-                    start: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """Sample tokens ``[N, C]`` from conditions ``[N, D]`` along the given trajectory (fp32 throughout)."""
+@dataclass
+class Plan:
+    """What every model of one generation shares: the random order per image, the mask schedule and the
+    trajectory noise per position (so a target and a draft follow the same trajectory)."""
+
+    order: torch.Tensor  # [B, L]
+    masked: list[int]  # tokens still masked before each step
+    paths: Trajectories
+
+    @classmethod
+    def draw(cls, model, settings: MaskedSettings, batch: int, generator) -> "Plan":
+        L, C, device = model.cfg.num_tokens, model.cfg.token_dim, model.device
+        order = torch.stack([torch.randperm(L, generator=generator, device=device) for _ in range(batch)])
+        steps = model.diffusion(settings.diffusion_steps).num_steps
+        return cls(order, mask_schedule(L, settings.num_iter), Trajectories.draw(generator, batch, L, C, steps, device))
+
+    @property
+    def num_tokens(self) -> int:
+        return self.masked[0]
+
+    def positions(self, step: int) -> torch.Tensor:
+        """``[B, n]``: the positions step ``step`` predicts (empty when the clamped schedule gives none)."""
+        return self.order[:, self.masked[step + 1]: self.masked[step]]
+
+    def cfg(self, settings: MaskedSettings, step: int) -> float:
+        return cfg_at(settings, self.num_tokens, self.masked[step + 1])
+
+    def trajectory(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x_T ``[N, C]`` and noise ``[S, N, C]`` of ``positions`` [B, n], flattened row by row."""
+        rows = torch.arange(positions.shape[0], device=positions.device).unsqueeze(1)
+        return self.paths.start[rows, positions].flatten(0, 1), self.paths.noise[:, rows, positions].flatten(1, 2)
+
+
+def reverse_process(head, diffusion, z_cond, z_uncond, cfg_scale, temperature: float,
+                    start: torch.Tensor, noise: torch.Tensor) -> ReverseStep:
+    """Run the reverse process from x_T ``start`` [N, C] along ``noise`` for conditions ``[N, D]`` and return
+    the last step's Gaussian (its std scaled by the temperature). The official sampler takes its mean.
+    ``cfg_scale``: a float, or ``[N, 1]`` per token. fp32 throughout."""
     x = start.float()
     z_cond = z_cond.float()
     z_uncond = None if z_uncond is None else z_uncond.float()
@@ -91,57 +128,90 @@ def reverse_process(head, diffusion, z_cond, z_uncond, cfg_scale: float, tempera
         t = torch.full((x.shape[0],), diffusion.model_timestep(index), device=x.device, dtype=torch.long)
         eps, variance = head.guided(x, t, z_cond, z_uncond, cfg_scale)
         step = diffusion.reverse_step(x, index, eps, variance)
-        x = step.mean if index == 0 else step.mean + step.std * noise[index] * temperature
-    return x
+        if index == 0:
+            return ReverseStep(step.mean, step.std * temperature)
+        x = step.mean + step.std * noise[index] * temperature
+    raise AssertionError("a diffusion has at least one step")
 
 
-def step_conditions(model, tokens, known, class_vectors, uncond_vectors):
-    """The transformer's condition vectors for cond rows, and for uncond rows under CFG (one call)."""
-    if uncond_vectors is None:
-        return model.conditions(tokens, known, class_vectors), None
-    both = model.conditions(torch.cat([tokens, tokens]), torch.cat([known, known]),
-                            torch.cat([class_vectors, uncond_vectors]))
-    return both.chunk(2)
+class Guide:
+    """One model's side of a generation: its class vectors (and unconditional ones under CFG), its head."""
+
+    def __init__(self, model, conditioning, settings: MaskedSettings):
+        self.model, self.settings = model, settings
+        self.diffusion = model.diffusion(settings.diffusion_steps)
+        self.cond = model.class_vectors(conditioning, uncond=False)
+        self.uncond = model.class_vectors(conditioning, uncond=True) if settings.cfg_scale != 1.0 else None
+
+    def conditions(self, tokens: torch.Tensor, known: torch.Tensor):
+        """The transformer's condition vectors for cond rows, and uncond rows under CFG (one call). ``tokens``
+        may hold several contexts per conditioning row (``[k * B, L, C]``, context-major)."""
+        repeat = tokens.shape[0] // self.cond.shape[0]
+        cond = self.cond.repeat(repeat, 1)
+        if self.uncond is None:
+            return self.model.conditions(tokens, known, cond), None
+        both = self.model.conditions(torch.cat([tokens, tokens]), torch.cat([known, known]),
+                                     torch.cat([cond, self.uncond.repeat(repeat, 1)]))
+        return both.chunk(2)
+
+    def last_step(self, z_cond, z_uncond, positions, plan: Plan, cfg_scale) -> ReverseStep:
+        """The last reverse step's Gaussian for ``positions`` [B, n] from conditions ``[B, L, D]``,
+        flattened to ``[B * n, C]``."""
+        rows = torch.arange(positions.shape[0], device=positions.device).unsqueeze(1)
+        start, noise = plan.trajectory(positions)
+        return reverse_process(self.model.head, self.diffusion, z_cond[rows, positions].flatten(0, 1),
+                               None if z_uncond is None else z_uncond[rows, positions].flatten(0, 1),
+                               cfg_scale, self.settings.temperature, start, noise)
+
+
+class Canvas:
+    """The tokens fixed so far, which are known, and the target call that fixed each."""
+
+    def __init__(self, batch: int, num_tokens: int, channels: int, device):
+        self.tokens = torch.zeros(batch, num_tokens, channels, device=device)
+        self.known = torch.zeros(batch, num_tokens, dtype=torch.bool, device=device)
+        self.fixed_at = torch.zeros(batch, num_tokens, dtype=torch.long)
+
+    def fix(self, positions: torch.Tensor, values: torch.Tensor, iteration: int) -> None:
+        """Write ``values`` ``[B * n, C]`` at ``positions`` [B, n]."""
+        rows = torch.arange(positions.shape[0], device=positions.device).unsqueeze(1)
+        self.tokens[rows, positions] = values.view(*positions.shape, -1).to(self.tokens.dtype)
+        self.known[rows, positions] = True
+        self.fixed_at[rows.cpu(), positions.cpu()] = iteration
+
+
+def final_noise(plan: Plan, positions: torch.Tensor) -> torch.Tensor:
+    """The last reverse step's noise of ``positions`` [B, n], flattened: ``[B * n, C]``."""
+    return plan.trajectory(positions)[1][0]
 
 
 @torch.no_grad()
 def masked_decode(model, conditioning, settings: MaskedSettings, *, generator,
-                  on_iteration: Optional[ProgressFn] = None, watch: Optional[Stopwatch] = None):
-    """MAR's sampler: tokens ``[B, L, C]`` (in the model's token space) and their DecodeStats."""
+                  on_iteration: Optional[ProgressFn] = None, watch: Optional[Stopwatch] = None,
+                  gaussian_last_step: bool = False):
+    """MAR's sampler: tokens ``[B, L, C]`` (in the model's token space) and their DecodeStats.
+    ``gaussian_last_step`` keeps the last reverse step's noise (std about 0.006 at 100 steps), which the
+    official sampler leaves out: the distribution CSpD is exact against."""
     watch = watch or Stopwatch(model.device)
     L, C, B = model.cfg.num_tokens, model.cfg.token_dim, conditioning.batch
     settings.validate(L)
-    diffusion = model.diffusion(settings.diffusion_steps)
-    device = model.device
-    order = torch.stack([torch.randperm(L, generator=generator, device=device) for _ in range(B)])
-    paths = Trajectories.draw(generator, B, L, C, diffusion.num_steps, device)
-    cond_vectors = model.class_vectors(conditioning, uncond=False)
-    uncond_vectors = model.class_vectors(conditioning, uncond=True) if settings.cfg_scale != 1.0 else None
-    stats = DecodeStats(decoder="ar", grid=tuple(model.grid), batch=B,
-                        settings={"model_kind": "mar", **asdict(settings)})
-    tokens = torch.zeros(B, L, C, device=device)
-    known = torch.zeros(B, L, dtype=torch.bool, device=device)
-    fixed_at = torch.zeros(B, L, dtype=torch.long)
+    plan = Plan.draw(model, settings, B, generator)
+    guide = Guide(model, conditioning, settings)
+    stats = DecodeStats(decoder="ar", grid=tuple(model.grid), batch=B, settings={"model_kind": model.kind, **asdict(settings)})
+    canvas = Canvas(B, L, C, model.device)
     counts = []
-    masked = mask_schedule(L, settings.num_iter)
-    rows = torch.arange(B, device=device).unsqueeze(1)
     for step in range(settings.num_iter):
-        chosen = order[:, masked[step + 1]: masked[step]]  # [B, n]: this step's positions
-        if chosen.shape[1] == 0:
+        positions = plan.positions(step)
+        if positions.shape[1] == 0:
             continue  # a clamped schedule can leave a step nothing to predict: no call needed
-        z_cond, z_uncond = step_conditions(model, tokens, known, cond_vectors, uncond_vectors)
+        z_cond, z_uncond = guide.conditions(canvas.tokens, canvas.known)
         stats.target_forwards += 1
-        pick = (rows, chosen)
-        sampled = reverse_process(
-            model.head, diffusion, z_cond[pick].flatten(0, 1), None if z_uncond is None else z_uncond[pick].flatten(0, 1),
-            cfg_at(settings, L, masked[step + 1]), settings.temperature,
-            paths.start[pick].flatten(0, 1), paths.noise[:, rows, chosen].flatten(1, 2))
-        tokens[pick] = sampled.view(B, -1, C).to(tokens.dtype)
-        known[pick] = True
-        fixed_at[pick[0].cpu(), chosen.cpu()] = stats.target_forwards
-        counts.append(torch.full((B,), chosen.shape[1]))
+        last = guide.last_step(z_cond, z_uncond, positions, plan, plan.cfg(settings, step))
+        sampled = last.mean + last.std * final_noise(plan, positions) if gaussian_last_step else last.mean
+        canvas.fix(positions, sampled, stats.target_forwards)
+        counts.append(torch.full((B,), positions.shape[1]))
         watch.lap("forward")  # the transformer and the head: the model's own work
         if on_iteration is not None:
-            on_iteration(L - masked[step + 1], L, tokens)
-    finish(stats, watch, counts, fixed_at, L)
-    return tokens, stats
+            on_iteration(L - plan.masked[step + 1], L, canvas.tokens)
+    finish(stats, watch, counts, canvas.fixed_at, L)
+    return canvas.tokens, stats

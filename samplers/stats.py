@@ -15,6 +15,10 @@ class DecodeStats:
     batch: int
     target_forwards: int = 0  # prefill excluded, every verification forward included
     drafter_forwards: int = 0
+    drafted_tokens: int = 0  # drafted tokens the target verified (CSpD)
+    accepted_tokens: int = 0  # of those, the ones kept as drafted
+    resample_tries: int = 0  # residual proposals drawn for the rejected ones (CSpD's acceptance-rejection)
+    resample_fallbacks: int = 0  # rejected tokens whose proposals were all refused: a plain target sample
     accepted_per_iteration: list[list[int]] = field(default_factory=list)  # [iteration][row]
     fixed_at: list[list[int]] = field(default_factory=list)  # [row][token]: iteration that fixed it (0 = prefill)
     wall_time_s: float = 0.0  # everything the generation waited for, per-generation setup included
@@ -49,6 +53,11 @@ class DecodeStats:
         counts = [c for it in self.accepted_per_iteration for c in it if c > 0]
         return float(np.mean(counts)) if counts else 0.0
 
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / verified drafted tokens; None when nothing was drafted token by token."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
+
     def to_json(self) -> dict:
         return {
             "decoder": self.decoder,
@@ -56,6 +65,11 @@ class DecodeStats:
             "tokens": self.tokens,
             "target_forwards": self.target_forwards,
             "drafter_forwards": self.drafter_forwards,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "acceptance_rate": self.acceptance_rate,
+            "resample_tries": self.resample_tries,
+            "resample_fallbacks": self.resample_fallbacks,
             "step_compression": self.step_compression,
             "row_step_compression": [self.num_tokens / max(f, 1) for f in self.row_forwards],
             "mean_accepted": self.mean_accepted,

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from fastar.errors import FastARError, FastARWarning
-from fastar.model_loaders import load_ar_model, load_vq_model
+from fastar.model_loaders import load_ar_model, load_image_decoder
 from fastar.model_loaders.checkpoint import CheckpointInfo, detect_family, read_state_dict
 from fastar.model_loaders.llamagen import llamagen_config, load_llamagen, load_vq
 from fastar.model_loaders.llamagen_gpt import LlamaGenGPT, find_multiple
@@ -174,7 +174,7 @@ def test_front_doors_dispatch_on_family(tmp_path):
     ar = save_safetensors(tmp_path / "ar.safetensors", official_sd(), model.cfg)
     vq = save_tiny_vq(tmp_path / "vq.safetensors")
     assert isinstance(load_ar_model(ar), LlamaGenGPT)
-    assert isinstance(load_vq_model(vq), VQModel)
+    assert isinstance(load_image_decoder(vq), VQModel)
 
 
 # -- VQ --------------------------------------------------------------------------------------------
@@ -202,7 +202,7 @@ def test_vq_decoder_only_from_metadata(tmp_path):
 def test_vq_from_official_pt_with_encoder_and_codebook_usage(tmp_path):
     sd = tiny_vq_sd(with_encoder=True)
     torch.save({"model": {**sd, "quantize.codebook_used": torch.zeros(16)}}, tmp_path / "vq_ds16.pt")
-    vq = load_vq_model(tmp_path / "vq_ds16.pt")
+    vq = load_image_decoder(tmp_path / "vq_ds16.pt")
     assert vq.cfg == dataclasses.replace(TINY_VQ, with_encoder=True)
     assert_same_weights(vq, sd)
 
@@ -453,7 +453,7 @@ def test_empty_state_dict(tmp_path):
 
 def test_unrecognised_keys_are_named_with_the_supported_families(tmp_path):
     save_file({"encoder.conv.weight": torch.zeros(2), "head.bias": torch.zeros(2)}, str(tmp_path / "x.safetensors"))
-    with pytest.raises(FastARError, match=r"encoder.conv.weight, head.bias.*llamagen-gpt, llamagen-gpt-hf, "
+    with pytest.raises(FastARError, match=r"encoder.conv.weight, head.bias.*llamagen-gpt, llamagen-gpt-hf, mar, "
                                           r"llamagen-vq"):
         load_ar_model(tmp_path / "x.safetensors")
 
@@ -462,10 +462,10 @@ def test_vq_given_as_ar_model_and_vice_versa(tmp_path):
     vq = save_tiny_vq(tmp_path / "vq.safetensors")
     ar = save_safetensors(tmp_path / "ar.safetensors", official_sd(), tiny_model().cfg)
     for load, path in [(load_ar_model, vq), (load_llamagen, vq)]:
-        with pytest.raises(FastARError, match="is a VQ tokenizer .*not an AR model: load it as the VQ decoder"):
+        with pytest.raises(FastARError, match="is a VQ tokenizer .*not an AR model: load it as the image decoder"):
             load(path)
-    for load, path in [(load_vq_model, ar), (load_vq, ar)]:
-        with pytest.raises(FastARError, match="is an AR model .*not a VQ tokenizer: load it as the AR model"):
+    for load, path in [(load_image_decoder, ar), (load_vq, ar)]:
+        with pytest.raises(FastARError, match="is a LlamaGen GPT .*not an image decoder: load it as the AR model"):
             load(path)
 
 
@@ -476,7 +476,7 @@ def test_strict_loading_names_missing_unexpected_and_misshaped_keys(tmp_path):
     with pytest.raises(FastARError, match="missing norm.weight"):
         load_llamagen({"model": sd, "args": TINY_ARGS})
     bundled = official_sd() | tiny_vq_sd(with_encoder=False)
-    with pytest.raises(FastARError, match=r"unexpected .*decoder\..*look like a VQ tokenizer, load it as the VQ"):
+    with pytest.raises(FastARError, match=r"unexpected .*decoder\..*look like a VQ tokenizer, load it as the image decoder"):
         load_llamagen({"model": bundled, "args": TINY_ARGS})
     wrong = dataclasses.replace(model.cfg, ffn_hidden=64)
     with pytest.raises(FastARError, match=r"wrong shapes layers\.0\.feed_forward\.w1\.weight \(48, 32\) vs "

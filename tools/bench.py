@@ -22,7 +22,7 @@ from ..cli import sampling_from, spec_from
 from ..errors import FastARError
 from ..model_loaders.ar_drafter import SmallARDrafter
 from ..model_loaders.protocol import ClassConditioning
-from ..pipeline import class_conditioning, codes_to_images, load_models
+from ..pipeline import class_conditioning, load_models, outputs_to_images
 from ..samplers.decoders import DECODERS, LOSSLESS, NEEDS_DRAFTER, WITH_DRAFTER, DecoderSpec, decode
 from ..samplers.processing import SamplingSettings
 
@@ -89,7 +89,7 @@ def sample_many(models, sampling, entry: Entry, labels: list[int], seed: int):
 def quality(models, judge, codes: torch.Tensor, labels: list[int], reference_feats) -> dict:
     from .classifier import classify, frechet_distance
 
-    images = codes_to_images(models.vq, codes, models.ar.grid)
+    images = outputs_to_images(models.vq, models.ar, codes)
     preds, feats = classify(judge, images)
     accuracy = float((np.asarray(preds) == np.asarray(labels)).mean())
     return {"class_accuracy": accuracy, "frechet": frechet_distance(feats, reference_feats), "_feats": feats}

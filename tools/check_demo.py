@@ -1,7 +1,7 @@
-"""Check the bundled demo models end to end: sampling (plain AR, or a Jacobi decoder) -> VQ decode ->
-classifier agreement.
+"""Check the bundled demo models end to end: sampling -> image decoder -> classifier agreement.
 
     python -m fastar.tools.check_demo [--decoder ar|sjd|gsd] [--samples N] [--cfg 2.0] [--top-k 0]
+    python -m fastar.tools.check_demo --mar [--decoder ar|cspd] [--num-iter 64] [--cfg-schedule linear]
 
 Agreement = share of samples whose requested class is the classifier's prediction (balanced classes).
 Also reports the Frechet distance to real images in classifier-feature space and writes a grid PNG
@@ -14,11 +14,14 @@ import argparse
 import numpy as np
 import torch
 
-from ..model_loaders import load_ar_model, load_vq_model
-from ..model_loaders.demo import DEMO_AR, DEMO_CLASSIFIER, DEMO_VQ
+from ..model_loaders import load_ar_model, load_image_decoder
+from ..model_loaders.demo import DEMO_AR, DEMO_CLASSIFIER, DEMO_KL, DEMO_MAR, DEMO_MAR_DRAFT, DEMO_VQ
+from ..model_loaders.drafters import load_drafter
 from ..model_loaders.protocol import ClassConditioning
-from ..pipeline import codes_to_images
-from ..samplers.decoders import DecoderSpec, decode
+from ..pipeline import outputs_to_images
+from ..samplers.cspd import CSpDSettings
+from ..samplers.decoders import DecoderSpec, decode, decode_masked
+from ..samplers.masked import MaskedSettings
 from ..samplers.processing import SamplingSettings
 from .classifier import classify, frechet_distance, load_classifier
 from .demo_common import OUT_DIR, Timer, setup
@@ -27,7 +30,11 @@ from .demo_data import CLASS_NAMES, balanced_labels, make_batch
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--decoder", choices=("ar", "sjd", "gsd"), default="ar", help="with its default settings")
+    p.add_argument("--decoder", choices=("ar", "sjd", "gsd", "cspd"), default="ar", help="with its default settings")
+    p.add_argument("--mar", action="store_true", help="check the demo MAR (KL autoencoder, MAR target and draft)")
+    p.add_argument("--num-iter", type=int, default=64, help="MAR steps")
+    p.add_argument("--cfg-schedule", default="linear", help="MAR: linear or constant")
+    p.add_argument("--diffusion-steps", type=int, default=100, help="MAR")
     p.add_argument("--samples", type=int, default=64)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--cfg", type=float, default=2.0)
@@ -41,14 +48,14 @@ def main(argv=None):
 
     setup(args.seed)
     timer = Timer()
-    model, vq, clf = load_ar_model(args.ar), load_vq_model(args.vq), load_classifier(args.classifier)
-    sampling = SamplingSettings(cfg_scale=args.cfg, temperature=args.temperature, top_k=args.top_k).validate()
+    if args.mar:
+        args.ar, args.vq = str(DEMO_MAR), str(DEMO_KL)
+    model, vq, clf = load_ar_model(args.ar), load_image_decoder(args.vq), load_classifier(args.classifier)
     labels = torch.from_numpy(balanced_labels(args.samples))
     images = []
     for i, chunk in enumerate(labels.split(args.batch)):
-        codes, _ = decode(model, ClassConditioning(chunk), sampling, DecoderSpec(args.decoder),
-                          seed=args.seed + i)
-        images.append(codes_to_images(vq, codes, model.grid))
+        outputs = sample(args, model, ClassConditioning(chunk), args.seed + i)
+        images.append(outputs_to_images(vq, model, outputs))
     images = np.concatenate(images)
     pred, feats = classify(clf, images)
     agree = pred == labels
@@ -67,9 +74,21 @@ def main(argv=None):
         OUT_DIR.mkdir(exist_ok=True)
         from PIL import Image
 
-        path = OUT_DIR / f"demo_samples_{args.decoder}_cfg{args.cfg}_k{args.top_k}.png"
+        name = f"mar_{args.decoder}_iter{args.num_iter}_cfg{args.cfg}" if args.mar else f"{args.decoder}_cfg{args.cfg}_k{args.top_k}"
+        path = OUT_DIR / f"demo_samples_{name}.png"
         Image.fromarray(np.concatenate(rows, 0)).save(path)
         print(f"grid: {path}")
+
+
+def sample(args, model, conditioning, seed: int):
+    if args.mar:
+        settings = MaskedSettings(num_iter=args.num_iter, cfg_scale=args.cfg, cfg_schedule=args.cfg_schedule,
+                                  temperature=args.temperature, diffusion_steps=args.diffusion_steps)
+        draft = load_drafter(DEMO_MAR_DRAFT, model) if args.decoder == "cspd" else None
+        return decode_masked(model, conditioning, settings, args.decoder, seed=seed, cspd=CSpDSettings(),
+                             drafter=draft)[0]
+    sampling = SamplingSettings(cfg_scale=args.cfg, temperature=args.temperature, top_k=args.top_k).validate()
+    return decode(model, conditioning, sampling, DecoderSpec(args.decoder), seed=seed)[0]
 
 
 if __name__ == "__main__":

@@ -38,6 +38,9 @@ class ToySession:
 class ToyModel:
     """``vocab`` codes on a ``grid``; logits ~ N(0, scale^2) per (class, prefix, next code)."""
 
+    kind = "token-ar"
+    what = "a toy token model"
+
     def __init__(self, vocab=3, grid=(2, 2), num_classes=2, scale=2.0, seed=0):
         self.vocab_size, self.grid, self.num_classes = vocab, tuple(grid), num_classes
         self.num_tokens = grid[0] * grid[1]

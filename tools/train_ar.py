@@ -20,7 +20,7 @@ from torch import nn
 from ..model_loaders.demo import DEMO_AR, DEMO_VQ
 from ..model_loaders.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
 from ..model_loaders.protocol import ClassConditioning
-from ..model_loaders import load_ar_model, load_vq_model
+from ..model_loaders import load_ar_model, load_image_decoder
 from .demo_common import DATA_DIR, Timer, cosine_lr, save_fp16, setup, to_tensor
 from .demo_data import CLASS_NAMES, make_batch
 
@@ -47,7 +47,7 @@ def tokenise(vq_path, n: int, seed: int):
     cache = DATA_DIR / f"ar_tokens_{digest}_s{seed}_n{n}.pt"
     if cache.exists():
         return torch.load(cache)
-    vq = load_vq_model(vq_path)
+    vq = load_image_decoder(vq_path)
     rng = np.random.default_rng(seed)
     tokens, labels = [], []
     for start in range(0, n, 64):
@@ -91,7 +91,7 @@ def main(argv=None):
     val_tokens, val_labels = tokenise(args.vq, args.val_images, 10_000 + args.seed)
     print(f"{len(tokens)} training images tokenised [{timer}]")
 
-    cfg = model_config(int(load_vq_model(args.vq).cfg.codebook_size))
+    cfg = model_config(int(load_image_decoder(args.vq).cfg.codebook_size))
     model = LlamaGenGPT(cfg)
     init_weights(model)
     print(f"AR {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params: {asdict(cfg)}")

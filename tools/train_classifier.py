@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from ..model_loaders.demo import DEMO_CLASSIFIER, DEMO_VQ
 from .classifier import DemoClassifier, classify, load_classifier
-from ..model_loaders import load_vq_model
+from ..model_loaders import load_image_decoder
 from .demo_common import Timer, cosine_lr, save_fp16, setup, to_tensor
 from .demo_data import CLASS_NAMES, balanced_labels, make_batch
 
@@ -71,7 +71,7 @@ def main(argv=None):
     test, y_test = make_batch(held_rng, 256, balanced_labels(256))
     y_test = torch.from_numpy(y_test)
     pred_real, _ = classify(saved, test)
-    pred_recon, _ = classify(saved, reconstruct(load_vq_model(args.vq), to_tensor(test)))
+    pred_recon, _ = classify(saved, reconstruct(load_image_decoder(args.vq), to_tensor(test)))
     print(f"held-out accuracy (fp16 weights, 256 balanced images): real {(pred_real == y_test).float().mean():.3f}, "
           f"VQ-reconstructed {(pred_recon == y_test).float().mean():.3f}; total {timer}")
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from ..model_loaders.demo import DEMO_VQ
 from ..model_loaders.vq import VQConfig, VQModel
-from ..model_loaders import load_vq_model
+from ..model_loaders import load_image_decoder
 from .demo_common import OUT_DIR, Timer, cosine_lr, psnr, save_fp16, setup, to_tensor, to_uint8
 from .demo_data import balanced_labels, make_batch
 
@@ -124,7 +124,7 @@ def main(argv=None):
 
     model.eval()
     save_fp16(model, CONFIG, args.out)
-    saved = load_vq_model(args.out)
+    saved = load_image_decoder(args.out)
     result = evaluate(saved, held_out)
     recon = result["recon"]
     print(f"held-out (fp16 weights, through the codes, {HELD_OUT} images): PSNR {result['psnr']:.2f} dB per image "

@@ -1,0 +1,202 @@
+"""Continuous speculative decoding (CSpD) for MAR: a small MAR drafts gamma steps, the target verifies.
+
+Both models share the generation's plan (order, mask schedule, trajectory noise per position). The
+first ``prefill`` fraction of the steps is done by the target alone. Then each iteration drafts gamma
+steps with the draft model (each conditioned on the drafts before it), makes one target call, and runs
+the trajectory-ratio rule (continuous_acceptance) on every drafted token. Two ways to verify:
+
+- ``steps`` (default): the target call scores drafted step j from the context that includes drafted
+  steps 0..j-1 (gamma contexts in one batched call). Steps are kept up to the first step with a rejected
+  token in any row; that step's rejected tokens are replaced by residual samples and later drafts are
+  dropped (their noise is reused next time: it did not influence the decision). The output is
+  distributed exactly as plain MAR at ``num_iter`` with a Gaussian last reverse step
+  (``masked_decode(..., gaussian_last_step=True)``), whatever the draft does.
+- ``merged`` (the paper's and reference code's scheme): every drafted token is scored from the context of
+  the last verification, each accepted or replaced on its own, all kept. Each token is then distributed
+  as the target's prediction for the merged step (gamma steps as one, at the merged step's CFG scale);
+  the tokens accepted together keep the draft's dependence on each other, so only the per-token law,
+  not the joint one, is that of the target MAR with the merged schedule. Target calls are fixed by the
+  schedule, not by acceptance.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import torch
+
+from ..errors import FastARError, check_choice
+from ..model_loaders.diffusion import ReverseStep
+from ..model_loaders.mar import check_mar_draft
+from .continuous_acceptance import accept, sample_residual
+from .masked import Canvas, Guide, MaskedSettings, Plan, final_noise, reverse_process
+from .stats import DecodeStats, Stopwatch
+from .verifier import ProgressFn, finish
+
+VERIFY_MODES = ("steps", "merged")
+
+
+@dataclass(frozen=True)
+class CSpDSettings:
+    gamma: int = 8  # draft steps per target call
+    prefill: float = 0.05  # fraction of the steps the target does alone first
+    verify: str = "steps"
+    max_tries: int = 32  # residual proposals per rejected token before a plain target sample
+
+    def validate(self) -> "CSpDSettings":
+        if self.gamma < 1:
+            raise FastARError(f"gamma {self.gamma}: draft at least 1 step per target call (the paper uses 8-32)")
+        if not 0.0 <= self.prefill < 1.0:
+            raise FastARError(f"pre-fill {self.prefill}: give the fraction of steps the target does alone, in [0, 1) "
+                              "(0.05 = the paper's 5%)")
+        if self.max_tries < 1:
+            raise FastARError(f"max tries {self.max_tries}: allow at least 1 residual proposal")
+        check_choice("CSpD verify mode", self.verify, VERIFY_MODES)
+        return self
+
+
+@dataclass
+class Drafted:
+    """One drafted step: its positions [B, n], the draft's last-step Gaussian and tokens, flattened."""
+
+    positions: torch.Tensor
+    gaussian: ReverseStep
+    values: torch.Tensor
+
+
+class CSpDRun:
+    """One generation's state and counters."""
+
+    def __init__(self, target, draft, conditioning, settings: MaskedSettings, cspd: CSpDSettings, generator,
+                 watch: Stopwatch):
+        L, C, B = target.cfg.num_tokens, target.cfg.token_dim, conditioning.batch
+        self.settings, self.cspd, self.generator, self.watch = settings, cspd, generator, watch
+        self.plan = Plan.draw(target, settings, B, generator)
+        self.target, self.draft = Guide(target, conditioning, settings), Guide(draft, conditioning, settings)
+        self.canvas = Canvas(B, L, C, target.device)
+        self.stats = DecodeStats(decoder="cspd", grid=tuple(target.grid), batch=B,
+                                 settings={"model_kind": target.kind, **asdict(settings), **asdict(cspd)})
+        self.counts: list[torch.Tensor] = []
+
+    def target_step(self, step: int) -> None:
+        """One plain target step (pre-fill, or the last steps when nothing is left to draft)."""
+        positions = self.plan.positions(step)
+        z = self.target.conditions(self.canvas.tokens, self.canvas.known)
+        self.stats.target_forwards += 1
+        last = self.target.last_step(*z, positions, self.plan, self.plan.cfg(self.settings, step))
+        self.canvas.fix(positions, last.mean + last.std * final_noise(self.plan, positions), self.stats.target_forwards)
+        self.counts.append(torch.full((positions.shape[0],), positions.shape[1]))
+        self.watch.lap("forward")
+
+    def draft_steps(self, first: int, count: int) -> list[Drafted]:
+        tokens, known = self.canvas.tokens.clone(), self.canvas.known.clone()
+        drafted = []
+        for step in range(first, first + count):
+            positions = self.plan.positions(step)
+            z = self.draft.conditions(tokens, known)
+            self.stats.drafter_forwards += 1
+            gaussian = self.draft.last_step(*z, positions, self.plan, self.plan.cfg(self.settings, step))
+            values = gaussian.mean + gaussian.std * final_noise(self.plan, positions)
+            rows = torch.arange(positions.shape[0], device=positions.device).unsqueeze(1)
+            tokens[rows, positions] = values.view(*positions.shape, -1)
+            known[rows, positions] = True
+            drafted.append(Drafted(positions, gaussian, values))
+        self.watch.lap("draft")
+        return drafted
+
+    def score(self, first: int, drafted: list[Drafted]) -> list[ReverseStep]:
+        """The target's last-step Gaussian for every drafted token, from one target call."""
+        B = self.canvas.tokens.shape[0]
+        if self.cspd.verify == "merged":
+            z_cond, z_uncond = self.target.conditions(self.canvas.tokens, self.canvas.known)
+            merged_cfg = self.plan.cfg(self.settings, first + len(drafted) - 1)
+            contexts = [(z_cond, z_uncond, merged_cfg)] * len(drafted)
+        else:  # context j: the verified tokens plus drafted steps 0..j-1
+            tokens, known = [self.canvas.tokens], [self.canvas.known]
+            for d in drafted[:-1]:
+                t, k = tokens[-1].clone(), known[-1].clone()
+                rows = torch.arange(B, device=t.device).unsqueeze(1)
+                t[rows, d.positions] = d.values.view(*d.positions.shape, -1)
+                k[rows, d.positions] = True
+                tokens.append(t)
+                known.append(k)
+            z_cond, z_uncond = self.target.conditions(torch.cat(tokens), torch.cat(known))
+            contexts = [(z_cond[j * B:(j + 1) * B], None if z_uncond is None else z_uncond[j * B:(j + 1) * B],
+                         self.plan.cfg(self.settings, first + j)) for j in range(len(drafted))]
+        self.stats.target_forwards += 1
+        # every drafted token's reverse process in one batch, each at its step's CFG scale
+        conds = torch.cat([z_c[self.rows(d), d.positions].flatten(0, 1) for d, (z_c, _, _) in zip(drafted, contexts)])
+        unconds = None if z_uncond is None else torch.cat(
+            [z_u[self.rows(d), d.positions].flatten(0, 1) for d, (_, z_u, _) in zip(drafted, contexts)])
+        scales = torch.cat([torch.full((d.values.shape[0], 1), float(s), device=conds.device)
+                            for d, (_, _, s) in zip(drafted, contexts)])
+        starts, noises = zip(*(self.plan.trajectory(d.positions) for d in drafted))
+        last = reverse_process(self.target.model.head, self.target.diffusion, conds, unconds, scales,
+                               self.settings.temperature, torch.cat(starts), torch.cat(noises, dim=1))
+        sizes = [d.values.shape[0] for d in drafted]
+        self.watch.lap("forward")
+        return [ReverseStep(m, s) for m, s in zip(last.mean.split(sizes), last.std.split(sizes))]
+
+    @staticmethod
+    def rows(d: Drafted) -> torch.Tensor:
+        return torch.arange(d.positions.shape[0], device=d.positions.device).unsqueeze(1)
+
+    def verify(self, drafted: list[Drafted], scored: list[ReverseStep]) -> int:
+        """Accept or replace drafted tokens and fix them; returns the number of steps kept."""
+        kept_steps = len(drafted)
+        decisions = []
+        for j, (d, p) in enumerate(zip(drafted, scored)):
+            ok = accept(d.values, p, d.gaussian, self.generator)
+            decisions.append(ok)
+            if self.cspd.verify == "steps" and not bool(ok.all()):
+                kept_steps = j + 1  # a rejection in any row ends the kept run (rows move together)
+                break
+        iteration = self.stats.target_forwards
+        for d, p, ok in zip(drafted[:kept_steps], scored, decisions):
+            values = d.values.clone()
+            rejected = ~ok
+            self.stats.drafted_tokens += int(ok.numel())
+            self.stats.accepted_tokens += int(ok.sum())
+            if bool(rejected.any()):
+                residual = sample_residual(ReverseStep(p.mean[rejected], p.std[rejected]),
+                                           ReverseStep(d.gaussian.mean[rejected], d.gaussian.std[rejected]),
+                                           self.generator, self.cspd.max_tries)
+                values[rejected] = residual.values
+                self.stats.resample_tries += int(residual.tries.sum())
+                self.stats.resample_fallbacks += residual.fallbacks
+            self.canvas.fix(d.positions, values, iteration)
+        self.counts.append(torch.full((drafted[0].positions.shape[0],),
+                                      sum(d.positions.shape[1] for d in drafted[:kept_steps])))
+        self.watch.lap("verify")
+        return kept_steps
+
+
+@torch.no_grad()
+def cspd_decode(target, draft, conditioning, settings: MaskedSettings, cspd: CSpDSettings, *, generator,
+                on_iteration: Optional[ProgressFn] = None, watch: Optional[Stopwatch] = None):
+    """Tokens ``[B, L, C]`` of ``target`` drafted by ``draft``, and their DecodeStats (see the module doc)."""
+    check_mar_draft(target, draft)
+    L = target.cfg.num_tokens
+    settings.validate(L)
+    cspd.validate()
+    run = CSpDRun(target, draft, conditioning, settings, cspd, generator, watch or Stopwatch(target.device))
+    plan, K = run.plan, settings.num_iter
+    prefill = math.ceil(cspd.prefill * K)
+    step = 0
+    while step < K:
+        if plan.positions(step).shape[1] == 0:
+            step += 1  # a clamped schedule can leave a step nothing to predict
+            continue
+        if step < prefill:
+            run.target_step(step)
+            step += 1
+        else:
+            count = min(cspd.gamma, K - step)
+            count = next(c for c in range(count, 0, -1) if plan.positions(step + c - 1).shape[1] > 0)
+            drafted = run.draft_steps(step, count)
+            step += run.verify(drafted, run.score(step, drafted))
+        if on_iteration is not None:
+            on_iteration(L - plan.masked[step], L, run.canvas.tokens)
+    finish(run.stats, run.watch, run.counts, run.canvas.fixed_at, L)
+    return run.canvas.tokens, run.stats

@@ -1,0 +1,216 @@
+"""Train the demo MAR models (official MAR key names) on the demo KL autoencoder's latents.
+
+    python -m fastar.tools.train_mar --size target   # demo_mar.safetensors
+    python -m fastar.tools.train_mar --size draft    # demo_mar_draft.safetensors (CSpD's draft)
+
+Images are drawn from ``demo_data`` and encoded once with the KL autoencoder (posterior means and log
+variances, cached under ``.data/``, keyed by the VAE file's hash); each step samples the posterior, as
+MAR's own training does. MAR's scale factor is set so that tokens have unit standard deviation.
+Training follows the official recipe at toy size: one random order and one mask ratio per batch (truncated
+normal on [0.7, 1], mean 1, sd 0.25), the encoder sees the class buffer and the unmasked tokens, the
+diffusion loss (eps MSE plus the variational bound, which trains the learned variance with the mean
+frozen) runs on the masked tokens with several timesteps each, labels drop to the unconditional vector
+with probability 0.1 for classifier-free guidance, and the saved weights are an EMA.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..model_loaders import load_ar_model, load_image_decoder
+from ..model_loaders.demo import DEMO_KL, DEMO_MAR, DEMO_MAR_DRAFT
+from ..model_loaders.diffusion import TRAIN_STEPS, SpacedDiffusion
+from ..model_loaders.mar_model import MAR, MARConfig
+from ..model_loaders.protocol import ClassConditioning
+from ..samplers.masked import MaskedSettings, masked_decode
+from .demo_common import DATA_DIR, OUT_DIR, Timer, cosine_lr, save_fp16, setup, to_tensor, to_uint8
+from .demo_data import CLASS_NAMES, balanced_labels, make_batch
+
+SIZES = {  # the target is about 4x the draft, as MAR-H is to MAR-B
+    "target": dict(dim=192, encoder_depth=3, encoder_heads=6, decoder_dim=192, decoder_depth=3, decoder_heads=6,
+                   head_width=256, head_depth=3),
+    "draft": dict(dim=96, encoder_depth=1, encoder_heads=3, decoder_dim=96, decoder_depth=1, decoder_heads=3,
+                  head_width=128, head_depth=2),
+}
+OUTPUTS = {"target": DEMO_MAR, "draft": DEMO_MAR_DRAFT}
+MASK_RATIO_MIN, MASK_RATIO_SD = 0.7, 0.25
+
+
+@torch.no_grad()
+def encode(vae_path, n: int, seed: int):
+    """(posterior mean, log variance) ``[n, L, C]`` and labels of ``n`` procedural images, cached."""
+    digest = hashlib.sha1(open(vae_path, "rb").read()).hexdigest()[:12]
+    cache = DATA_DIR / f"mar_latents_{digest}_s{seed}_n{n}.pt"
+    if cache.exists():
+        return torch.load(cache)
+    vae = load_image_decoder(vae_path)
+    rng = np.random.default_rng(seed)
+    means, logvars, labels = [], [], []
+    for start in range(0, n, 64):
+        images, y = make_batch(rng, min(64, n - start))
+        mean, logvar = vae.encode_moments(to_tensor(images))
+        means.append(mean.flatten(2).transpose(1, 2).half())
+        logvars.append(logvar.flatten(2).transpose(1, 2).half())
+        labels.append(torch.from_numpy(y))
+        if start % 1024 == 0:
+            print(f"encoded {start}/{n}", flush=True)
+    data = torch.cat(means), torch.cat(logvars), torch.cat(labels)
+    DATA_DIR.mkdir(exist_ok=True)
+    torch.save(data, cache)
+    return data
+
+
+def mask_ratio(generator) -> float:
+    """A draw from the truncated normal on [0.7, 1] with mean 1 and sd 0.25 (MAR's training mask ratio)."""
+    while True:
+        r = 1.0 - abs(torch.randn(1, generator=generator).item()) * MASK_RATIO_SD
+        if r >= MASK_RATIO_MIN:
+            return r
+
+
+def init_weights(model: MAR) -> None:
+    """MAR's init: xavier-uniform linears with zero bias, normal(0.02) embeddings and learned tokens, the head's
+    adaLN modulations and output layer zeroed (every residual block starts as the identity)."""
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.xavier_uniform_(m.weight)
+            nn.init.zeros_(m.bias)
+    for p in (model.class_emb.weight, model.fake_latent, model.mask_token, model.encoder_pos_embed_learned,
+              model.decoder_pos_embed_learned, model.diffusion_pos_embed_learned):
+        nn.init.normal_(p, std=0.02)
+    head = model.head
+    for block in [*head.res_blocks, head.final_layer]:
+        nn.init.zeros_(block.adaLN_modulation[-1].weight)
+        nn.init.zeros_(block.adaLN_modulation[-1].bias)
+    nn.init.zeros_(head.final_layer.linear.weight)
+    nn.init.zeros_(head.final_layer.linear.bias)
+
+
+def diffusion_loss(head, diffusion: SpacedDiffusion, x0: torch.Tensor, z: torch.Tensor, generator) -> torch.Tensor:
+    """eps MSE plus the variational bound in bits per dimension (which trains the variance: the mean is frozen
+    in it); the last step's term is the Gaussian likelihood of x_0."""
+    index = torch.randint(0, diffusion.num_steps, (x0.shape[0],), generator=generator)
+    noise = torch.randn(x0.shape, generator=generator)
+    xt = diffusion.noised(x0, index, noise)
+    eps, variance_values = head(xt, torch.tensor(diffusion.timestep_map)[index], z)
+    step = diffusion.reverse_step(xt, index, eps.detach(), variance_values)
+    log_var = 2 * torch.log(step.std)
+    c = diffusion.constants(index)
+    true_mean, true_log_var = diffusion.posterior_mean(x0, xt, c), c["clipped_log_variance"]
+    kl = 0.5 * (-1 + log_var - true_log_var + torch.exp(true_log_var - log_var)
+                + (true_mean - step.mean).pow(2) * torch.exp(-log_var))
+    nll = 0.5 * (math.log(2 * math.pi) + log_var + (x0 - step.mean).pow(2) * torch.exp(-log_var))
+    vb = torch.where((index == 0).unsqueeze(-1), nll, kl).mean() / math.log(2.0)
+    return F.mse_loss(eps, noise) + vb
+
+
+def training_loss(model: MAR, diffusion, tokens, labels, generator, repeats: int) -> torch.Tensor:
+    B, L, _ = tokens.shape
+    order = torch.argsort(torch.rand(B, L, generator=generator), dim=1)
+    masked_count = max(1, math.ceil(mask_ratio(generator) * L))
+    masked = torch.zeros(B, L, dtype=torch.bool).scatter_(1, order[:, :masked_count], True)
+    drop = torch.rand(B, generator=generator) < 0.1  # the unconditional vector, for CFG
+    vectors = torch.where(drop.unsqueeze(1), model.fake_latent.expand(B, -1), model.class_emb(labels))
+    z = model.conditions(tokens, ~masked, vectors)
+    x0, z = tokens[masked].repeat(repeats, 1), z[masked].repeat(repeats, 1)
+    return diffusion_loss(model.head, diffusion, x0, z, generator)
+
+
+@torch.no_grad()
+def val_loss(model, diffusion, data, scale, repeats) -> float:
+    generator = torch.Generator().manual_seed(0)
+    means, _, labels = data
+    losses = [training_loss(model, diffusion, m.float() * scale, y, generator, repeats).item()
+              for m, y in zip(means.split(64), labels.split(64))]
+    return float(np.mean(losses))
+
+
+@torch.no_grad()
+def sample_grid(model: MAR, vae_path, path, num_iter: int = 32) -> None:
+    """Two samples per class (rows of 8) at cfg 2, saved as a PNG to look at."""
+    vae = load_image_decoder(vae_path)
+    labels = torch.tensor(balanced_labels(16))
+    settings = MaskedSettings(num_iter=num_iter, cfg_scale=2.0, diffusion_steps=50)
+    tokens, _ = masked_decode(model, ClassConditioning(labels), settings, generator=torch.Generator().manual_seed(1))
+    images = to_uint8(vae.decode_latents(model.decoder_input(tokens)).clamp(-1, 1))
+    from PIL import Image
+
+    Image.fromarray(images.reshape(2, 8, 128, 128, 3).transpose(0, 2, 1, 3, 4).reshape(256, 1024, 3)).save(path)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", choices=SIZES, default="target")
+    p.add_argument("--steps", type=int, default=1500)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=2, help="diffusion timesteps per masked token (MAR: 4)")
+    p.add_argument("--images", type=int, default=6000, help="training images (encoded once)")
+    p.add_argument("--val-images", type=int, default=128)
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--ema", type=float, default=0.998)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--vae", default=str(DEMO_KL))
+    p.add_argument("--out")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads (1 when two trainings share the machine)")
+    args = p.parse_args(argv)
+    out = args.out or str(OUTPUTS[args.size])
+
+    gen = setup(args.seed)
+    torch.set_num_threads(args.threads)
+    timer = Timer()
+    train = encode(args.vae, args.images, args.seed)
+    val = encode(args.vae, args.val_images, 10_000 + args.seed)
+    means, logvars, labels = train
+    std = torch.exp(0.5 * logvars.float())
+    scale = float(1.0 / torch.sqrt(means.float().var() + std.pow(2).mean()))  # posterior samples at unit sd
+    print(f"{len(means)} training images encoded, scale factor {scale:.4f} [{timer}]")
+
+    grid = (int(math.isqrt(means.shape[1])),) * 2
+    cfg = MARConfig(**SIZES[args.size], token_dim=means.shape[2], grid=grid, buffer=16, num_classes=len(CLASS_NAMES),
+                    scale_factor=round(scale, 4), class_names=list(CLASS_NAMES))
+    model = MAR(cfg)
+    init_weights(model)
+    ema = copy.deepcopy(model).requires_grad_(False)
+    diffusion = SpacedDiffusion(TRAIN_STEPS)
+    print(f"MAR {args.size} {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params")
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "pos_embed" not in n]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2 or "pos_embed" in n]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.02}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95))
+    for step in range(args.steps):
+        idx = torch.randint(0, len(means), (args.batch,), generator=gen)
+        posterior = means[idx].float() + std[idx] * torch.randn(std[idx].shape, generator=gen)
+        for group in opt.param_groups:
+            group["lr"] = cosine_lr(step, args.steps, args.lr, warmup=min(100, args.steps // 10))
+        loss = training_loss(model, diffusion, posterior * cfg.scale_factor, labels[idx], gen, args.repeats)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        with torch.no_grad():
+            decay_now = min(args.ema, (1 + step) / (10 + step))  # short runs: the EMA warms up
+            for e, p_ in zip(ema.parameters(), model.parameters()):
+                e.lerp_(p_, 1 - decay_now)
+        if (step + 1) % 50 == 0:
+            print(f"step {step + 1}/{args.steps} loss {loss.item():.4f} [{timer}]", flush=True)
+        if (step + 1) % (args.steps // 2) == 0 and step + 1 < args.steps:
+            print(f"  val loss (EMA) {val_loss(ema, diffusion, val, cfg.scale_factor, args.repeats):.4f}", flush=True)
+
+    save_fp16(ema, cfg, out)
+    saved = load_ar_model(out)
+    print(f"final val loss (EMA, fp16 weights, {len(val[0])} held-out images): "
+          f"{val_loss(saved, diffusion, val, cfg.scale_factor, args.repeats):.4f}; total {timer}")
+    OUT_DIR.mkdir(exist_ok=True)
+    sample_grid(saved, args.vae, OUT_DIR / f"mar_{args.size}_samples.png")
+    print(f"samples in out/mar_{args.size}_samples.png [{timer}]")
+
+
+if __name__ == "__main__":
+    main()
