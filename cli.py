@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", action="append", help="text-to-image models: a prompt (repeat for several rows)")
     gen.add_argument("--t5", help="text-to-image models: local FLAN-T5 folder (google/flan-t5-xl)")
     gen.add_argument("--batch", type=int, default=1)
-    gen.add_argument("--decoder", choices=DECODERS, default="sjd")
+    gen.add_argument("--decoder", choices=DECODERS, help="default: sjd for token models, ar (MAR's sampler) for MAR")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--out", help="PNG path (batch > 1: PATH_0.png, PATH_1.png, ...)")
     gen.add_argument("--tokens-out", help="write the image codes as JSON (token models)")
@@ -189,6 +189,7 @@ def command_generate(args) -> int:
 
     models = load_models(args.model, args.vq, args.device, args.dtype, drafter_path=drafter_choice(args, args.decoder),
                          image_size=args.image_size)
+    args.decoder = args.decoder or ("ar" if models.ar.kind == "masked-ar" else "sjd")
     classes = args.classes.split(",") if args.classes else [args.class_] if args.class_ else None
     conditioning = conditioning_for(models.ar, classes=classes, batch=args.batch, prompts=args.prompt,
                                     t5_folder=args.t5)

@@ -53,6 +53,10 @@ class MARConfig:
     def num_tokens(self) -> int:
         return self.grid[0] * self.grid[1]
 
+    @property
+    def model_type(self) -> str:
+        return "c2i"  # every released MAR is class-conditional
+
 
 class Attention(nn.Module):
     def __init__(self, dim: int, heads: int):

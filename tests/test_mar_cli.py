@@ -1,0 +1,141 @@
+"""MAR from the command line and the loaders, with official-format stand-ins: a MAR checkpoint as LTH14/mar
+saves it ({"model", "model_ema", "args"}), an LDM KL autoencoder ({"model": sd} with loss.* keys), FastAR
+safetensors; generation with ar and cspd, latents out and back in through ``decode``, and the refusals."""
+import argparse
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import save_file
+
+from fastar.errors import FastARError
+from fastar.model_loaders import load_ar_model, load_image_decoder
+from fastar.model_loaders.demo import DEMO_AR, DEMO_VQ
+from fastar.model_loaders.kl_vae import KLAutoencoder, KLConfig
+from fastar.model_loaders.mar_model import MAR, MARConfig
+from fastar.tools.demo_common import save_fp16
+
+KL = KLConfig(embed_dim=4, ch=32, ch_mult=(1, 2), num_res_blocks=1, encoder_attn_levels=(), decoder_attn_levels=())
+
+
+def mar_config(**kw):
+    base = dict(dim=32, encoder_depth=1, encoder_heads=2, decoder_dim=32, decoder_depth=1, decoder_heads=2,
+                head_width=32, head_depth=2, token_dim=4, grid=(4, 4), buffer=2, num_classes=3)
+    return MARConfig(**{**base, **kw})
+
+
+def random_model(model_class, cfg, seed):
+    torch.manual_seed(seed)
+    model = model_class(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.02)
+    return model
+
+
+def official_mar(path, cfg, seed, **args):
+    sd = random_model(MAR, cfg, seed).state_dict()
+    saved = {"model": sd, "model_ema": {k: v.clone() for k, v in sd.items()},
+             "args": argparse.Namespace(model="mar_tiny", vae_embed_dim=cfg.token_dim, patch_size=1, **args)}
+    torch.save(saved, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mar")
+    kl = random_model(KLAutoencoder, KL, 0).state_dict()
+    kl["loss.discriminator.weight"] = torch.zeros(3)  # LDM training files carry the discriminator
+    torch.save({"model": kl}, d / "kl16.ckpt")
+    official_mar(d / "mar_target.pth", mar_config(), 1, num_heads=2)
+    save_fp16(random_model(MAR, mar_config(dim=16, decoder_dim=16, head_width=16), 2), mar_config(
+        dim=16, decoder_dim=16, head_width=16), d / "mar_draft.safetensors")
+    save_fp16(random_model(MAR, mar_config(token_dim=8), 3), mar_config(token_dim=8), d / "mar_other_latents.safetensors")
+    return d
+
+
+def fastar(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "fastar", *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_official_files_load_with_ema_weights_and_args(files):
+    model = load_ar_model(files / "mar_target.pth")
+    assert model.kind == "masked-ar" and model.cfg.grid == (4, 4) and model.cfg.buffer == 2
+    assert model.cfg.encoder_heads == 2 and model.cfg.num_classes == 3 and model.cfg.token_dim == 4
+    assert model.head.input_proj.weight.dtype == torch.float32
+    vae = load_image_decoder(files / "kl16.ckpt")
+    assert vae.input_kind == "latents" and vae.cfg.embed_dim == 4 and vae.cfg.downsample == 2
+
+
+def test_heads_come_from_the_official_table_or_a_config(tmp_path):
+    official_mar(tmp_path / "odd.pth", mar_config(), 1)  # no num_heads, not an official size
+    with pytest.raises(FastARError, match=r'1-block, 32-wide MAR .*mar_base.*Write odd.json next to odd.pth .*"num_heads"'):
+        load_ar_model(tmp_path / "odd.pth")
+    (tmp_path / "odd.json").write_text('{"num_heads": 4}')
+    assert load_ar_model(tmp_path / "odd.pth").cfg.encoder_heads == 4
+
+
+def test_generate_ar_and_cspd_write_images_latents_and_stats(files, tmp_path):
+    common = ("generate", "--model", files / "mar_target.pth", "--vae", files / "kl16.ckpt", "--classes", "0,2",
+              "--num-iter", 4, "--diffusion-steps", 5, "--cfg", 1.5, "--quiet")
+    r = fastar(*common, "--decoder", "ar", "--out", tmp_path / "ar.png", "--latents-out", tmp_path / "ar.npy", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    latents = np.load(tmp_path / "ar.npy")
+    assert latents.shape == (2, 4, 4, 4) and latents.dtype == np.float32
+    assert Image.open(tmp_path / "ar_0.png").size == (8, 8)
+    for verify in ("steps", "merged"):
+        r = fastar(*common, "--decoder", "cspd", "--drafter", files / "mar_draft.safetensors", "--gamma", 2,
+                   "--cspd-verify", verify, "--stats-out", tmp_path / f"{verify}.json", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert "target calls" in r.stdout and "draft calls" in r.stdout and "acceptance" in r.stdout
+    r = fastar("decode", "--vae", files / "kl16.ckpt", "--latents-in", tmp_path / "ar.npy", "--out", tmp_path / "back.png",
+               cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert np.array_equal(np.asarray(Image.open(tmp_path / "back_1.png")), np.asarray(Image.open(tmp_path / "ar_1.png")))
+
+
+@pytest.mark.parametrize("extra,message", [
+    (("--decoder", "cspd", "--model", DEMO_AR), "cspd needs a MAR model; this is a LlamaGen GPT"),
+    (("--decoder", "sjd",), r"sjd needs a token model \(LlamaGen\); this is a MAR model: use one of ar, cspd"),
+    (("--decoder", "cspd"), "CSpD needs a draft model"),
+    (("--decoder", "cspd", "--drafter", "OTHER"), "the draft MAR has 8 latent channels but the target has 4"),
+    (("--num-iter", 17), "num_iter 17: .* 1 to 16 steps"),
+    (("--vq", DEMO_VQ), "a MAR model writes continuous latents: its image decoder is a KL autoencoder"),
+    (("--top-k", 5), "--top-k and --top-p act on token probabilities"),
+    (("--decoder", "cspd", "--drafter", "DRAFT", "--cspd-verify", "merged", "--prefill", 1.5), "pre-fill 1.5"),
+])
+def test_refusals_say_what_to_do(files, tmp_path, extra, message):
+    args = ["generate", "--model", files / "mar_target.pth", "--vae", files / "kl16.ckpt", "--quiet", *extra]
+    args = [files / "mar_other_latents.safetensors" if a == "OTHER" else files / "mar_draft.safetensors" if a == "DRAFT"
+            else a for a in args]
+    if "--model" in extra:  # the LlamaGen demo model takes the place of the MAR
+        args = ["generate", "--quiet", *extra]
+    r = fastar(*args, cwd=tmp_path)
+    assert r.returncode == 2 and re.search(message, " ".join(r.stderr.split())), r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_truncated_files_say_re_download(files, tmp_path):
+    data = (files / "mar_target.pth").read_bytes()
+    (tmp_path / "cut.pth").write_bytes(data[: len(data) // 2])
+    with pytest.raises(FastARError, match="truncated or corrupt: re-download it"):
+        load_ar_model(tmp_path / "cut.pth")
+    kl = (files / "kl16.ckpt").read_bytes()
+    (tmp_path / "cut.ckpt").write_bytes(kl[: len(kl) // 3])
+    with pytest.raises(FastARError, match="truncated or corrupt: re-download it"):
+        load_image_decoder(tmp_path / "cut.ckpt")
+
+
+def test_decode_refuses_the_wrong_decoder(files, tmp_path):
+    np.save(tmp_path / "l.npy", np.zeros((1, 4, 4, 4), np.float32))
+    r = fastar("decode", "--vq", DEMO_VQ, "--latents-in", tmp_path / "l.npy", "--out", tmp_path / "x.png", cwd=tmp_path)
+    assert r.returncode == 2 and "decodes codes, but latents were given" in r.stderr, r.stderr
+    np.save(tmp_path / "bad.npy", np.zeros((1, 3, 4, 4), np.float32))
+    r = fastar("decode", "--vae", files / "kl16.ckpt", "--latents-in", tmp_path / "bad.npy", "--out", tmp_path / "x.png",
+               cwd=tmp_path)
+    assert r.returncode == 2 and "decodes [B, 4, h, w]" in r.stderr, r.stderr
