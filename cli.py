@@ -242,20 +242,20 @@ def write_outputs(args, models, outputs, stats) -> None:
     from .samplers.stats import acceptance_heatmap
 
     grid = models.ar.grid
-    tokens_out = args.tokens_out
-    if args.out and models.vq is None and not tokens_out and not args.latents_out:
+    tokens_out, latents_out = args.tokens_out, args.latents_out
+    if args.out and models.vq is None and not tokens_out and not latents_out:
         # no images without an image decoder: keep the model's output instead
         if models.ar.kind == "masked-ar":
-            args.latents_out = str(Path(args.out).with_suffix(".latents.npy"))
+            latents_out = str(Path(args.out).with_suffix(".latents.npy"))
         else:
             tokens_out = str(Path(args.out).with_suffix(".tokens.json"))
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     if tokens_out:
         Path(tokens_out).write_text(json.dumps({"tokens": outputs.tolist(), "grid": list(grid)}))
-    if args.latents_out:
+    if latents_out:
         import numpy as np
 
-        np.save(args.latents_out, models.ar.decoder_input(outputs).float().cpu().numpy())
+        np.save(latents_out, models.ar.decoder_input(outputs).float().cpu().numpy())
     if args.stats_out:
         Path(args.stats_out).write_text(json.dumps(stats.to_json(), indent=1))
     if args.map_out:
@@ -264,7 +264,7 @@ def write_outputs(args, models, outputs, stats) -> None:
     if args.out:
         if models.vq is None:
             print(f"no images written: the model's image decoder is needed to make them (give --vq). Its output is "
-                  f"in {tokens_out or args.latents_out}", file=sys.stderr)
+                  f"in {tokens_out or latents_out}", file=sys.stderr)
         else:
             save_images(outputs_to_images(models.vq, models.ar, outputs), Path(args.out))
 

@@ -175,16 +175,22 @@ def head_count(n_layer: int, dim: int, settings: dict, source: str) -> int:
     if n_head is not None:
         return int(n_head)
     name = settings.get("gpt_model")
-    candidates = [OFFICIAL_SIZES[name]] if name in OFFICIAL_SIZES else OFFICIAL_SIZES.values()
-    for layers, width, heads in candidates:
-        if (layers, width) == (n_layer, dim):
-            return heads
+    heads = official_heads(OFFICIAL_SIZES, name, (n_layer, dim))
+    if heads is not None:
+        return heads
     said = f" (its args name {name})" if name else ""
     raise FastARError(
         f"{source}: cannot tell the number of attention heads of a {n_layer}-layer, {dim}-wide LlamaGen "
         f"model{said}: it is none of the official sizes ({', '.join(OFFICIAL_SIZES)}) and no config says. "
         f'{where_config_goes(source)}: {{"num_attention_heads": N}}'
     )
+
+
+def official_heads(table: dict, name, shape: tuple) -> int | None:
+    """The heads of an official size: the one the training args name, else any whose other entries are
+    ``shape``. ``table`` maps a name to (shape..., heads)."""
+    candidates = [table[name]] if name in table else table.values()
+    return next((entry[-1] for entry in candidates if tuple(entry[:-1]) == shape), None)
 
 
 def where_config_goes(source: str) -> str:

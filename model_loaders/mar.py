@@ -17,7 +17,8 @@ import torch
 from ..errors import FastARError
 from .checkpoint import AR_MODEL, FAMILY_WHAT, IMAGE_DECODER, CheckpointInfo, detect_family, read_state_dict, require_family
 from .kl_vae import KLAutoencoder, KLConfig
-from .llamagen import build_and_load, checkpoint_of, config_from_metadata, first_setting, weight_shape, where_config_goes
+from .llamagen import (build_and_load, checkpoint_of, config_from_metadata, first_setting, official_heads, weight_shape,
+                       where_config_goes)
 from .mar_model import MAR, MARConfig
 
 # The official mar_* sizes: name -> (width, depth, heads), the same for encoder and decoder.
@@ -116,11 +117,9 @@ def heads(width: int, depth: int, settings: dict, source: str) -> int:
     said = first_setting(settings, ("num_heads", "encoder_num_heads"), None)
     if said is not None:
         return int(said)
-    name = settings.get("model")
-    candidates = [OFFICIAL_SIZES[name]] if name in OFFICIAL_SIZES else OFFICIAL_SIZES.values()
-    for size, layers, count in candidates:
-        if (size, layers) == (width, depth):
-            return count
+    count = official_heads(OFFICIAL_SIZES, settings.get("model"), (width, depth))
+    if count is not None:
+        return count
     raise FastARError(
         f"{source}: cannot tell the attention heads of a {depth}-block, {width}-wide MAR transformer: it is none "
         f"of the official sizes ({', '.join(OFFICIAL_SIZES)}) and no config says. "

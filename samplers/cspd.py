@@ -30,7 +30,7 @@ from ..errors import FastARError, check_choice
 from ..model_loaders.diffusion import ReverseStep
 from ..model_loaders.mar import check_mar_draft
 from .continuous_acceptance import accept, sample_residual
-from .masked import Canvas, Guide, MaskedSettings, Plan, final_noise, reverse_process
+from .masked import Canvas, Guide, MaskedSettings, Plan, at, reverse_process, row_index
 from .stats import DecodeStats, Stopwatch
 from .verifier import ProgressFn, finish
 
@@ -85,7 +85,7 @@ class CSpDRun:
         z = self.target.conditions(self.canvas.tokens, self.canvas.known)
         self.stats.target_forwards += 1
         last = self.target.last_step(*z, positions, self.plan, self.plan.cfg(self.settings, step))
-        self.canvas.fix(positions, last.mean + last.std * final_noise(self.plan, positions), self.stats.target_forwards)
+        self.canvas.fix(positions, last.mean + last.std * self.plan.last_noise(positions), self.stats.target_forwards)
         self.counts.append(torch.full((positions.shape[0],), positions.shape[1]))
         self.watch.lap("forward")
 
@@ -97,8 +97,8 @@ class CSpDRun:
             z = self.draft.conditions(tokens, known)
             self.stats.drafter_forwards += 1
             gaussian = self.draft.last_step(*z, positions, self.plan, self.plan.cfg(self.settings, step))
-            values = gaussian.mean + gaussian.std * final_noise(self.plan, positions)
-            rows = torch.arange(positions.shape[0], device=positions.device).unsqueeze(1)
+            values = gaussian.mean + gaussian.std * self.plan.last_noise(positions)
+            rows = row_index(positions)
             tokens[rows, positions] = values.view(*positions.shape, -1)
             known[rows, positions] = True
             drafted.append(Drafted(positions, gaussian, values))
@@ -116,7 +116,7 @@ class CSpDRun:
             tokens, known = [self.canvas.tokens], [self.canvas.known]
             for d in drafted[:-1]:
                 t, k = tokens[-1].clone(), known[-1].clone()
-                rows = torch.arange(B, device=t.device).unsqueeze(1)
+                rows = row_index(d.positions)
                 t[rows, d.positions] = d.values.view(*d.positions.shape, -1)
                 k[rows, d.positions] = True
                 tokens.append(t)
@@ -126,9 +126,8 @@ class CSpDRun:
                          self.plan.cfg(self.settings, first + j)) for j in range(len(drafted))]
         self.stats.target_forwards += 1
         # every drafted token's reverse process in one batch, each at its step's CFG scale
-        conds = torch.cat([z_c[self.rows(d), d.positions].flatten(0, 1) for d, (z_c, _, _) in zip(drafted, contexts)])
-        unconds = None if z_uncond is None else torch.cat(
-            [z_u[self.rows(d), d.positions].flatten(0, 1) for d, (_, z_u, _) in zip(drafted, contexts)])
+        conds = torch.cat([at(z_c, d.positions) for d, (z_c, _, _) in zip(drafted, contexts)])
+        unconds = None if z_uncond is None else torch.cat([at(z_u, d.positions) for d, (_, z_u, _) in zip(drafted, contexts)])
         scales = torch.cat([torch.full((d.values.shape[0], 1), float(s), device=conds.device)
                             for d, (_, _, s) in zip(drafted, contexts)])
         starts, noises = zip(*(self.plan.trajectory(d.positions) for d in drafted))
@@ -137,10 +136,6 @@ class CSpDRun:
         sizes = [d.values.shape[0] for d in drafted]
         self.watch.lap("forward")
         return [ReverseStep(m, s) for m, s in zip(last.mean.split(sizes), last.std.split(sizes))]
-
-    @staticmethod
-    def rows(d: Drafted) -> torch.Tensor:
-        return torch.arange(d.positions.shape[0], device=d.positions.device).unsqueeze(1)
 
     def verify(self, drafted: list[Drafted], scored: list[ReverseStep]) -> int:
         """Accept or replace drafted tokens and fix them; returns the number of steps kept."""

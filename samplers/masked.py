@@ -68,6 +68,11 @@ def cfg_at(settings: MaskedSettings, num_tokens: int, masked_after: int) -> floa
     return 1 + (settings.cfg_scale - 1) * (num_tokens - max(masked_after, 1)) / num_tokens
 
 
+def row_index(positions: torch.Tensor) -> torch.Tensor:
+    """``[B, 1]`` row numbers, to index ``[B, L, ...]`` tensors at ``positions`` [B, n]."""
+    return torch.arange(positions.shape[0], device=positions.device).unsqueeze(1)
+
+
 @dataclass
 class Trajectories:
     """x_T ``[B, L, C]`` and every reverse step's noise ``[S, B, L, C]``, per token position; ``noise[0]``
@@ -112,8 +117,12 @@ class Plan:
 
     def trajectory(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x_T ``[N, C]`` and noise ``[S, N, C]`` of ``positions`` [B, n], flattened row by row."""
-        rows = torch.arange(positions.shape[0], device=positions.device).unsqueeze(1)
+        rows = row_index(positions)
         return self.paths.start[rows, positions].flatten(0, 1), self.paths.noise[:, rows, positions].flatten(1, 2)
+
+    def last_noise(self, positions: torch.Tensor) -> torch.Tensor:
+        """The last reverse step's noise of ``positions`` [B, n], flattened: ``[B * n, C]``."""
+        return self.paths.noise[0][row_index(positions), positions].flatten(0, 1)
 
 
 def reverse_process(head, diffusion, z_cond, z_uncond, cfg_scale, temperature: float,
@@ -157,10 +166,8 @@ class Guide:
     def last_step(self, z_cond, z_uncond, positions, plan: Plan, cfg_scale) -> ReverseStep:
         """The last reverse step's Gaussian for ``positions`` [B, n] from conditions ``[B, L, D]``,
         flattened to ``[B * n, C]``."""
-        rows = torch.arange(positions.shape[0], device=positions.device).unsqueeze(1)
         start, noise = plan.trajectory(positions)
-        return reverse_process(self.model.head, self.diffusion, z_cond[rows, positions].flatten(0, 1),
-                               None if z_uncond is None else z_uncond[rows, positions].flatten(0, 1),
+        return reverse_process(self.model.head, self.diffusion, at(z_cond, positions), at(z_uncond, positions),
                                cfg_scale, self.settings.temperature, start, noise)
 
 
@@ -174,15 +181,15 @@ class Canvas:
 
     def fix(self, positions: torch.Tensor, values: torch.Tensor, iteration: int) -> None:
         """Write ``values`` ``[B * n, C]`` at ``positions`` [B, n]."""
-        rows = torch.arange(positions.shape[0], device=positions.device).unsqueeze(1)
+        rows = row_index(positions)
         self.tokens[rows, positions] = values.view(*positions.shape, -1).to(self.tokens.dtype)
         self.known[rows, positions] = True
         self.fixed_at[rows.cpu(), positions.cpu()] = iteration
 
 
-def final_noise(plan: Plan, positions: torch.Tensor) -> torch.Tensor:
-    """The last reverse step's noise of ``positions`` [B, n], flattened: ``[B * n, C]``."""
-    return plan.trajectory(positions)[1][0]
+def at(values: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor | None:
+    """``values`` [B, L, D] at ``positions`` [B, n], flattened row by row: ``[B * n, D]`` (None stays None)."""
+    return None if values is None else values[row_index(positions), positions].flatten(0, 1)
 
 
 @torch.no_grad()
@@ -207,7 +214,7 @@ def masked_decode(model, conditioning, settings: MaskedSettings, *, generator,
         z_cond, z_uncond = guide.conditions(canvas.tokens, canvas.known)
         stats.target_forwards += 1
         last = guide.last_step(z_cond, z_uncond, positions, plan, plan.cfg(settings, step))
-        sampled = last.mean + last.std * final_noise(plan, positions) if gaussian_last_step else last.mean
+        sampled = last.mean + last.std * plan.last_noise(positions) if gaussian_last_step else last.mean
         canvas.fix(positions, sampled, stats.target_forwards)
         counts.append(torch.full((B,), positions.shape[1]))
         watch.lap("forward")  # the transformer and the head: the model's own work

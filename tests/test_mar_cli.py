@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from safetensors.torch import save_file
 
 from fastar.errors import FastARError
 from fastar.model_loaders import load_ar_model, load_image_decoder
