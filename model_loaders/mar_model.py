@@ -222,6 +222,11 @@ class MAR(nn.Module):
         return self.fake_latent.device
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The transformer's precision (the diffusion head stays fp32)."""
+        return self.fake_latent.dtype
+
+    @property
     def grid(self) -> tuple[int, int]:
         return self.cfg.grid
 

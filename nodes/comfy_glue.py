@@ -167,3 +167,11 @@ def partial_image(vq: torch.nn.Module, tokens: torch.Tensor, done: int, grid: tu
     if row < h:
         image[row * scale:(row + 1) * scale, col * scale:] = 128
     return Image.fromarray(image)
+
+
+def partial_latents_image(decoder: torch.nn.Module, latents: torch.Tensor) -> Image.Image:
+    """One row of a MAR canvas (``latents`` [1, C, h, w], still-masked tokens at zero) through the KL
+    autoencoder: the picture the fixed tokens draw so far."""
+    with torch.no_grad():
+        pixels = decoder.decode(latents.to(decoder.device)).float().clamp(-1, 1)[0]
+    return Image.fromarray(((pixels + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy())

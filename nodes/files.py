@@ -17,7 +17,8 @@ from pathlib import Path
 import folder_paths
 
 from ..errors import FastARError
-from ..model_loaders.demo import DEMO_AR, DEMO_DIR
+from ..model_loaders.checkpoint import AR_MODEL, DRAFTER as CHECKPOINT_DRAFTER, FAMILY_KIND, IMAGE_DECODER, detect_family
+from ..model_loaders.demo import DEMO_AR, DEMO_DIR, DEMO_MAR_DRAFT
 
 FOLDER = "fastar"
 DRAFTER_FOLDER = "fastar_drafters"
@@ -28,7 +29,7 @@ WEIGHT_FILES_IN_FOLDER = ("model.safetensors.index.json", "pytorch_model.bin.ind
                           "pytorch_model.bin")
 
 AR, VQ, T5, DRAFTER = "ar", "vq", "t5", "drafter"
-KIND_NAMES = {AR: "AR model", VQ: "VQ decoder", T5: "FLAN-T5 folder", DRAFTER: "drafter"}
+KIND_NAMES = {AR: "AR model", VQ: "image decoder", T5: "FLAN-T5 folder", DRAFTER: "drafter"}
 FOLDERS_OF = {AR: (FOLDER,), VQ: (FOLDER,), T5: T5_FOLDERS, DRAFTER: DRAFTER_FOLDERS}
 
 
@@ -87,15 +88,14 @@ def safetensors_header(path: Path) -> dict | None:
     return _safetensors_header(str(path), stat.st_mtime, stat.st_size)
 
 
+NODE_KIND = {AR_MODEL: AR, IMAGE_DECODER: VQ, CHECKPOINT_DRAFTER: DRAFTER}
+
+
 def header_kind(header: dict) -> str | None:
-    keys = header.keys()
-    if "fc.weight" in keys and "embed_tokens.weight" in keys:  # an EAGLE head (LANTERN's key names)
-        return DRAFTER
-    if "tok_embeddings.weight" in keys or "model.embed_tokens.weight" in keys:
-        return AR
-    if "quantize.embedding.weight" in keys:
-        return VQ
-    return None
+    """AR, VQ (any image decoder: VQ tokenizer or KL autoencoder) or DRAFTER, by the loaders' own family
+    detection on the tensor names; None for a file of no family FastAR knows."""
+    family = detect_family(header)
+    return NODE_KIND[FAMILY_KIND[family]] if family else None
 
 
 def read_json(path: Path) -> dict | None:
@@ -168,9 +168,12 @@ def unique(names: list[str]) -> list[str]:
 
 def choices(kind: str) -> list[str]:
     """The names shown in a loader's list. Drafters: anything in the drafter folders (EAGLE drafters and
-    smaller AR models), plus EAGLE drafters kept in the fastar folders (the bundled demo drafter)."""
+    smaller AR models), plus EAGLE drafters kept in the fastar folders (the bundled demo drafter) and the
+    bundled demo MAR's draft model."""
     if kind == DRAFTER:
-        return unique(entries(DRAFTER_FOLDER, (DRAFTER, AR, "?"), (DRAFTER, AR)) + entries(FOLDER, (DRAFTER,), (DRAFTER,)))
+        bundled = [DEMO_MAR_DRAFT.name] if folder_paths.get_full_path(FOLDER, DEMO_MAR_DRAFT.name) else []
+        return unique(entries(DRAFTER_FOLDER, (DRAFTER, AR, "?"), (DRAFTER, AR)) + entries(FOLDER, (DRAFTER,), (DRAFTER,))
+                      + bundled)
     return entries(FOLDER, (kind, "?"), (AR,) if kind == AR else ())
 
 
@@ -253,7 +256,7 @@ def class_info(path: Path) -> dict | None:
 
 ACCEPTED = {AR: (AR,), VQ: (VQ,), DRAFTER: (DRAFTER, AR)}  # a smaller AR model of the family drafts too
 LOADED_BY = {AR: "an AR model (load it with FastAR Load AR Model)",
-             VQ: "a VQ decoder (load it with FastAR Load VQ Decoder)",
+             VQ: "an image decoder (load it with FastAR Load Image Decoder)",
              DRAFTER: "a drafter (load it with FastAR Load Drafter)"}
 
 
@@ -276,5 +279,5 @@ def checkpoint_kind_error(path: Path, kind: str) -> str | None:
     if found in ACCEPTED[kind]:
         return None
     if found is None:
-        return f"{path.name} is no AR model, VQ decoder or drafter FastAR knows"
+        return f"{path.name} is no AR model, image decoder or drafter FastAR knows"
     return f"{path.name} is {LOADED_BY[found]}, not {wanted}"

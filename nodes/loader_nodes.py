@@ -9,7 +9,7 @@ import torch
 from comfy_api.latest import io
 
 from ..errors import FastARError
-from ..model_loaders.demo import DEMO_DRAFTER
+from ..model_loaders.demo import DEMO_DRAFTER, DEMO_MAR_DRAFT
 from ..model_loaders.protocol import ClassConditioning
 from ..pipeline import DTYPES, check_class_index
 from . import comfy_glue as glue
@@ -103,9 +103,10 @@ class LoadARModel(CheckpointLoader):
             node_id="FastARLoadModel",
             display_name="FastAR Load AR Model",
             category="FastAR/loaders",
-            description="Loads an autoregressive image model (LlamaGen class-to-image or text-to-image) from "
-                        "ComfyUI's models/fastar folder: a .safetensors/.pt file or a Hugging Face style folder. "
-                        "The bundled demo model (demo_c2i.safetensors) is always listed.",
+            description="Loads an autoregressive image model from ComfyUI's models/fastar folder: LlamaGen "
+                        "class-to-image or text-to-image (a .safetensors/.pt file or a Hugging Face style folder) or "
+                        "MAR (the official mar_base/large/huge .pth files). The bundled demo models "
+                        "(demo_c2i.safetensors, and demo_mar.safetensors for MAR) are always listed.",
             inputs=[
                 io.Combo.Input("model_name", options=listed(files.choices(files.AR)),
                                tooltip="Checkpoint file or HF-style folder (name ending in /) in models/fastar or a "
@@ -153,19 +154,22 @@ class LoadVQ(CheckpointLoader):
     def define_schema(cls):
         return io.Schema(
             node_id="FastARLoadVQ",
-            display_name="FastAR Load VQ Decoder",
+            display_name="FastAR Load Image Decoder (VQ / KL)",
             category="FastAR/loaders",
-            description="Loads the VQ image tokenizer whose decoder turns image tokens into pixels (LlamaGen VQ-16 "
-                        "family). Use the VQ the AR model was trained with: demo_vq.safetensors for the demo model, "
-                        "vq_ds16_c2i.pt / vq_ds16_t2i.pt for LlamaGen.",
+            description="Loads the image decoder that turns a model's output into pixels: a VQ tokenizer for "
+                        "token models (LlamaGen VQ-16 family) or a KL autoencoder for MAR (LDM AutoencoderKL). Use "
+                        "the one the model was trained with: demo_vq.safetensors for the demo model, "
+                        "demo_kl_vae.safetensors for the demo MAR, vq_ds16_c2i.pt / vq_ds16_t2i.pt for LlamaGen, "
+                        "kl16.ckpt for MAR.",
             inputs=[
                 io.Combo.Input("vq_name", options=listed(files.choices(files.VQ)),
-                               tooltip="VQ checkpoint in models/fastar (or a fastar: path of extra_model_paths.yaml). "
-                                       "demo_vq.safetensors is the bundled demo tokenizer."),
+                               tooltip="Image decoder checkpoint in models/fastar (or a fastar: path of "
+                                       "extra_model_paths.yaml). demo_vq.safetensors and demo_kl_vae.safetensors "
+                                       "are the bundled demo decoders."),
                 io.Combo.Input("dtype", options=list(glue.DTYPE_CHOICES), default="auto", tooltip=DTYPE_TOOLTIP),
             ],
             outputs=[FastARVQ.Output("vq", display_name="vq",
-                                     tooltip="The VQ decoder, managed by ComfyUI.")],
+                                     tooltip="The image decoder, managed by ComfyUI.")],
         )
 
     @classmethod
@@ -204,8 +208,9 @@ class LoadDrafter(CheckpointLoader):
             category="FastAR/loaders",
             description="Loads a drafter for speculative decoding, bound to the AR model it drafts for: a "
                         "LANTERN/EAGLE drafter folder (config.json + weights, e.g. LANTERN's llamagen_drafter) or a "
-                        "smaller LlamaGen model trained on the same VQ codes. A drafter made for another model "
-                        "(other codebook, width or kind) is refused with the reason.",
+                        "smaller LlamaGen model trained on the same VQ codes; for a MAR model, a smaller MAR on the "
+                        "same autoencoder (MAR-B for MAR-L/H, demo_mar_draft.safetensors for the demo MAR). A "
+                        "drafter made for another model (other codebook, width or kind) is refused with the reason.",
             inputs=[
                 FastARModel.Input("model", tooltip="The AR model the drafter drafts for (an EAGLE drafter reads its "
                                                    "hidden states and uses its output head)."),
@@ -214,7 +219,7 @@ class LoadDrafter(CheckpointLoader):
                                tooltip="Drafter folder (name ending in /) or file in models/fastar_drafters (or a "
                                        "fastar_drafters: path of extra_model_paths.yaml); EAGLE drafter folders in "
                                        f"models/fastar are listed too. {DEMO_DRAFTER_NAME} is the bundled drafter "
-                                       "of the demo model."),
+                                       f"of the demo model, {DEMO_MAR_DRAFT.name} the bundled draft of the demo MAR."),
                 io.Combo.Input("dtype", options=list(glue.DTYPE_CHOICES), default="auto",
                                tooltip="Drafter weights precision. auto: the AR model's precision. fp16/bf16 halve "
                                        "memory; fp32 is the reference."),
@@ -247,9 +252,12 @@ class LoadDrafter(CheckpointLoader):
 
 
 def drafter_weights(drafter) -> torch.nn.Module:
-    """The module holding a drafter's own weights (an EAGLE head borrows the rest from its target)."""
+    """The module holding a drafter's own weights (an EAGLE head borrows the rest from its target; a MAR
+    draft is a model itself)."""
     from ..model_loaders.eagle_drafter import EagleDrafter
 
+    if isinstance(drafter, torch.nn.Module):
+        return drafter
     return drafter.head if isinstance(drafter, EagleDrafter) else drafter.model
 
 

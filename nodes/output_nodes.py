@@ -1,4 +1,4 @@
-"""From tokens and statistics to what artists look at: VQ Decode, Acceptance Map, Stats."""
+"""From sampler outputs and statistics to what artists look at: Decode Image, Acceptance Map, Stats."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,12 +6,12 @@ from comfy_api.latest import io
 
 from ..errors import FastARError
 from ..pipeline import decode_images
-from ..samplers.decoders import LOSSLESS
+from ..samplers.decoders import LOSSLESS, MASKED_AR
 from ..samplers.stats import DecodeStats, acceptance_heatmap
 from . import comfy_glue as glue
 from .loader_nodes import FastARVQ
 from .sampler_nodes import FastARStats, FastARTokens
-from .values import ModelHandle, Tokens
+from .values import Latents, ModelHandle, Tokens
 
 
 class VQDecode(io.ComfyNode):
@@ -19,30 +19,48 @@ class VQDecode(io.ComfyNode):
     def define_schema(cls):
         return io.Schema(
             node_id="FastARVQDecode",
-            display_name="FastAR VQ Decode",
+            display_name="FastAR Decode Image (VQ / KL)",
             category="FastAR/image",
-            description="Turns image tokens into pixels with the VQ decoder the AR model was trained with.",
+            description="Turns a sampler's output into pixels with the image decoder the model was trained with: "
+                        "image codes through a VQ decoder (LlamaGen), MAR latents through a KL autoencoder.",
             inputs=[
-                FastARVQ.Input("vq", tooltip="The VQ decoder (FastAR Load VQ Decoder) matching the AR model."),
-                FastARTokens.Input("tokens", tooltip="Image tokens from a FastAR sampler."),
+                FastARVQ.Input("vq", tooltip="The image decoder (FastAR Load Image Decoder) matching the model: its "
+                                             "VQ tokenizer, or for MAR its KL autoencoder."),
+                FastARTokens.Input("tokens", tooltip="Image codes or MAR latents from a FastAR sampler."),
             ],
             outputs=[io.Image.Output("image", display_name="image",
                                      tooltip="The decoded images (one per batch row).")],
         )
 
     @classmethod
-    def execute(cls, vq: ModelHandle, tokens: Tokens) -> io.NodeOutput:
-        model = vq.module
-        if model.cfg.codebook_size != tokens.vocab_size:
-            raise FastARError(f"the VQ decoder {vq.name} has {model.cfg.codebook_size} codes but the tokens come from "
-                              f"a model with {tokens.vocab_size}: pick the VQ the AR model was trained with")
-        h, w = tokens.grid
-        side = model.cfg.downsample
-        pixels = tokens.codes.shape[0] * h * w * side * side
-        glue.load_for_inference([vq.patcher], memory_required=pixels * model.cfg.ch * 4 * 8)
-        images = decode_images(model, tokens.codes.view(-1, h, w))
+    def execute(cls, vq: ModelHandle, tokens: Tokens | Latents) -> io.NodeOutput:
+        decoder = vq.module
+        inputs = decoder_inputs(decoder, vq.name, tokens)
+        pixels = inputs.shape[0] * inputs.shape[-2] * inputs.shape[-1] * decoder.cfg.downsample ** 2
+        glue.load_for_inference([vq.patcher], memory_required=pixels * decoder.cfg.ch * 4 * 8)
+        images = decode_images(decoder, inputs)
         glue.free_cache()
         return io.NodeOutput(glue.to_image_tensor(images))
+
+
+def decoder_inputs(decoder, name: str, output: Tokens | Latents):
+    """What ``decoder`` reads from a sampler's output (codes ``[B, h, w]`` or latents), or a FastARError
+    that says which decoder to pick."""
+    if isinstance(output, Latents):
+        if decoder.input_kind != "latents":
+            raise FastARError(f"these are a MAR model's latents, but {name} is {decoder.what}: pick the KL autoencoder "
+                              "the MAR model was trained with (kl16.ckpt for the official MAR models)")
+        if decoder.cfg.embed_dim != output.latents.shape[1]:
+            raise FastARError(f"the KL autoencoder {name} has {decoder.cfg.embed_dim} latent channels but the latents "
+                              f"have {output.latents.shape[1]}: pick the autoencoder the MAR model was trained with")
+        return output.latents
+    if decoder.input_kind != "codes":
+        raise FastARError(f"these are image codes of a token model, but {name} is {decoder.what}: pick the VQ "
+                          "decoder the model was trained with")
+    if decoder.cfg.codebook_size != output.vocab_size:
+        raise FastARError(f"the VQ decoder {name} has {decoder.cfg.codebook_size} codes but the tokens come from "
+                          f"a model with {output.vocab_size}: pick the VQ the AR model was trained with")
+    return output.codes.view(-1, *output.grid)
 
 
 class AcceptanceMap(io.ComfyNode):
@@ -69,15 +87,23 @@ class AcceptanceMap(io.ComfyNode):
         return io.NodeOutput(glue.to_image_tensor(maps))
 
 
+def baseline_calls(stats: DecodeStats) -> tuple[int, str]:
+    """How many model calls plain sampling needs for this output, and how to say so."""
+    if stats.settings.get("model_kind") == MASKED_AR:
+        steps = stats.settings["num_iter"]
+        return steps, f"plain MAR at {steps} steps needs {steps}"
+    return stats.num_tokens - 1, f"AR needs {stats.num_tokens - 1}"  # one forward per token after the first
+
+
 def summary(stats: DecodeStats, baseline: DecodeStats | None = None) -> str:
     """The text shown on the Stats node."""
     tokens = stats.num_tokens * stats.batch
-    ar_forwards = stats.num_tokens - 1  # plain AR: one forward per token after the first
+    plain, plain_text = baseline_calls(stats)
     kind = "lossless" if LOSSLESS.get(stats.decoder, False) else "relaxed: trades fidelity for speed"
     lines = [
         f"{stats.decoder.upper()} ({kind})",
         f"tokens: {stats.batch} x {stats.num_tokens} ({stats.grid[0]}x{stats.grid[1]})",
-        f"model forwards: {stats.target_forwards} (AR needs {ar_forwards})",
+        f"model forwards: {stats.target_forwards} ({plain_text})",
         f"step compression: {stats.step_compression:.2f} tokens/forward",
         f"mean accepted per iteration: {stats.mean_accepted:.2f}",
         f"wall time: {stats.wall_time_s:.2f} s, {tokens / max(stats.wall_time_s, 1e-9):.0f} tokens/s",
@@ -86,13 +112,17 @@ def summary(stats: DecodeStats, baseline: DecodeStats | None = None) -> str:
         drafter = stats.settings.get("drafter_file") or stats.settings.get("drafter", "drafter")
         lines.append(f"drafter {drafter}: {stats.drafter_forwards} forwards, {stats.drafter_time_s:.2f} s"
                      + (f", gamma {stats.settings['gamma']}" if "gamma" in stats.settings else ""))
+    if stats.acceptance_rate is not None:
+        lines.append(f"accepted {stats.accepted_tokens} of {stats.drafted_tokens} drafted tokens "
+                     f"({stats.acceptance_rate:.1%}); {stats.resample_tries} residual redraws, "
+                     f"{stats.resample_fallbacks} plain model samples after {stats.settings.get('max_tries')} "
+                     "refused redraws")
     if baseline is not None and baseline.wall_time_s > 0 and stats.wall_time_s > 0:
         per_token = baseline.wall_time_s / (baseline.num_tokens * baseline.batch)
         lines.append(f"speed-up vs AR (measured): {per_token * tokens / stats.wall_time_s:.2f}x")
     else:
         unpriced = ", drafter not counted" if stats.drafter_forwards else ""  # only a measured baseline prices it
-        lines.append(f"speed-up vs AR (estimate, forwards{unpriced}): "
-                     f"{ar_forwards / max(stats.target_forwards, 1):.2f}x")
+        lines.append(f"speed-up vs AR (estimate, forwards{unpriced}): {plain / max(stats.target_forwards, 1):.2f}x")
     conditioning = stats.settings.get("conditioning")
     if conditioning:
         lines.append(f"{conditioning}, seed {stats.settings.get('seed')}")

@@ -1,6 +1,6 @@
-"""One sampler node per decoder (AR, SJD, GSD, speculative, LANTERN) on one base class: the base reads the
-shared widgets and runs ``samplers.decoders.decode``; a subclass only adds its decoder's sockets (drafter,
-VQ) and widgets and builds its DecoderSpec.
+"""One sampler node per decoder (AR, SJD, GSD, speculative, LANTERN, CSpD) on one base class: the base reads
+the shared widgets and runs ``samplers.decoders.decode`` (token models) or ``decode_masked`` (MAR); a subclass
+only adds its decoder's sockets (drafter, VQ) and widgets and builds its settings.
 
 Widget order is part of saved workflows: append new widgets at the end, never insert or rename.
 """
@@ -14,24 +14,32 @@ from ..model_loaders.eagle_drafter import EagleHead
 from ..model_loaders.protocol import CaptionConditioning, ClassConditioning
 from ..pipeline import class_conditioning
 from ..samplers.acceptance import PROB_FILTERS
-from ..samplers.decoders import DecoderSpec, decode
+from ..samplers.cspd import VERIFY_MODES, CSpDSettings
+from ..samplers.decoders import MASKED_AR, DecoderSpec, check_decoder, decode, decode_masked
 from ..samplers.drafts import COUPLINGS, INIT_STRATEGIES
+from ..samplers.masked import CFG_SCHEDULES, MaskedSettings
 from ..samplers.processing import SamplingSettings
 from . import comfy_glue as glue
 from .loader_nodes import FastARConditioning, FastARDrafter, FastARModel, FastARVQ
-from .values import STATS_TYPE, TOKENS_TYPE, Conditioning, DrafterHandle, ModelHandle, Tokens
+from .values import STATS_TYPE, TOKENS_TYPE, Conditioning, DrafterHandle, Latents, ModelHandle, Tokens
 
 FastARTokens = io.Custom(TOKENS_TYPE)
 FastARStats = io.Custom(STATS_TYPE)
 
 SPEC = DecoderSpec()
 SAMPLING = SamplingSettings()
+MASKED = MaskedSettings()
+CSPD = CSpDSettings()
 SEED_MAX = 0xFFFFFFFFFFFFFFFF
 
 LOSSLESS_NOTE = ("Lossless: samples exactly the distribution of plain AR sampling, but a given seed gives a "
                  "different image than the AR sampler.")
 RELAXED_NOTE = ("Relaxed: trades fidelity for speed (accepts drafts that are close to, not exactly, what the model "
                 "would sample); group size 1 is exactly SJD. A given seed gives a different image than AR or SJD.")
+CSPD_NOTE = ("Lossless with verify = steps: exactly plain MAR sampling at the same settings (with its last "
+             "diffusion step kept Gaussian, a change of about 0.006 in token space); merged follows the paper and "
+             "is exact per token against a MAR run that merges each draft round into one step. A given seed gives "
+             "a different image than the AR sampler.")
 LANTERN_NOTE = ("Relaxed: trades fidelity for speed (also accepts a draft when codes close to it in the VQ latent "
                 "space carry the target's mass); delta 0 is exact speculative decoding. A given seed gives a "
                 "different image than plain AR sampling.")
@@ -44,8 +52,8 @@ def slider(id, default, lo, hi, step, tooltip):
 
 def preview_vq_input():
     return FastARVQ.Input("preview_vq", optional=True,
-                          tooltip="Optional: the VQ decoder, for a live preview of the partly decoded image "
-                                  "(shown when ComfyUI runs with --preview-method other than none).")
+                          tooltip="Optional: the image decoder (VQ or KL), for a live preview of the partly decoded "
+                                  "image (shown when ComfyUI runs with --preview-method other than none).")
 
 
 def drafter_input(optional: bool, tooltip: str):
@@ -80,6 +88,22 @@ def jacobi_inputs() -> list:
     ]
 
 
+def masked_inputs(optional: bool) -> list:
+    """MAR's widgets, shared by the AR and CSpD samplers (optional on the AR sampler: token models ignore them)."""
+    return [
+        io.Int.Input("num_iter", default=MASKED.num_iter, min=1, max=4096, optional=optional,
+                     tooltip="MAR models: masked-generation steps (each step predicts a share of the still-masked "
+                             "tokens, on a cosine schedule). 64 is MAR's default; fewer is faster and rougher. At "
+                             "most the model's token count (256 for MAR at 256 px)."),
+        io.Int.Input("diffusion_steps", default=MASKED.diffusion_steps, min=1, max=1000, optional=optional,
+                     tooltip="MAR models: reverse-diffusion steps of the head for each token (100 is MAR's default; "
+                             "the head is small, so they cost less than the transformer)."),
+        io.Combo.Input("cfg_schedule", options=list(CFG_SCHEDULES), default=MASKED.cfg_schedule, optional=optional,
+                       tooltip="MAR models: how guidance grows over the steps. linear (MAR's default) ramps from 1 "
+                               "towards cfg as tokens get fixed; constant uses cfg at every step."),
+    ]
+
+
 class SamplerBase(io.ComfyNode):
     """Shared widgets and execution; subclasses set the class attributes and ``decoder_inputs``/``spec``."""
 
@@ -90,6 +114,24 @@ class SamplerBase(io.ComfyNode):
     def socket_inputs(cls) -> list:
         """Model inputs after the conditioning (drafter, VQ); sockets are matched by name, not position."""
         return [preview_vq_input()]
+
+    @classmethod
+    def sampling_inputs(cls) -> list:
+        """The sampling widgets between seed and batch."""
+        return [
+            slider("cfg", SAMPLING.cfg_scale, 0.0, 20.0, 0.1,
+                   "Classifier-free guidance scale: higher follows the class or prompt more closely, 1.0 turns "
+                   "guidance off (and halves the work)."),
+            slider("temperature", SAMPLING.temperature, 0.0, 2.0, 0.01,
+                   "Sampling temperature: 1.0 is the model's distribution, lower is more conservative, 0 is greedy "
+                   "(token models; MAR needs a temperature above 0: it scales the noise of each diffusion step)."),
+            io.Int.Input("top_k", default=SAMPLING.top_k, min=0, max=1_000_000,
+                         tooltip="Token models: sample only among the k most likely codes (0 = off). MAR models "
+                                 "sample continuous tokens: keep 0."),
+            slider("top_p", SAMPLING.top_p, 0.0, 1.0, 0.01,
+                   "Token models: nucleus sampling, keep the most likely codes that cover this probability mass "
+                   "(1.0 = off, must be above 0). MAR models: keep 1.0."),
+        ]
 
     @classmethod
     def decoder_inputs(cls) -> list:
@@ -114,24 +156,15 @@ class SamplerBase(io.ComfyNode):
                 io.Int.Input("seed", default=0, min=0, max=SEED_MAX, control_after_generate=True,
                              tooltip="All randomness comes from this seed: same seed, settings and device give the "
                                      "same image."),
-                slider("cfg", SAMPLING.cfg_scale, 0.0, 20.0, 0.1,
-                       "Classifier-free guidance scale: higher follows the class or prompt more closely, 1.0 turns "
-                       "guidance off (and halves the work)."),
-                slider("temperature", SAMPLING.temperature, 0.0, 2.0, 0.01,
-                       "Sampling temperature: 1.0 is the model's distribution, lower is more conservative, 0 is "
-                       "greedy."),
-                io.Int.Input("top_k", default=SAMPLING.top_k, min=0, max=1_000_000,
-                             tooltip="Sample only among the k most likely codes (0 = off)."),
-                slider("top_p", SAMPLING.top_p, 0.0, 1.0, 0.01,
-                       "Nucleus sampling: keep the most likely codes that cover this probability mass (1.0 = off, "
-                       "must be above 0)."),
+                *cls.sampling_inputs(),
                 io.Int.Input("batch", default=1, min=1, max=64,
                              tooltip="Images per run, all with the same conditioning (each row is its own sample)."),
                 *cls.decoder_inputs(),
             ],
             outputs=[
                 FastARTokens.Output("tokens", display_name="tokens",
-                                    tooltip="Image tokens: connect to FastAR VQ Decode."),
+                                    tooltip="The model's output (image codes, or MAR's latents): connect to FastAR "
+                                            "Decode Image."),
                 FastARStats.Output("stats", display_name="stats",
                                    tooltip="Decode statistics: connect to FastAR Stats or FastAR "
                                            "Acceptance Map."),
@@ -140,7 +173,8 @@ class SamplerBase(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, top_p, init=None, coupling=None, prob_filter=None):
+    def validate_inputs(cls, top_p=SAMPLING.top_p, init=None, coupling=None, prob_filter=None, cfg_schedule=None,
+                        verify=None):
         """Before the run, what ComfyUI's own checks do not cover: top_p must be above 0 (the slider starts at
         0), and the choices (ComfyUI 0.3.75 does not check V3 combo values; newer versions do). Inputs named
         here skip ComfyUI's checks, so the other widgets keep its range and type checks."""
@@ -154,14 +188,19 @@ class SamplerBase(io.ComfyNode):
                 check_choice("coupling", coupling, COUPLINGS)
             if prob_filter is not None:
                 check_choice("GSD probability filter", prob_filter, PROB_FILTERS)
+            if cfg_schedule is not None:
+                check_choice("CFG schedule", cfg_schedule, CFG_SCHEDULES)
+            if verify is not None:
+                check_choice("CSpD verify mode", verify, VERIFY_MODES)
         except FastARError as e:
             return str(e)
         return True
 
     @classmethod
-    def execute(cls, model: ModelHandle, conditioning: Conditioning, seed, cfg, temperature, top_k, top_p, batch,
-                preview_vq: ModelHandle | None = None, vq: ModelHandle | None = None,
-                drafter: DrafterHandle | None = None, **decoder_widgets) -> io.NodeOutput:
+    def execute(cls, model: ModelHandle, conditioning: Conditioning, seed, cfg, temperature, batch,
+                top_k=SAMPLING.top_k, top_p=SAMPLING.top_p, preview_vq: ModelHandle | None = None,
+                vq: ModelHandle | None = None, drafter: DrafterHandle | None = None,
+                **decoder_widgets) -> io.NodeOutput:
         ar = model.module
         if conditioning.model_type != ar.cfg.model_type:
             kind = {"c2i": "class-to-image", "t2i": "text-to-image"}
@@ -171,14 +210,29 @@ class SamplerBase(io.ComfyNode):
         if drafter is not None and drafter.target is not ar:
             raise FastARError(f"the drafter {drafter.name} was loaded for another model than {model.name}: connect "
                               "the model that goes into this sampler to FastAR Load Drafter as well")
-        sampling = SamplingSettings(cfg_scale=cfg, temperature=temperature, top_k=top_k, top_p=top_p).validate()
-        spec = cls.spec(**decoder_widgets)
+        check_decoder(cls.DECODER, ar, drafter.drafter if drafter is not None else None)
         check_fits(ar, conditioning.rows)
         rows = repeat_rows(conditioning.rows, batch)
+        settings = {"seed": seed, "cfg": cfg, "temperature": temperature, "conditioning": conditioning.label,
+                    "model": model.name}
+        if drafter is not None:
+            settings["drafter_file"] = drafter.name
         preview_vq = preview_vq or vq
+        if ar.kind == MASKED_AR:
+            if top_k != SAMPLING.top_k or top_p != SAMPLING.top_p:
+                raise FastARError(f"top_k {top_k} / top_p {top_p}: {model.name} is a MAR model, which samples "
+                                  "continuous tokens with a diffusion head; top-k and top-p filter token codes: set "
+                                  "top_k to 0 and top_p to 1.0")
+            masked = MaskedSettings(cfg_scale=cfg, temperature=temperature, **masked_widgets(decoder_widgets))
+            latents, stats = run_masked(cls, model, rows, seed, masked.validate(ar.cfg.num_tokens),
+                                        cls.cspd_settings(**decoder_widgets), preview_vq, drafter)
+            stats.settings = {**stats.settings, **settings}
+            return io.NodeOutput(latents, stats)
+        sampling = SamplingSettings(cfg_scale=cfg, temperature=temperature, top_k=top_k, top_p=top_p).validate()
+        spec = cls.spec(**{k: v for k, v in decoder_widgets.items() if k not in MASKED_WIDGETS})
         shown = preview_vq.module if preview_vq is not None and glue.previews_enabled() else None
-        if shown is not None and shown.cfg.codebook_size != ar.vocab_size:
-            shown = None  # FastAR VQ Decode reports the mismatch
+        if shown is not None and (shown.input_kind != "codes" or shown.cfg.codebook_size != ar.vocab_size):
+            shown = None  # FastAR Decode Image reports the mismatch
         patchers = ([model.patcher] + ([drafter.patcher] if drafter is not None else [])
                     + ([preview_vq.patcher] if shown is not None else []))
         glue.load_for_inference(patchers, working_memory(ar, batch, sampling.use_cfg, spec, drafter))
@@ -186,17 +240,65 @@ class SamplerBase(io.ComfyNode):
         total = ar.grid[0] * ar.grid[1]
         preview = (lambda tokens, done: glue.partial_image(shown, tokens, done, ar.grid)) if shown is not None else None
         progress = glue.DecodeProgress(cls.hidden.unique_id, total, spec.decoder.upper(), preview)
-        codebook = vq.module.quantize.codebook().detach() if vq is not None else None
+        codebook = vq.module.codebook() if vq is not None else None
+        if vq is not None and codebook is None:
+            raise FastARError(f"{vq.name} is {vq.module.what}, which has no codebook: connect the VQ decoder of "
+                              f"{model.name}")
         try:
             codes, stats = decode(ar, rows, sampling, spec, seed=seed, on_iteration=progress,
                                   drafter=drafter.drafter if drafter is not None else None, codebook=codebook)
         finally:
             glue.free_cache()
-        stats.settings = {**stats.settings, "seed": seed, "cfg": cfg, "temperature": temperature, "top_k": top_k,
-                          "top_p": top_p, "conditioning": conditioning.label, "model": model.name}
-        if drafter is not None:
-            stats.settings["drafter_file"] = drafter.name
+        stats.settings = {**stats.settings, **settings, "top_k": top_k, "top_p": top_p}
         return io.NodeOutput(Tokens(codes.cpu(), tuple(ar.grid), ar.vocab_size), stats)
+
+    @classmethod
+    def cspd_settings(cls, **decoder_widgets) -> CSpDSettings | None:
+        return None
+
+
+MASKED_WIDGETS = ("num_iter", "diffusion_steps", "cfg_schedule")
+
+
+def masked_widgets(widgets: dict) -> dict:
+    return {k: widgets[k] for k in MASKED_WIDGETS if k in widgets}
+
+
+def run_masked(node, model: ModelHandle, rows, seed: int, settings: MaskedSettings, cspd: CSpDSettings | None,
+               preview: ModelHandle | None, drafter: DrafterHandle | None):
+    """A MAR generation under ComfyUI: memory, progress with a live preview, Cancel; returns the image
+    decoder's input (``Latents``) and the stats."""
+    ar = model.module
+    batch = rows.batch
+    shown = preview.module if preview is not None and glue.previews_enabled() else None
+    if shown is not None and (shown.input_kind != "latents" or shown.cfg.embed_dim != ar.cfg.token_dim):
+        shown = None  # FastAR Decode Image reports the mismatch
+    patchers = ([model.patcher] + ([drafter.patcher] if drafter is not None else [])
+                + ([preview.patcher] if shown is not None else []))
+    contexts = cspd.gamma if cspd is not None and cspd.verify == "steps" else 1
+    glue.load_for_inference(patchers, masked_working_memory(ar, batch, settings.cfg_scale != 1.0, contexts))
+    view = (lambda tokens, done: glue.partial_latents_image(shown, ar.decoder_input(tokens[:1]))) if shown else None
+    progress = glue.DecodeProgress(node.hidden.unique_id, ar.cfg.num_tokens, node.DECODER.upper(), view)
+    try:
+        tokens, stats = decode_masked(ar, rows, settings, node.DECODER, seed=seed, cspd=cspd or CSPD,
+                                      drafter=drafter.drafter if drafter is not None else None, on_iteration=progress)
+    finally:
+        glue.free_cache()
+    return Latents(ar.decoder_input(tokens).float().cpu()), stats
+
+
+def masked_working_memory(ar, batch: int, use_cfg: bool, contexts: int) -> int:
+    """Bytes a MAR step needs beyond the weights (MAR keeps no cache): the encoder and decoder activations
+    and attention scores for every row and scored context, and the diffusion head's batch of tokens (fp32)."""
+    cfg = ar.cfg
+    rows = cache_rows(batch, use_cfg) * contexts
+    slots = cfg.buffer + cfg.num_tokens
+    width = max(cfg.dim, cfg.decoder_dim)
+    element = torch.finfo(ar.dtype).bits // 8
+    activations = rows * slots * width * (4 + 2 * cfg.mlp_ratio) * element * 2
+    scores = rows * max(cfg.encoder_heads, cfg.decoder_heads) * slots * slots * 4
+    head = rows * cfg.num_tokens * cfg.head_width * 8 * 4
+    return int(activations + scores + head)
 
 
 def check_fits(ar, rows) -> None:
@@ -263,8 +365,13 @@ class SamplerAR(SamplerBase):
     DECODER = "ar"
     NODE_ID = "FastARSamplerAR"
     DISPLAY = "FastAR Sampler (AR baseline)"
-    DESCRIPTION = ("Plain autoregressive sampling, one model forward per token: the exact baseline the "
-                   "accelerated samplers are measured against.")
+    DESCRIPTION = ("Plain sampling, the exact baseline the accelerated samplers are measured against: one model "
+                   "forward per token for token models (LlamaGen), MAR's own masked sampler (num_iter steps) for MAR "
+                   "models.")
+
+    @classmethod
+    def decoder_inputs(cls) -> list:
+        return masked_inputs(optional=True)  # optional: prompts saved before MAR support stay valid
 
 
 class SamplerSJD(SamplerBase):
@@ -386,3 +493,51 @@ class SamplerLantern(SamplerBase):
              window=SPEC.window, init=SPEC.init, coupling=SPEC.coupling) -> DecoderSpec:
         return DecoderSpec(decoder=cls.DECODER, lantern_k=lantern_k, lantern_delta=lantern_delta, gamma=gamma,
                            window=window, init=init, coupling=coupling)
+
+
+class SamplerCSpD(SamplerBase):
+    DECODER = "cspd"
+    NODE_ID = "FastARSamplerCSpD"
+    DISPLAY = "FastAR Sampler (CSpD, MAR, lossless)"
+    DESCRIPTION = ("Continuous speculative decoding for MAR models: a smaller MAR (the drafter) drafts gamma steps, "
+                   "the model checks every drafted token with the ratio of the two diffusion heads' densities and "
+                   "redraws the rejected ones from the exact residual. " + CSPD_NOTE)
+
+    @classmethod
+    def socket_inputs(cls) -> list:
+        return [drafter_input(False, "The draft MAR: a smaller MAR trained on the same autoencoder's latents "
+                                     "(demo_mar_draft.safetensors for the demo MAR, MAR-B for MAR-L/H)."),
+                preview_vq_input()]
+
+    @classmethod
+    def sampling_inputs(cls) -> list:
+        return [
+            slider("cfg", 3.0, 1.0, 20.0, 0.1,
+                   "Classifier-free guidance scale: higher follows the class more closely, 1.0 turns guidance off "
+                   "(and halves the work). MAR-H's paper setting is 3.2 with the linear schedule."),
+            slider("temperature", MASKED.temperature, 0.01, 2.0, 0.01,
+                   "Scales the noise of each diffusion step: 1.0 is the model's distribution, lower is more "
+                   "conservative."),
+        ]
+
+    @classmethod
+    def decoder_inputs(cls) -> list:
+        return [
+            io.Int.Input("gamma", default=CSPD.gamma, min=1, max=64,
+                         tooltip="Draft steps per model call: the drafter runs gamma MAR steps, the model checks "
+                                 "them at once. Larger pays off when the drafter agrees with the model often."),
+            slider("prefill", CSPD.prefill, 0.0, 0.95, 0.01,
+                   "Share of the steps the model does alone before drafting starts (the first steps shape the image "
+                   "and drafts are rejected most there). 0.05 is the paper's."),
+            io.Combo.Input("verify", options=list(VERIFY_MODES), default=CSPD.verify,
+                           tooltip="steps: the model checks each drafted step given the steps before it and keeps "
+                                   "up to the first rejection: exactly plain MAR (lossless). merged: the paper's "
+                                   "scheme, every drafted token checked from the last verified context: fewer model "
+                                   "calls, exact per token against a MAR run with each draft round merged into one "
+                                   "step."),
+            *masked_inputs(optional=False),
+        ]
+
+    @classmethod
+    def cspd_settings(cls, gamma=CSPD.gamma, prefill=CSPD.prefill, verify=CSPD.verify, **masked) -> CSpDSettings:
+        return CSpDSettings(gamma=gamma, prefill=prefill, verify=verify).validate()

@@ -58,8 +58,16 @@ class Conditioning:
 
 @dataclass(frozen=True)
 class Tokens:
-    """Image codes in raster order, ``codes`` [B, h*w] int64 on the CPU."""
+    """Image codes in raster order, ``codes`` [B, h*w] int64 on the CPU (a token model's output)."""
 
     codes: torch.Tensor
     grid: tuple[int, int]
     vocab_size: int
+
+
+@dataclass(frozen=True)
+class Latents:
+    """A MAR model's output as its KL autoencoder reads it: ``latents`` [B, C, h, w] float32 on the CPU
+    (the tokens divided by the model's scale factor). Travels in the same socket as ``Tokens``."""
+
+    latents: torch.Tensor

@@ -1,7 +1,6 @@
 """MAR from the command line and the loaders, with official-format stand-ins: a MAR checkpoint as LTH14/mar
 saves it ({"model", "model_ema", "args"}), an LDM KL autoencoder ({"model": sd} with loss.* keys), FastAR
 safetensors; generation with ar and cspd, latents out and back in through ``decode``, and the refusals."""
-import argparse
 import re
 import subprocess
 import sys
@@ -14,42 +13,14 @@ from PIL import Image
 from fastar.errors import FastARError
 from fastar.model_loaders import load_ar_model, load_image_decoder
 from fastar.model_loaders.demo import DEMO_AR, DEMO_VQ
-from fastar.model_loaders.kl_vae import KLAutoencoder, KLConfig
-from fastar.model_loaders.mar_model import MAR, MARConfig
+from fastar.model_loaders.mar_model import MAR
+from fastar.tests.tiny_mar import mar_config, official_kl, official_mar, random_model
 from fastar.tools.demo_common import save_fp16
-
-KL = KLConfig(embed_dim=4, ch=32, ch_mult=(1, 2), num_res_blocks=1, encoder_attn_levels=(), decoder_attn_levels=())
-
-
-def mar_config(**kw):
-    base = dict(dim=32, encoder_depth=1, encoder_heads=2, decoder_dim=32, decoder_depth=1, decoder_heads=2,
-                head_width=32, head_depth=2, token_dim=4, grid=(4, 4), buffer=2, num_classes=3)
-    return MARConfig(**{**base, **kw})
-
-
-def random_model(model_class, cfg, seed):
-    torch.manual_seed(seed)
-    model = model_class(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.02)
-    return model
-
-
-def official_mar(path, cfg, seed, **args):
-    sd = random_model(MAR, cfg, seed).state_dict()
-    saved = {"model": sd, "model_ema": {k: v.clone() for k, v in sd.items()},
-             "args": argparse.Namespace(model="mar_tiny", vae_embed_dim=cfg.token_dim, patch_size=1, **args)}
-    torch.save(saved, path)
-    return path
-
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("mar")
-    kl = random_model(KLAutoencoder, KL, 0).state_dict()
-    kl["loss.discriminator.weight"] = torch.zeros(3)  # LDM training files carry the discriminator
-    torch.save({"model": kl}, d / "kl16.ckpt")
+    official_kl(d / "kl16.ckpt")
     official_mar(d / "mar_target.pth", mar_config(), 1, num_heads=2)
     save_fp16(random_model(MAR, mar_config(dim=16, decoder_dim=16, head_width=16), 2), mar_config(
         dim=16, decoder_dim=16, head_width=16), d / "mar_draft.safetensors")

@@ -19,14 +19,17 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from fastar.model_loaders.demo import DEMO_AR, DEMO_DRAFTER
+from fastar.model_loaders.demo import DEMO_AR, DEMO_DRAFTER, DEMO_KL, DEMO_MAR, DEMO_MAR_DRAFT
+from fastar.model_loaders.mar_model import MAR
+from fastar.tests.tiny_mar import KL, mar_config, official_kl, official_mar, random_model
+from fastar.tools.demo_common import save_fp16
 from fastar.model_loaders.eagle_drafter import EagleConfig, EagleHead
 from fastar.model_loaders.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
 from fastar.model_loaders.vq import VQConfig, VQModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "comfyui"))
 from workflows import (DEMO_DRAFTER as DEMO_DRAFTER_NAME, FLAN_T5, LANTERN_DRAFTER_T2I, LLAMAGEN_C2I,  # noqa: E402
-                       LLAMAGEN_T2I, LLAMAGEN_VQ_C2I, LLAMAGEN_VQ_T2I)
+                       LLAMAGEN_T2I, LLAMAGEN_VQ_C2I, LLAMAGEN_VQ_T2I, MAR_BASE, MAR_HUGE, MAR_KL16)
 
 DEMO_CLASSES = ["circle", "square", "triangle", "stripes", "checkerboard", "ring", "cross", "blob"]
 VQ_CONFIG = VQConfig(codebook_size=512, embed_dim=8, z_channels=64, ch=32, ch_mult=(1, 1, 2, 2), num_res_blocks=1,
@@ -154,10 +157,11 @@ def write_eagle(folder: Path, cfg: EagleConfig, seed: int, pickled: bool = True)
 
 
 def write_drafters(folder: Path) -> None:
-    """For a ``fastar_drafters`` folder: LANTERN's drafter for the t2i stand-in, and one for another
-    vocabulary (a mismatch the loader must name)."""
+    """For a ``fastar_drafters`` folder: LANTERN's drafter for the t2i stand-in, one for another vocabulary
+    (a mismatch the loader must name), and the MAR release's MAR-B (MAR-H's draft)."""
     write_eagle(folder / LANTERN_DRAFTER_T2I.rstrip("/"), eagle_config(t2i_config()), 9)
     write_eagle(folder / OTHER_VOCAB_DRAFTER.rstrip("/"), eagle_config(t2i_config(), vocab_size=1024), 10)
+    official_mar(folder / MAR_BASE, dataclasses.replace(OFFICIAL_MAR, dim=16, decoder_dim=16), 22, num_heads=2)
 
 
 def write_demo_drafter(folder: Path, demo: bool) -> None:
@@ -171,6 +175,22 @@ def write_demo_drafter(folder: Path, demo: bool) -> None:
             target = LlamaGenConfig(**json.loads(f.metadata()["fastar_config"]))
     write_eagle(folder / DEMO_DRAFTER_NAME.rstrip("/"), eagle_config(target, grid=tuple(target.grid)), 11,
                 pickled=False)
+
+
+OFFICIAL_MAR = mar_config(grid=(8, 8), num_classes=1000)  # 64 tokens: MAR's 64 default steps fit
+
+
+def write_mar(folder: Path) -> None:
+    """The MAR release's MAR-H and KL-16 under their names; demo MAR stand-ins (on the bundled KL
+    autoencoder's 8 channels) while the bundled ones do not exist."""
+    official_mar(folder / MAR_HUGE, OFFICIAL_MAR, 21, num_heads=2)
+    official_kl(folder / MAR_KL16, KL, 23)
+    demo = mar_config(token_dim=8, grid=(16, 16), num_classes=len(DEMO_CLASSES), class_names=list(DEMO_CLASSES))
+    if not DEMO_MAR.exists() and DEMO_KL.exists():
+        save_fp16(random_model(MAR, demo, 24), demo, folder / DEMO_MAR.name)
+    if not DEMO_MAR_DRAFT.exists() and DEMO_KL.exists():
+        draft = dataclasses.replace(demo, dim=16, decoder_dim=16)
+        save_fp16(random_model(MAR, draft, 25), draft, folder / DEMO_MAR_DRAFT.name)
 
 
 def write_slow(folder: Path) -> None:
@@ -192,6 +212,7 @@ def write_all(folder: Path, demo: bool, drafters: Path | None = None) -> None:
     if drafters is not None:
         write_drafters(drafters)
     write_llamagen(folder)
+    write_mar(folder)
     write_hf_folder(folder)
     write_pt_folder(folder)
     write_slow(folder)

@@ -157,8 +157,8 @@ def test_drafter_loaded_for_another_model_gives_fastar_message(comfy, object_inf
     ("FastARSamplerGSD", "prob_filter", "ratio", "unknown GSD probability filter 'ratio'"),
     ("FastARLoadDrafter", "dtype", "fp8", "unknown dtype 'fp8'"),
     ("FastARLoadDrafter", "drafter_name", "missing_drafter/", "put it in ComfyUI's models/fastar_drafters folder"),
-    ("FastARLoadDrafter", "drafter_name", "demo_vq.safetensors", "is a VQ decoder (load it with FastAR Load VQ "
-                                                                 "Decoder), not a drafter"),
+    ("FastARLoadDrafter", "drafter_name", "demo_vq.safetensors", "is an image decoder (load it with FastAR Load "
+                                                                 "Image Decoder), not a drafter"),
     ("FastARLoadModel", "model_name", DEMO_DRAFTER, "is a drafter (load it with FastAR Load Drafter)"),
 ])
 def test_bad_widget_values_are_rejected_before_the_run(comfy, object_info, node, field, value, message):

@@ -22,6 +22,8 @@ NODES = {
                                  "batch", "gamma"],
     "FastARSamplerLANTERN": ["model", "conditioning", "vq", "seed", "cfg", "temperature", "top_k", "top_p", "batch",
                              "lantern_k", "lantern_delta", "gamma", "window", "init", "coupling"],
+    "FastARSamplerCSpD": ["model", "conditioning", "drafter", "seed", "cfg", "temperature", "batch", "gamma", "prefill",
+                          "verify", "num_iter", "diffusion_steps", "cfg_schedule"],
     "FastARVQDecode": ["vq", "tokens"],
     "FastARAcceptanceMap": ["stats", "scale"],
     "FastARStats": ["stats"],
@@ -32,6 +34,7 @@ OUTPUTS = {
     "FastARTextConditioning": ["FASTAR_CONDITIONING"], "FastARSamplerAR": ["FASTAR_TOKENS", "FASTAR_STATS"],
     "FastARSamplerSJD": ["FASTAR_TOKENS", "FASTAR_STATS"], "FastARSamplerGSD": ["FASTAR_TOKENS", "FASTAR_STATS"],
     "FastARSamplerSpeculative": ["FASTAR_TOKENS", "FASTAR_STATS"], "FastARSamplerLANTERN": ["FASTAR_TOKENS", "FASTAR_STATS"],
+    "FastARSamplerCSpD": ["FASTAR_TOKENS", "FASTAR_STATS"],
     "FastARVQDecode": ["IMAGE"], "FastARAcceptanceMap": ["IMAGE"], "FastARStats": ["STRING", "STRING"],
 }
 

@@ -150,7 +150,7 @@ def demo(object_info):
     ("FastARClassLabel", "class_name", "unicorn", "unknown class 'unicorn'"),
     ("FastARClassLabel", "class_name", "(use index)", "give an index of 0 or more"),
     ("FastARClassLabel", "index", 5, "both a class"),
-    ("FastARLoadModel", "model_name", "demo_vq.safetensors", "is a VQ decoder (load it with FastAR Load VQ Decoder)"),
+    ("FastARLoadModel", "model_name", "demo_vq.safetensors", "is an image decoder (load it with FastAR Load Image Decoder)"),
     ("FastARLoadModel", "model_name", "missing.safetensors", "put it in ComfyUI's models/fastar folder"),
     ("FastARLoadVQ", "vq_name", "demo_c2i.safetensors", "is an AR model"),
 ])

@@ -25,6 +25,11 @@ LLAMAGEN_VQ_T2I = "vq_ds16_t2i.pt"
 FLAN_T5 = "flan-t5-xl/"
 LANTERN_DRAFTER_T2I = "llamagen_drafter/"  # LANTERN's released drafter for LlamaGen T2I stage I (jadohu/llamagen_drafter)
 DEMO_DRAFTER = "demo_drafter/"
+# The MAR release's files (LTH14/mar: pretrained_models/mar/mar_*/checkpoint-last.pth, pretrained_models/vae/kl16.ckpt)
+MAR_HUGE = "mar_huge.pth"
+MAR_BASE = "mar_base.pth"
+MAR_KL16 = "kl16.ckpt"
+DEMO_MAR, DEMO_MAR_DRAFT, DEMO_KL = "demo_mar.safetensors", "demo_mar_draft.safetensors", "demo_kl_vae.safetensors"
 
 
 class Graph:
@@ -224,6 +229,74 @@ def llamagen_t2i(info) -> dict:
 LANTERN = {"lantern_k": 1000, "lantern_delta": 0.1, "gamma": 4}
 
 
+def mar_widgets(num_iter=64, diffusion_steps=100, cfg_schedule="linear"):
+    return [num_iter, diffusion_steps, cfg_schedule]
+
+
+def cspd_widgets(seed=7, cfg=3.0, temperature=1.0, batch=1, gamma=8, prefill=0.05, verify="steps", **mar):
+    return [seed, "fixed", cfg, temperature, batch, gamma, prefill, verify, *mar_widgets(**mar)]
+
+
+DEMO_MAR_SETTINGS = dict(num_iter=32, diffusion_steps=50)
+
+
+def demo_mar_cspd(info) -> dict:
+    g = Graph(info)
+    ar, vae = loaders(g, DEMO_MAR, DEMO_KL)
+    label = fed_by_model(g, ar, "FastARClassLabel", (0, 290), ["ring (demo 5)", -1])
+    drafter = fed_by_model(g, ar, "FastARLoadDrafter", (0, 430), [DEMO_MAR_DRAFT, "auto"])
+    g.note((0, 560), "MAR (continuous tokens, a diffusion head per token) on the bundled demo MAR, its KL "
+                     "autoencoder and its small draft MAR: plain MAR sampling against continuous speculative "
+                     "decoding (CSpD), same class and seed.\n\nverify = steps is lossless: exactly plain MAR at "
+                     "the same settings (a given seed gives a different image). verify = merged is the CSpD "
+                     "paper's scheme: fewer model calls, exact per token against MAR with each draft round "
+                     "merged into one step.\n\nEach Stats node takes the MAR stats as baseline: measured speed-up, "
+                     "model and draft calls, and how many drafted tokens the model accepted.",
+           width=320, height=380)
+    columns = [("FastARSamplerAR", "MAR (baseline)", sampler_widgets(seed=3, cfg=3.0) + mar_widgets(**DEMO_MAR_SETTINGS)),
+               ("FastARSamplerCSpD", "CSpD, verify steps (lossless)",
+                cspd_widgets(seed=3, verify="steps", **DEMO_MAR_SETTINGS)),
+               ("FastARSamplerCSpD", "CSpD, verify merged (paper)",
+                cspd_widgets(seed=3, verify="merged", **DEMO_MAR_SETTINGS))]
+    baseline = None
+    for i, (kind, title, widgets) in enumerate(columns):
+        x = 360 + i * 380
+        sampler = g.node(kind, (x, 0), widgets, title=f"Sampler: {title}", width=340)
+        y = 720  # below the samplers and their live previews
+        decode = g.node("FastARVQDecode", (x, y), [], width=340)
+        stats = g.node("FastARStats", (x, y + 90), [], title=f"Stats: {title}", width=340)
+        image = g.node("PreviewImage", (x, y + 380), [], title=f"Image: {title}", width=340)
+        wire_sampler(g, ar, vae, label, sampler, decode, stats)
+        g.connect(decode, "image", image, "images")
+        if has_input(sampler, "drafter"):
+            g.connect(drafter, "drafter", sampler, "drafter")
+        if baseline is None:
+            baseline = sampler
+        else:
+            g.connect(baseline, "stats", stats, "ar_baseline")
+        g.group(title, (x - 10, -40, 360, 1500))
+    return g.to_json()
+
+
+def mar_official(info) -> dict:
+    g = Graph(info)
+    ar, vae = loaders(g, MAR_HUGE, MAR_KL16)
+    label = fed_by_model(g, ar, "FastARClassLabel", (0, 290), ["golden retriever (207)", -1])
+    drafter = fed_by_model(g, ar, "FastARLoadDrafter", (0, 430), [MAR_BASE, "auto"])
+    sampler = single_sampler(g, ar, vae, label, "FastARSamplerCSpD", cspd_widgets(seed=42, cfg=3.2),
+                             "FastAR_mar_cspd")
+    g.connect(drafter, "drafter", sampler, "drafter")
+    g.note((0, 560), f"MAR-H with continuous speculative decoding, MAR-B drafting.\n\nFrom the MAR release "
+                     "(the LTH14/mar README's download script): save "
+                     f"mar/mar_huge/checkpoint-last.pth as ComfyUI/models/fastar/{MAR_HUGE}, "
+                     f"vae/kl16.ckpt as models/fastar/{MAR_KL16}, and mar/mar_base/checkpoint-last.pth as "
+                     f"models/fastar_drafters/{MAR_BASE}; then press R.\n\nverify = steps is lossless (exactly "
+                     "plain MAR-H at these settings). Settings: 64 steps, 100 diffusion steps, cfg 3.2 with the "
+                     "linear schedule (MAR-H's evaluation setting; it reports its best FID at 256 steps).",
+           width=320, height=330)
+    return g.to_json()
+
+
 def demo_lantern_compare(info) -> dict:
     g = Graph(info)
     ar, vq = loaders(g, "demo_c2i.safetensors", "demo_vq.safetensors")
@@ -287,6 +360,8 @@ WORKFLOWS = {
     "fastar_llamagen_t2i": llamagen_t2i,
     "fastar_demo_lantern_compare": demo_lantern_compare,
     "fastar_llamagen_t2i_lantern": llamagen_t2i_lantern,
+    "fastar_demo_mar_cspd": demo_mar_cspd,
+    "fastar_mar_cspd": mar_official,
 }
 
 
