@@ -65,7 +65,7 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                      help="CSpD: fraction of the steps the target does alone first")
     mar.add_argument("--cspd-verify", choices=VERIFY_MODES, default=CSPD_DEFAULTS.verify,
                      help="CSpD: 'steps' = exactly plain MAR at --num-iter (lossless); 'merged' = the paper's scheme, "
-                     "each token distributed as plain MAR with the drafted steps merged into one")
+                     "exactly plain MAR with each round of drafted steps merged into one step")
     p.add_argument("--lantern-k", type=int, default=SPEC_DEFAULTS.lantern_k,
                    help="LANTERN k: latent neighbours considered per draft (capped at the codebook size)")
     p.add_argument("--lantern-delta", type=float, default=SPEC_DEFAULTS.lantern_delta,
@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="compare decoders side by side on the demo model")
     add_decoding_args(bench)
+    bench.add_argument("--mar", action="store_true", help="bench MAR: plain MAR at several step counts against CSpD "
+                       "in both verify modes, on the demo MAR (or --model/--vq/--drafter); --decoders and the "
+                       "sweeps do not apply")
     bench.add_argument("--decoders", default="ar,sjd,gsd,spec,lantern,lantern-jacobi",
                        help=f"comma-separated, from {', '.join(DECODERS)}; NAME-jacobi drafts Jacobi windows, "
                        "NAME-drafter chains from the drafter (spec and lantern use the drafter by default)")
@@ -319,8 +322,9 @@ def check_decoder_input(decoder, inputs) -> None:
 
 def command_bench(args) -> int:
     from .tools.bench import run_bench
+    from .tools.bench_mar import run_mar_bench
 
-    run_bench(args)
+    (run_mar_bench if args.mar else run_bench)(args)
     return 0
 
 

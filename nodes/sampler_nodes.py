@@ -38,8 +38,8 @@ RELAXED_NOTE = ("Relaxed: trades fidelity for speed (accepts drafts that are clo
                 "would sample); group size 1 is exactly SJD. A given seed gives a different image than AR or SJD.")
 CSPD_NOTE = ("Lossless with verify = steps: exactly plain MAR sampling at the same settings (with its last "
              "diffusion step kept Gaussian, a change of about 0.006 in token space); merged follows the paper and "
-             "is exact per token against a MAR run that merges each draft round into one step. A given seed gives "
-             "a different image than the AR sampler.")
+             "is exactly a MAR run that merges each draft round into one step (fewer, larger steps). A given seed "
+             "gives a different image than the AR sampler.")
 LANTERN_NOTE = ("Relaxed: trades fidelity for speed (also accepts a draft when codes close to it in the VQ latent "
                 "space carry the target's mass); delta 0 is exact speculative decoding. A given seed gives a "
                 "different image than plain AR sampling.")
@@ -533,8 +533,8 @@ class SamplerCSpD(SamplerBase):
                            tooltip="steps: the model checks each drafted step given the steps before it and keeps "
                                    "up to the first rejection: exactly plain MAR (lossless). merged: the paper's "
                                    "scheme, every drafted token checked from the last verified context: fewer model "
-                                   "calls, exact per token against a MAR run with each draft round merged into one "
-                                   "step."),
+                                   "calls, exactly a MAR run with each draft round merged into one step (fewer, "
+                                   "larger steps than num_iter)."),
             *masked_inputs(optional=False),
         ]
 

@@ -12,11 +12,12 @@ the trajectory-ratio rule (continuous_acceptance) on every drafted token. Two wa
   distributed exactly as plain MAR at ``num_iter`` with a Gaussian last reverse step
   (``masked_decode(..., gaussian_last_step=True)``), whatever the draft does.
 - ``merged`` (the paper's and reference code's scheme): every drafted token is scored from the context of
-  the last verification, each accepted or replaced on its own, all kept. Each token is then distributed
-  as the target's prediction for the merged step (gamma steps as one, at the merged step's CFG scale);
-  the tokens accepted together keep the draft's dependence on each other, so only the per-token law,
-  not the joint one, is that of the target MAR with the merged schedule. Target calls are fixed by the
-  schedule, not by acceptance.
+  the last verification, each accepted or replaced on its own, all kept. Given that context (and its own
+  trajectory), each token ends up distributed as the target's prediction for the merged step (gamma steps
+  as one, at the merged step's CFG scale) whatever the drafts before it in the round were, so the tokens of
+  a round are independent given the context: the output is distributed exactly as the target MAR on
+  ``merged_schedule`` (with a Gaussian last step). Target calls are fixed by the schedule, not by
+  acceptance.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from ..errors import FastARError, check_choice
 from ..model_loaders.diffusion import ReverseStep
 from ..model_loaders.mar import check_mar_draft
 from .continuous_acceptance import accept, sample_residual
-from .masked import Canvas, Guide, MaskedSettings, Plan, at, reverse_process, row_index
+from .masked import Canvas, Guide, MaskedSettings, Plan, at, mask_schedule, reverse_process, row_index
 from .stats import DecodeStats, Stopwatch
 from .verifier import ProgressFn, finish
 
@@ -167,6 +168,31 @@ class CSpDRun:
         return kept_steps
 
 
+def round_steps(masked: list[int], step: int, prefill_steps: int, gamma: int) -> int:
+    """How many schedule steps the iteration starting at ``step`` (one that predicts tokens) covers: 1 in
+    the pre-fill, else up to ``gamma`` drafted steps, ending on one that predicts tokens."""
+    if step < prefill_steps:
+        return 1
+    count = min(gamma, len(masked) - 1 - step)
+    return next(c for c in range(count, 0, -1) if masked[step + c] < masked[step + c - 1])
+
+
+def prefill_steps(cspd: CSpDSettings, num_iter: int) -> int:
+    return math.ceil(cspd.prefill * num_iter)
+
+
+def merged_schedule(num_tokens: int, settings: MaskedSettings, cspd: CSpDSettings) -> list[int]:
+    """The mask schedule ``merged`` verification runs: the pre-fill steps as they are, then each round of
+    drafted steps as one step (``masked_decode(..., schedule=...)`` samples what merged mode samples)."""
+    masked = mask_schedule(num_tokens, settings.num_iter)
+    merged, step = [masked[0]], 0
+    while step < settings.num_iter:
+        empty = masked[step + 1] == masked[step]
+        step += 1 if empty else round_steps(masked, step, prefill_steps(cspd, settings.num_iter), cspd.gamma)
+        merged.append(masked[step])
+    return merged
+
+
 @torch.no_grad()
 def cspd_decode(target, draft, conditioning, settings: MaskedSettings, cspd: CSpDSettings, *, generator,
                 on_iteration: Optional[ProgressFn] = None, watch: Optional[Stopwatch] = None):
@@ -177,7 +203,7 @@ def cspd_decode(target, draft, conditioning, settings: MaskedSettings, cspd: CSp
     cspd.validate()
     run = CSpDRun(target, draft, conditioning, settings, cspd, generator, watch or Stopwatch(target.device))
     plan, K = run.plan, settings.num_iter
-    prefill = math.ceil(cspd.prefill * K)
+    prefill = prefill_steps(cspd, K)
     step = 0
     while step < K:
         if plan.positions(step).shape[1] == 0:
@@ -187,9 +213,7 @@ def cspd_decode(target, draft, conditioning, settings: MaskedSettings, cspd: CSp
             run.target_step(step)
             step += 1
         else:
-            count = min(cspd.gamma, K - step)
-            count = next(c for c in range(count, 0, -1) if plan.positions(step + c - 1).shape[1] > 0)
-            drafted = run.draft_steps(step, count)
+            drafted = run.draft_steps(step, round_steps(plan.masked, step, prefill, cspd.gamma))
             step += run.verify(drafted, run.score(step, drafted))
         if on_iteration is not None:
             on_iteration(L - plan.masked[step], L, run.canvas.tokens)

@@ -98,11 +98,17 @@ class Plan:
     paths: Trajectories
 
     @classmethod
-    def draw(cls, model, settings: MaskedSettings, batch: int, generator) -> "Plan":
+    def draw(cls, model, settings: MaskedSettings, batch: int, generator, masked: list[int] | None = None) -> "Plan":
+        """A fresh plan on MAR's cosine schedule at ``settings.num_iter``, or on the schedule ``masked``."""
         L, C, device = model.cfg.num_tokens, model.cfg.token_dim, model.device
         order = torch.stack([torch.randperm(L, generator=generator, device=device) for _ in range(batch)])
         steps = model.diffusion(settings.diffusion_steps).num_steps
-        return cls(order, mask_schedule(L, settings.num_iter), Trajectories.draw(generator, batch, L, C, steps, device))
+        masked = mask_schedule(L, settings.num_iter) if masked is None else masked
+        return cls(order, masked, Trajectories.draw(generator, batch, L, C, steps, device))
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.masked) - 1
 
     @property
     def num_tokens(self) -> int:
@@ -195,19 +201,21 @@ def at(values: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor | N
 @torch.no_grad()
 def masked_decode(model, conditioning, settings: MaskedSettings, *, generator,
                   on_iteration: Optional[ProgressFn] = None, watch: Optional[Stopwatch] = None,
-                  gaussian_last_step: bool = False):
+                  gaussian_last_step: bool = False, schedule: list[int] | None = None):
     """MAR's sampler: tokens ``[B, L, C]`` (in the model's token space) and their DecodeStats.
     ``gaussian_last_step`` keeps the last reverse step's noise (std about 0.006 at 100 steps), which the
-    official sampler leaves out: the distribution CSpD is exact against."""
+    official sampler leaves out: the distribution CSpD is exact against. ``schedule`` replaces MAR's cosine
+    schedule (tokens still masked before each step, then 0): CSpD's merged mode is exact against MAR on
+    ``cspd.merged_schedule``."""
     watch = watch or Stopwatch(model.device)
     L, C, B = model.cfg.num_tokens, model.cfg.token_dim, conditioning.batch
     settings.validate(L)
-    plan = Plan.draw(model, settings, B, generator)
+    plan = Plan.draw(model, settings, B, generator, schedule)
     guide = Guide(model, conditioning, settings)
     stats = DecodeStats(decoder="ar", grid=tuple(model.grid), batch=B, settings={"model_kind": model.kind, **asdict(settings)})
     canvas = Canvas(B, L, C, model.device)
     counts = []
-    for step in range(settings.num_iter):
+    for step in range(plan.num_steps):
         positions = plan.positions(step)
         if positions.shape[1] == 0:
             continue  # a clamped schedule can leave a step nothing to predict: no call needed

@@ -18,8 +18,8 @@ from fastar.errors import FastARError
 from fastar.model_loaders.diffusion import ReverseStep
 from fastar.model_loaders.protocol import ClassConditioning
 from fastar.samplers import continuous_acceptance as rule
-from fastar.samplers.cspd import CSpDSettings, cspd_decode
-from fastar.samplers.masked import MaskedSettings, masked_decode
+from fastar.samplers.cspd import CSpDSettings, cspd_decode, merged_schedule
+from fastar.samplers.masked import MaskedSettings, mask_schedule, masked_decode
 from fastar.tests.test_mar import tiny_mar
 
 def ks_normal(values: np.ndarray) -> float:
@@ -112,6 +112,9 @@ def test_calls_follow_the_schedule():
     _, merged = cspd_decode(TARGET, DRAFT, rows, settings, CSpDSettings(gamma=3, prefill=0.25, verify="merged"),
                             generator=torch.Generator().manual_seed(0))
     assert merged.target_forwards == 2 + 2 and merged.drafter_forwards == 6  # pre-fill 2, then 3 + 3 steps merged
+    schedule = merged_schedule(9, settings, CSpDSettings(gamma=3, prefill=0.25, verify="merged"))
+    masked = mask_schedule(9, 8)  # [9, 8, 7, 6, 5, 4, 3, 1, 0]
+    assert schedule == masked[:3] + [masked[5], masked[8]]  # steps 0, 1 alone; 2-4 and 5-7 each as one
     _, steps = cspd_decode(TARGET, DRAFT, rows, settings, CSpDSettings(gamma=3, prefill=0.25),
                            generator=torch.Generator().manual_seed(0))
     assert 2 + 2 <= steps.target_forwards <= 8  # never more target calls than plain MAR

@@ -249,8 +249,8 @@ def demo_mar_cspd(info) -> dict:
                      "autoencoder and its small draft MAR: plain MAR sampling against continuous speculative "
                      "decoding (CSpD), same class and seed.\n\nverify = steps is lossless: exactly plain MAR at "
                      "the same settings (a given seed gives a different image). verify = merged is the CSpD "
-                     "paper's scheme: fewer model calls, exact per token against MAR with each draft round "
-                     "merged into one step.\n\nEach Stats node takes the MAR stats as baseline: measured speed-up, "
+                     "paper's scheme: fewer model calls, exactly MAR with each draft round merged into one "
+                     "step (fewer, larger steps).\n\nEach Stats node takes the MAR stats as baseline: measured speed-up, "
                      "model and draft calls, and how many drafted tokens the model accepted.",
            width=320, height=380)
     columns = [("FastARSamplerAR", "MAR (baseline)", sampler_widgets(seed=3, cfg=3.0) + mar_widgets(**DEMO_MAR_SETTINGS)),
