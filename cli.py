@@ -111,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--mar", action="store_true", help="bench MAR: plain MAR at several step counts against CSpD "
                        "in both verify modes, on the demo MAR (or --model/--vq/--drafter); --decoders and the "
                        "sweeps do not apply")
+    bench.add_argument("--mar-steps", default="256,64,32,16", help="with --mar: the step counts of the plain MAR rows "
+                       "beside --num-iter (counts above the model's token count are skipped)")
     bench.add_argument("--decoders", default="ar,sjd,gsd,spec,lantern,lantern-jacobi",
                        help=f"comma-separated, from {', '.join(DECODERS)}; NAME-jacobi drafts Jacobi windows, "
                        "NAME-drafter chains from the drafter (spec and lantern use the drafter by default)")

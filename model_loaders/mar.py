@@ -35,7 +35,9 @@ def load_mar(path_or_state_dict, *, device="cpu", dtype=torch.float32, info: Che
         raise FastARError(f"{info.source} is a MAR model: it generates at the size it was trained at (its position "
                           "embeddings fix the grid), so leave the image size on auto")
     model = build_and_load(MAR, mar_config(sd, info), sd, info.source, device, dtype)
-    model.diffloss.float()
+    # the head's weights straight from the file in fp32: a round trip through fp16/bf16 would round them
+    model.diffloss.float().load_state_dict({k.removeprefix("diffloss."): v.float() for k, v in sd.items()
+                                            if k.startswith("diffloss.")})
     return model
 
 

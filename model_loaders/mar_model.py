@@ -114,7 +114,7 @@ class TimestepEmbedder(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(TIME_FREQUENCIES, width), nn.SiLU(), nn.Linear(width, width))
 
     def forward(self, t):
-        return self.mlp(timestep_features(t))
+        return self.mlp(timestep_features(t).to(self.mlp[0].weight.dtype))
 
 
 class ResBlock(nn.Module):

@@ -9,7 +9,7 @@ import torch
 from comfy_api.latest import io
 
 from ..errors import FastARError
-from ..model_loaders.demo import DEMO_DRAFTER, DEMO_MAR_DRAFT
+from ..model_loaders.demo import DEMO_DRAFTER
 from ..model_loaders.protocol import ClassConditioning
 from ..pipeline import DTYPES, check_class_index
 from . import comfy_glue as glue
@@ -105,8 +105,8 @@ class LoadARModel(CheckpointLoader):
             category="FastAR/loaders",
             description="Loads an autoregressive image model from ComfyUI's models/fastar folder: LlamaGen "
                         "class-to-image or text-to-image (a .safetensors/.pt file or a Hugging Face style folder) or "
-                        "MAR (the official mar_base/large/huge .pth files). The bundled demo models "
-                        "(demo_c2i.safetensors, and demo_mar.safetensors for MAR) are always listed.",
+                        "MAR (the official mar_base/large/huge .pth files). The bundled demo model "
+                        "(demo_c2i.safetensors) is always listed.",
             inputs=[
                 io.Combo.Input("model_name", options=listed(files.choices(files.AR)),
                                tooltip="Checkpoint file or HF-style folder (name ending in /) in models/fastar or a "
@@ -209,7 +209,7 @@ class LoadDrafter(CheckpointLoader):
             description="Loads a drafter for speculative decoding, bound to the AR model it drafts for: a "
                         "LANTERN/EAGLE drafter folder (config.json + weights, e.g. LANTERN's llamagen_drafter) or a "
                         "smaller LlamaGen model trained on the same VQ codes; for a MAR model, a smaller MAR on the "
-                        "same autoencoder (MAR-B for MAR-L/H, demo_mar_draft.safetensors for the demo MAR). A "
+                        "same autoencoder (MAR-B for MAR-L/H). A "
                         "drafter made for another model (other codebook, width or kind) is refused with the reason.",
             inputs=[
                 FastARModel.Input("model", tooltip="The AR model the drafter drafts for (an EAGLE drafter reads its "
@@ -219,7 +219,7 @@ class LoadDrafter(CheckpointLoader):
                                tooltip="Drafter folder (name ending in /) or file in models/fastar_drafters (or a "
                                        "fastar_drafters: path of extra_model_paths.yaml); EAGLE drafter folders in "
                                        f"models/fastar are listed too. {DEMO_DRAFTER_NAME} is the bundled drafter "
-                                       f"of the demo model, {DEMO_MAR_DRAFT.name} the bundled draft of the demo MAR."),
+                                       "of the demo model."),
                 io.Combo.Input("dtype", options=list(glue.DTYPE_CHOICES), default="auto",
                                tooltip="Drafter weights precision. auto: the AR model's precision. fp16/bf16 halve "
                                        "memory; fp32 is the reference."),

@@ -506,7 +506,7 @@ class SamplerCSpD(SamplerBase):
     @classmethod
     def socket_inputs(cls) -> list:
         return [drafter_input(False, "The draft MAR: a smaller MAR trained on the same autoencoder's latents "
-                                     "(demo_mar_draft.safetensors for the demo MAR, MAR-B for MAR-L/H)."),
+                                     "(MAR-B for MAR-L/H)."),
                 preview_vq_input()]
 
     @classmethod

@@ -71,11 +71,11 @@ class CSpDRun:
 
     def __init__(self, target, draft, conditioning, settings: MaskedSettings, cspd: CSpDSettings, generator,
                  watch: Stopwatch):
-        L, C, B = target.cfg.num_tokens, target.cfg.token_dim, conditioning.batch
+        B = conditioning.batch
         self.settings, self.cspd, self.generator, self.watch = settings, cspd, generator, watch
         self.plan = Plan.draw(target, settings, B, generator)
         self.target, self.draft = Guide(target, conditioning, settings), Guide(draft, conditioning, settings)
-        self.canvas = Canvas(B, L, C, target.device)
+        self.canvas = Canvas(target, B)
         self.stats = DecodeStats(decoder="cspd", grid=tuple(target.grid), batch=B,
                                  settings={"model_kind": target.kind, **asdict(settings), **asdict(cspd)})
         self.counts: list[torch.Tensor] = []

@@ -135,10 +135,11 @@ def reverse_process(head, diffusion, z_cond, z_uncond, cfg_scale, temperature: f
                     start: torch.Tensor, noise: torch.Tensor) -> ReverseStep:
     """Run the reverse process from x_T ``start`` [N, C] along ``noise`` for conditions ``[N, D]`` and return
     the last step's Gaussian (its std scaled by the temperature). The official sampler takes its mean.
-    ``cfg_scale``: a float, or ``[N, 1]`` per token. fp32 throughout."""
-    x = start.float()
-    z_cond = z_cond.float()
-    z_uncond = None if z_uncond is None else z_uncond.float()
+    ``cfg_scale``: a float, or ``[N, 1]`` per token. In the head's precision (fp32) throughout."""
+    dtype = head.input_proj.weight.dtype  # fp32 as loaded (fp64 in the exactness tests)
+    x = start.to(dtype)
+    z_cond = z_cond.to(dtype)
+    z_uncond = None if z_uncond is None else z_uncond.to(dtype)
     for index in reversed(range(diffusion.num_steps)):
         t = torch.full((x.shape[0],), diffusion.model_timestep(index), device=x.device, dtype=torch.long)
         eps, variance = head.guided(x, t, z_cond, z_uncond, cfg_scale)
@@ -180,8 +181,10 @@ class Guide:
 class Canvas:
     """The tokens fixed so far, which are known, and the target call that fixed each."""
 
-    def __init__(self, batch: int, num_tokens: int, channels: int, device):
-        self.tokens = torch.zeros(batch, num_tokens, channels, device=device)
+    def __init__(self, model, batch: int):
+        """Tokens in the head's precision (fp32 as loaded), whatever the transformer's."""
+        num_tokens, channels, device = model.cfg.num_tokens, model.cfg.token_dim, model.device
+        self.tokens = torch.zeros(batch, num_tokens, channels, device=device, dtype=model.head.input_proj.weight.dtype)
         self.known = torch.zeros(batch, num_tokens, dtype=torch.bool, device=device)
         self.fixed_at = torch.zeros(batch, num_tokens, dtype=torch.long)
 
@@ -208,12 +211,12 @@ def masked_decode(model, conditioning, settings: MaskedSettings, *, generator,
     schedule (tokens still masked before each step, then 0): CSpD's merged mode is exact against MAR on
     ``cspd.merged_schedule``."""
     watch = watch or Stopwatch(model.device)
-    L, C, B = model.cfg.num_tokens, model.cfg.token_dim, conditioning.batch
+    L, B = model.cfg.num_tokens, conditioning.batch
     settings.validate(L)
     plan = Plan.draw(model, settings, B, generator, schedule)
     guide = Guide(model, conditioning, settings)
     stats = DecodeStats(decoder="ar", grid=tuple(model.grid), batch=B, settings={"model_kind": model.kind, **asdict(settings)})
-    canvas = Canvas(B, L, C, model.device)
+    canvas = Canvas(model, B)
     counts = []
     for step in range(plan.num_steps):
         positions = plan.positions(step)

@@ -2,10 +2,8 @@
 must catch (the paper's and the reference's intermediate sigma factor, temperature 42, zero-filled
 rejections); the sampler's schedule, call counts, self-draft identity and refusals on tiny MARs.
 
-Still missing (noted in issue 9): the two-sample tests of whole CSpD runs against plain MAR on a tiny MAR.
-Random tiny MARs write tokens of scale ~10^3-10^4 (the first reverse step multiplies the head's eps error
-by about 20,000), where float32 rounding alone is a sizeable fraction of the last step's std (~0.006);
-they need a tiny MAR trained until its eps at t = 999 is accurate.
+Whole runs against plain MAR (two-sample tests, and every kept draft standardised by the target's
+Gaussian) are in test_cspd_whole_run.py.
 """
 import copy
 import math

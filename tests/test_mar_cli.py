@@ -38,6 +38,11 @@ def test_official_files_load_with_ema_weights_and_args(files):
     assert model.kind == "masked-ar" and model.cfg.grid == (4, 4) and model.cfg.buffer == 2
     assert model.cfg.encoder_heads == 2 and model.cfg.num_classes == 3 and model.cfg.token_dim == 4
     assert model.head.input_proj.weight.dtype == torch.float32
+    half = load_ar_model(files / "mar_target.pth", dtype=torch.bfloat16)  # the transformer in bf16 ...
+    assert half.z_proj.weight.dtype == torch.bfloat16
+    ema = torch.load(files / "mar_target.pth", weights_only=False)["model_ema"]
+    for name, value in half.diffloss.state_dict().items():  # ... the head exactly as stored, never rounded
+        assert value.dtype == torch.float32 and torch.equal(value, ema[f"diffloss.{name}"]), name
     vae = load_image_decoder(files / "kl16.ckpt")
     assert vae.input_kind == "latents" and vae.cfg.embed_dim == 4 and vae.cfg.downsample == 2
 

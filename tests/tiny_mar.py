@@ -40,6 +40,9 @@ def official_mar(path, cfg: MARConfig, seed: int, **args):
 def official_kl(path, cfg: KLConfig = KL, seed: int = 0):
     """An LDM AutoencoderKL checkpoint ({"model": sd}), with a discriminator key as training files have."""
     kl = random_model(KLAutoencoder, cfg, seed).state_dict()
+    out = kl["decoder.conv_out.weight"]  # after the decoder's group norms, 0.02 weights would give flat grey images
+    kl["decoder.conv_out.weight"] = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)) * 0.3
     kl["loss.discriminator.weight"] = torch.zeros(3)
     torch.save({"model": kl}, path)
     return path
+

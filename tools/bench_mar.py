@@ -27,9 +27,6 @@ from ..samplers.decoders import decode_masked
 from ..samplers.masked import MaskedSettings
 from .bench import CHUNK, REAL_IMAGES, quality, require_matplotlib
 
-STEP_COUNTS = (256, 64, 32, 16)  # plain MAR rows; the ones above the model's token count are skipped
-
-
 @dataclass(frozen=True)
 class Row:
     label: str
@@ -41,8 +38,9 @@ class Row:
 def rows_for(args, num_tokens: int) -> list[Row]:
     base, cspd = masked_settings_from(args), cspd_from(args)
     rows = [Row("mar", "ar", base, cspd)]  # the baseline first: every ratio is against it
+    steps = [int(k) for k in args.mar_steps.split(",") if k.strip()]
     rows += [Row(f"mar@{k}", "ar", replace(base, num_iter=k), cspd)
-             for k in STEP_COUNTS if k != base.num_iter and k <= num_tokens]
+             for k in steps if k != base.num_iter and k <= num_tokens]
     rows += [Row(f"cspd-{mode}", "cspd", base, replace(cspd, verify=mode)) for mode in ("steps", "merged")]
     return rows
 

@@ -40,11 +40,13 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     return 10 * np.log10(4.0 / max(mse, 1e-12))
 
 
-def save_fp16(module: torch.nn.Module, cfg, path) -> None:
-    """State dict in fp16 (official key names) with the config as JSON under ``fastar_config``."""
+def save_fp16(module: torch.nn.Module, cfg, path, keep_fp32: tuple[str, ...] = ()) -> None:
+    """State dict in fp16 (official key names; keys starting with ``keep_fp32`` stay fp32) with the config as
+    JSON under ``fastar_config``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    sd = {k: (v.half() if v.is_floating_point() else v).detach().contiguous() for k, v in module.state_dict().items()}
+    sd = {k: (v.half() if v.is_floating_point() and not k.startswith(keep_fp32) else v).detach().contiguous()
+          for k, v in module.state_dict().items()}
     meta = asdict(cfg) if not isinstance(cfg, dict) else cfg
     save_file(sd, str(path), metadata={"fastar_config": json.dumps(meta)})
     print(f"saved {path.name}: {path.stat().st_size / 1e6:.2f} MB")

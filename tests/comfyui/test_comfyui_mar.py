@@ -111,16 +111,6 @@ def test_mar_progress_and_live_previews(comfy, object_info, events):
     assert events.of("preview"), "no live preview image was sent"
 
 
-def test_cspd_with_a_self_draft_is_plain_mar_with_a_gaussian_last_step_and_accepts_everything(comfy, object_info):
-    prompt = workflow_prompt(DEMO, object_info)
-    drafter = node_of(prompt, "FastARLoadDrafter")["inputs"]
-    drafter["drafter_name"] = DEMO_MAR  # the model drafting for itself: every draft is what it would sample
-    entry = comfy.run(prompt)
-    succeeded(entry)
-    cspd = [out["text"][0] for out in entry["outputs"].values() if "text" in out and out["text"][0].startswith("CSPD")]
-    assert cspd and all("(100.0%)" in text for text in cspd), "\n\n".join(cspd)
-
-
 @pytest.mark.parametrize("change, node, message", [
     (lambda p: node_of(p, "FastARLoadVQ")["inputs"].update(vq_name="demo_vq.safetensors"), "FastARVQDecode",
      "these are a MAR model's latents, but demo_vq.safetensors is a VQ tokenizer"),
