@@ -258,23 +258,7 @@ def demo_mar_cspd(info) -> dict:
                 cspd_widgets(seed=3, verify="steps", **DEMO_MAR_SETTINGS)),
                ("FastARSamplerCSpD", "CSpD, verify merged (paper)",
                 cspd_widgets(seed=3, verify="merged", **DEMO_MAR_SETTINGS))]
-    baseline = None
-    for i, (kind, title, widgets) in enumerate(columns):
-        x = 360 + i * 380
-        sampler = g.node(kind, (x, 0), widgets, title=f"Sampler: {title}", width=340)
-        y = 720  # below the samplers and their live previews
-        decode = g.node("FastARVQDecode", (x, y), [], width=340)
-        stats = g.node("FastARStats", (x, y + 90), [], title=f"Stats: {title}", width=340)
-        image = g.node("PreviewImage", (x, y + 380), [], title=f"Image: {title}", width=340)
-        wire_sampler(g, ar, vae, label, sampler, decode, stats)
-        g.connect(decode, "image", image, "images")
-        if has_input(sampler, "drafter"):
-            g.connect(drafter, "drafter", sampler, "drafter")
-        if baseline is None:
-            baseline = sampler
-        else:
-            g.connect(baseline, "stats", stats, "ar_baseline")
-        g.group(title, (x - 10, -40, 360, 1500))
+    drafter_columns(g, ar, vae, label, drafter, columns, decode_y=720, image_dy=380)
     return g.to_json()
 
 
@@ -297,6 +281,28 @@ def mar_official(info) -> dict:
     return g.to_json()
 
 
+def drafter_columns(g: Graph, ar, decoder, conditioner, drafter, columns, decode_y: int, image_dy: int) -> None:
+    """One column per ``(sampler kind, title, widgets)``: sampler, decode, stats and image, the drafter into
+    the samplers that take one, and the first column's stats as every other column's baseline.
+    ``decode_y`` clears the tallest sampler and its live preview."""
+    baseline = None
+    for i, (kind, title, widgets) in enumerate(columns):
+        x = 360 + i * 380
+        sampler = g.node(kind, (x, 0), widgets, title=f"Sampler: {title}", width=340)
+        decode = g.node("FastARVQDecode", (x, decode_y), [], width=340)
+        stats = g.node("FastARStats", (x, decode_y + 90), [], title=f"Stats: {title}", width=340)
+        image = g.node("PreviewImage", (x, decode_y + image_dy), [], title=f"Image: {title}", width=340)
+        wire_sampler(g, ar, decoder, conditioner, sampler, decode, stats)
+        g.connect(decode, "image", image, "images")
+        if has_input(sampler, "drafter"):
+            g.connect(drafter, "drafter", sampler, "drafter")
+        if baseline is None:
+            baseline = sampler
+        else:
+            g.connect(baseline, "stats", stats, "ar_baseline")
+        g.group(title, (x - 10, -40, 360, 1500))
+
+
 def demo_lantern_compare(info) -> dict:
     g = Graph(info)
     ar, vq = loaders(g, "demo_c2i.safetensors", "demo_vq.safetensors")
@@ -314,23 +320,8 @@ def demo_lantern_compare(info) -> dict:
                ("FastARSamplerSpeculative", "Speculative (lossless)", [LANTERN["gamma"]]),
                ("FastARSamplerLANTERN", "LANTERN (relaxed)", [*LANTERN.values(), *SJD.values()]),
                ("FastARSamplerGSD", "GSD (relaxed)", [*SJD.values(), 10, 0.15, 0.5, LANTERN["gamma"]])]
-    ar_stats = None
-    for i, (kind, title, extra) in enumerate(columns):
-        x = 360 + i * 380
-        sampler = g.node(kind, (x, 0), sampler_widgets(seed=3) + extra, title=f"Sampler: {title}", width=340)
-        y = 760  # below the tallest sampler (LANTERN) and its live preview
-        decode = g.node("FastARVQDecode", (x, y), [], width=340)
-        stats = g.node("FastARStats", (x, y + 90), [], title=f"Stats: {title}", width=340)
-        image = g.node("PreviewImage", (x, y + 360), [], title=f"Image: {title}", width=340)
-        wire_sampler(g, ar, vq, label, sampler, decode, stats)
-        g.connect(decode, "image", image, "images")
-        if has_input(sampler, "drafter"):
-            g.connect(drafter, "drafter", sampler, "drafter")
-        if ar_stats is None:
-            ar_stats = sampler
-        else:
-            g.connect(ar_stats, "stats", stats, "ar_baseline")
-        g.group(title, (x - 10, -40, 360, 1500))
+    drafter_columns(g, ar, vq, label, drafter, [(kind, title, sampler_widgets(seed=3) + extra)
+                                                for kind, title, extra in columns], decode_y=760, image_dy=360)
     return g.to_json()
 
 
