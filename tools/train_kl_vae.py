@@ -10,8 +10,6 @@ the MAR model that learns it. Prints the latents' standard deviation: MAR's scal
 """
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -19,13 +17,11 @@ import torch.nn.functional as F
 from ..model_loaders import load_image_decoder
 from ..model_loaders.demo import DEMO_KL
 from ..model_loaders.kl_vae import KLAutoencoder, KLConfig
-from .demo_common import OUT_DIR, Timer, cosine_lr, psnr, save_fp16, setup, to_tensor, to_uint8
-from .demo_data import balanced_labels, make_batch
-from .train_vq import crop_batch
+from .demo_common import OUT_DIR, Timer, cosine_lr, psnr, save_fp16, setup, to_uint8
+from . import autoencoder_data
 
 CONFIG = KLConfig(embed_dim=8, ch=64, ch_mult=(1, 1, 2, 2), num_res_blocks=1, encoder_attn_levels=(),
                   decoder_attn_levels=())
-HELD_OUT = 256
 
 
 def kl_divergence(mean: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
@@ -43,28 +39,19 @@ def evaluate(model: KLAutoencoder, images: torch.Tensor) -> dict:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=1200)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--crop", type=int, default=64)
-    p.add_argument("--lr", type=float, default=4e-4)
+    p = autoencoder_data.parser(__doc__, steps=1200, lr=4e-4, out=str(DEMO_KL))
     p.add_argument("--kl-weight", type=float, default=2e-4)
-    p.add_argument("--pool", type=int, default=2048, help="procedural images to crop from")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(DEMO_KL))
     args = p.parse_args(argv)
 
     setup(args.seed)
-    rng = np.random.default_rng(args.seed)
     timer = Timer()
-    pool, _ = make_batch(rng, args.pool)
-    held_out = to_tensor(make_batch(np.random.default_rng(10_000 + args.seed), HELD_OUT, balanced_labels(HELD_OUT))[0])
+    rng, pool, held_out = autoencoder_data.images(args.seed, args.pool)
     model = KLAutoencoder(CONFIG)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0)
     print(f"KL VAE {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, pool ready in {timer}")
 
     for step in range(args.steps):
-        x = crop_batch(pool, rng, args.batch, args.crop)
+        x = autoencoder_data.crop_batch(pool, rng, args.batch, args.crop)
         for group in opt.param_groups:
             group["lr"] = cosine_lr(step, args.steps, args.lr, warmup=100)
         mean, logvar = model.encode_moments(x)
@@ -85,7 +72,7 @@ def main(argv=None):
     save_fp16(model, CONFIG, args.out)
     saved = load_image_decoder(args.out)
     result = evaluate(saved, held_out)
-    print(f"held-out (fp16 weights, posterior mean, {HELD_OUT} images): PSNR {result['psnr']:.2f} dB per image, "
+    print(f"held-out (fp16 weights, posterior mean, {autoencoder_data.HELD_OUT} images): PSNR {result['psnr']:.2f} dB per image, "
           f"latent std {result['latent_std']:.4f} (MAR scale factor {1 / result['latent_std']:.4f}); total {timer}")
     OUT_DIR.mkdir(exist_ok=True)
     from PIL import Image

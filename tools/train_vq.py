@@ -15,8 +15,6 @@ unused since the last check are re-seeded from batch latents to keep the codeboo
 """
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -24,12 +22,11 @@ import torch.nn.functional as F
 from ..model_loaders.demo import DEMO_VQ
 from ..model_loaders.vq import VQConfig, VQModel
 from ..model_loaders import load_image_decoder
-from .demo_common import OUT_DIR, Timer, cosine_lr, psnr, save_fp16, setup, to_tensor, to_uint8
-from .demo_data import balanced_labels, make_batch
+from .demo_common import OUT_DIR, Timer, cosine_lr, psnr, save_fp16, setup, to_uint8
+from . import autoencoder_data
 
 CONFIG = VQConfig(codebook_size=512, embed_dim=8, z_channels=64, ch=64, ch_mult=(1, 1, 2, 2), num_res_blocks=1,
                   patch_encoder=True)
-HELD_OUT = 256
 
 
 def quantise(model: VQModel, z: torch.Tensor):
@@ -39,15 +36,6 @@ def quantise(model: VQModel, z: torch.Tensor):
     q = model.quantize.lookup(codes)
     loss = F.mse_loss(q, zn.detach()) + 0.25 * F.mse_loss(zn, q.detach())
     return zn + (q - zn).detach(), codes, loss
-
-
-def crop_batch(pool: np.ndarray, rng: np.random.Generator, batch: int, size: int) -> torch.Tensor:
-    idx = rng.integers(0, len(pool), batch)
-    ys, xs = rng.integers(0, pool.shape[1] - size + 1, (2, batch))
-    crops = np.stack([pool[i, y : y + size, x : x + size] for i, y, x in zip(idx, ys, xs)])
-    flip = rng.random(batch) < 0.5
-    crops[flip] = crops[flip, :, ::-1]
-    return to_tensor(crops)
 
 
 @torch.no_grad()
@@ -74,28 +62,19 @@ def codes_per_flat_colour(images: torch.Tensor, codes: torch.Tensor, patch: int)
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=1800)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--crop", type=int, default=64)
-    p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--pool", type=int, default=2048, help="procedural images to crop from")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(DEMO_VQ))
+    p = autoencoder_data.parser(__doc__, steps=1800, lr=3e-4, out=str(DEMO_VQ))
     args = p.parse_args(argv)
 
     setup(args.seed)
-    rng = np.random.default_rng(args.seed)
     timer = Timer()
-    pool, _ = make_batch(rng, args.pool)
-    held_out = to_tensor(make_batch(np.random.default_rng(10_000 + args.seed), HELD_OUT, balanced_labels(HELD_OUT))[0])
+    rng, pool, held_out = autoencoder_data.images(args.seed, args.pool)
     model = VQModel(CONFIG)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0)
     usage = torch.zeros(CONFIG.codebook_size)
     print(f"VQ {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, pool ready in {timer}")
 
     for step in range(args.steps):
-        x = crop_batch(pool, rng, args.batch, args.crop)
+        x = autoencoder_data.crop_batch(pool, rng, args.batch, args.crop)
         for group in opt.param_groups:
             group["lr"] = cosine_lr(step, args.steps, args.lr, warmup=100)
         # the codebook starts as random directions: latents of an untrained encoder are all alike,
@@ -127,7 +106,7 @@ def main(argv=None):
     saved = load_image_decoder(args.out)
     result = evaluate(saved, held_out)
     recon = result["recon"]
-    print(f"held-out (fp16 weights, through the codes, {HELD_OUT} images): PSNR {result['psnr']:.2f} dB per image "
+    print(f"held-out (fp16 weights, through the codes, {autoencoder_data.HELD_OUT} images): PSNR {result['psnr']:.2f} dB per image "
           f"(pooled {result['pooled_psnr']:.2f} dB), codebook usage {result['usage']:.1%}, "
           f"{result['flat_codes']:.2f} codes per flat colour; total {timer}")
     OUT_DIR.mkdir(exist_ok=True)

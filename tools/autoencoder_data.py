@@ -1,0 +1,42 @@
+"""What the demo autoencoders (VQ tokenizer, KL autoencoder) train on: random crops of a pool of procedural
+images, judged on balanced held-out images; and the command-line options the two trainings share."""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+
+from .demo_common import to_tensor
+from .demo_data import balanced_labels, make_batch
+
+HELD_OUT = 256
+
+
+def parser(description: str, *, steps: int, lr: float, out: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--crop", type=int, default=64)
+    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--pool", type=int, default=2048, help="procedural images to crop from")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=out)
+    return p
+
+
+def images(seed: int, pool_size: int) -> tuple[np.random.Generator, np.ndarray, torch.Tensor]:
+    """The crop generator, the pool of training images and the held-out images (their own seed)."""
+    rng = np.random.default_rng(seed)
+    pool, _ = make_batch(rng, pool_size)
+    held_out = to_tensor(make_batch(np.random.default_rng(10_000 + seed), HELD_OUT, balanced_labels(HELD_OUT))[0])
+    return rng, pool, held_out
+
+
+def crop_batch(pool: np.ndarray, rng: np.random.Generator, batch: int, size: int) -> torch.Tensor:
+    idx = rng.integers(0, len(pool), batch)
+    ys, xs = rng.integers(0, pool.shape[1] - size + 1, (2, batch))
+    crops = np.stack([pool[i, y : y + size, x : x + size] for i, y, x in zip(idx, ys, xs)])
+    flip = rng.random(batch) < 0.5
+    crops[flip] = crops[flip, :, ::-1]
+    return to_tensor(crops)
