@@ -332,13 +332,30 @@ def require_matplotlib() -> None:
                           "matplotlib, or run the benchmark with --no-pareto") from None
 
 
-def plot_pareto(points: list[dict], results: dict, path: Path) -> None:
+def quality_panels():
+    """A figure with two panels side by side (class accuracy, Frechet distance), drawn off screen."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+    return plt.subplots(1, 2, figsize=(12, 4.6))
+
+
+def save_panels(fig, axes, title: str, path: Path) -> None:
+    """One legend under both panels (inside a panel it can hide a point: it hid plain AR's star), then save."""
+    import matplotlib.pyplot as plt
+
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_pareto(points: list[dict], results: dict, path: Path) -> None:
+    fig, axes = quality_panels()
     series: dict[str, list[dict]] = {}
     for point in points:
         series.setdefault(point["series"], []).append(point)
@@ -354,10 +371,4 @@ def plot_pareto(points: list[dict], results: dict, path: Path) -> None:
         ax.set_xlabel("step compression (tokens per target forward)")
         ax.set_ylabel(title)
         ax.grid(alpha=0.3)
-    # one legend under both panels: inside a panel it can hide a point (it hid plain AR's star)
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
-    fig.suptitle("FastAR speed/quality trade-off on the demo model")
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_panels(fig, axes, "FastAR speed/quality trade-off on the demo model", path)

@@ -25,7 +25,7 @@ from ..pipeline import class_conditioning, load_models
 from ..samplers.cspd import CSpDSettings
 from ..samplers.decoders import decode_masked
 from ..samplers.masked import MaskedSettings
-from .bench import CHUNK, REAL_IMAGES, quality, require_matplotlib
+from .bench import CHUNK, REAL_IMAGES, quality, quality_panels, require_matplotlib, save_panels
 
 @dataclass(frozen=True)
 class Row:
@@ -161,12 +161,7 @@ def markdown(report: dict) -> str:
 
 
 def plot_pareto(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+    fig, axes = quality_panels()
     plain = sorted((r for r in results.values() if r["decoder"] == "ar"), key=lambda r: r["latency_ratio"])
     for ax, metric, title in ((axes[0], "class_accuracy", "class accuracy"),
                               (axes[1], "frechet", "Frechet distance to real images (lower is better)")):
@@ -181,9 +176,4 @@ def plot_pareto(results: dict, path: Path) -> None:
         ax.set_xlabel("speed-up over plain MAR at the default steps (latency ratio)")
         ax.set_ylabel(title)
         ax.grid(alpha=0.3)
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
-    fig.suptitle("FastAR on MAR: fewer steps vs continuous speculative decoding")
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_panels(fig, axes, "FastAR on MAR: fewer steps vs continuous speculative decoding", path)
