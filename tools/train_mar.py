@@ -227,8 +227,8 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--vae", default=str(DEMO_KL))
     p.add_argument("--out")
-    p.add_argument("--resume", help="start from this saved model's weights (its sizes win; --size still names the output); the "
-                                    "optimiser starts afresh, with the same warmup and cosine schedule")
+    p.add_argument("--resume", help="start from this saved model's weights (its sizes win; --size still names the "
+                                    "output); the optimiser starts afresh, with the same warmup and cosine schedule")
     p.add_argument("--threads", type=int, default=2, help="CPU threads (1 when two trainings share the machine)")
     args = p.parse_args(argv)
     out = args.out or str(OUTPUTS[args.size])
