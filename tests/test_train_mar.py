@@ -1,0 +1,47 @@
+"""The demo MAR training's pieces: the mask ratios it draws, the training-only readout, and --resume."""
+import argparse
+
+import torch
+
+from fastar.model_loaders.diffusion import TRAIN_STEPS, SpacedDiffusion
+from fastar.model_loaders.mar_model import MAR
+from fastar.tests.tiny_mar import mar_config, random_model
+from fastar.tools import train_mar
+from fastar.tools.demo_common import Timer
+
+
+def test_mask_ratios_cover_the_range_inference_visits():
+    generator = torch.Generator().manual_seed(0)
+    ratios = torch.tensor([train_mar.mask_ratio(generator) for _ in range(4000)])
+    assert ratios.min() >= train_mar.MASK_RATIO_MIN and ratios.max() <= 1.0
+    # uniform: each quarter of the range gets its share (MAR's own [0.7, 1] would leave three quarters empty)
+    counts = torch.histc(ratios, bins=4, min=train_mar.MASK_RATIO_MIN, max=1.0)
+    assert bool((counts > 850).all()), counts
+
+
+def test_the_readout_adds_its_error_to_the_loss():
+    model = random_model(MAR, mar_config(), seed=0)
+    tokens, labels = torch.randn(2, 16, 4), torch.tensor([0, 2])
+    readout = torch.nn.Linear(32, 4)
+    diffusion = SpacedDiffusion(TRAIN_STEPS)
+    plain = train_mar.training_loss(model, diffusion, tokens, labels, torch.Generator().manual_seed(3), 2)
+    with_readout = train_mar.training_loss(model, diffusion, tokens, labels, torch.Generator().manual_seed(3), 2,
+                                           readout=readout)
+    assert with_readout > plain  # same draws, plus a positive MSE
+    with_readout.backward()
+    assert readout.weight.grad.abs().sum() > 0 and model.z_proj.weight.grad.abs().sum() > 0
+
+
+def test_resumed_training_starts_from_the_saved_weights_and_its_ema_remembers_them():
+    cfg = mar_config()
+    start = random_model(MAR, cfg, seed=1)
+    data = torch.randn(8, 16, 4), torch.full((8, 16, 4), 0.1), torch.arange(8) % 3
+    val = torch.randn(4, 16, 4), torch.zeros(4, 16, 4), torch.arange(4) % 3
+    args = argparse.Namespace(size="tiny", steps=3, batch=4, repeats=2, lr=1e-3, ema=0.998)
+    ema = train_mar.train_model(cfg, SpacedDiffusion(TRAIN_STEPS), data, val, args, torch.Generator().manual_seed(0),
+                                Timer(), start)
+    moved = max((e - s).abs().max().item() for e, s in zip(ema.parameters(), start.parameters()))
+    assert 0 < moved < 1e-3  # three steps at decay 0.998 move it a little; a fresh EMA would follow the raw model
+    fresh = train_mar.train_model(cfg, SpacedDiffusion(TRAIN_STEPS), data, val, args,
+                                  torch.Generator().manual_seed(0), Timer())
+    assert max((e - s).abs().max().item() for e, s in zip(fresh.parameters(), start.parameters())) > 1e-2
