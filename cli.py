@@ -70,6 +70,8 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                    help="LANTERN k: latent neighbours considered per draft (capped at the codebook size)")
     p.add_argument("--lantern-delta", type=float, default=SPEC_DEFAULTS.lantern_delta,
                    help="LANTERN delta: total-variation budget per token (0 = exact speculative decoding)")
+    p.add_argument("--flow-steps", type=int, default=SPEC_DEFAULTS.flow_steps,
+                   help="fm: solver steps of the flow-matching map that turns each token's noise into its code")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "fp16", "bf16"])
     p.add_argument("--threads", type=int, help="CPU threads for PyTorch (default: its own, one per core, the fastest "
@@ -134,7 +136,7 @@ def spec_from(args, decoder: str) -> DecoderSpec:
     return DecoderSpec(decoder=decoder, window=args.window, init=args.init, coupling=args.coupling,
                        group=args.group, prob_threshold=args.prob_threshold, prob_filter=args.prob_filter,
                        distance_threshold=args.distance_threshold, gamma=SPEC_DEFAULTS.gamma if args.gamma is None else args.gamma,
-                       lantern_k=args.lantern_k, lantern_delta=args.lantern_delta)
+                       lantern_k=args.lantern_k, lantern_delta=args.lantern_delta, flow_steps=args.flow_steps)
 
 
 def masked_settings_from(args) -> MaskedSettings:

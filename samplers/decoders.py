@@ -20,6 +20,7 @@ from .jacobi import ar_decode, jacobi_decode
 from .latent_neighbours import latent_neighbours
 from .processing import SamplingSettings
 from .cspd import CSpDSettings, cspd_decode
+from .flow_map import FlowMapSettings, NoiseToCode, token_noise
 from .masked import MaskedSettings, masked_decode
 from .speculative import speculative_decode
 from .stats import Stopwatch
@@ -35,6 +36,7 @@ class Decoder:
     kinds: tuple[str, ...]  # the model kinds it runs on
     lossless: bool
     drafter: str  # "no", "optional" or "required"
+    codebook: str = ""  # why it needs the image decoder's code vectors ("" = it does not)
 
 
 DECODER_TABLE = (
@@ -42,8 +44,9 @@ DECODER_TABLE = (
     Decoder("sjd", (TOKEN_AR,), lossless=True, drafter="no"),
     Decoder("gsd", (TOKEN_AR,), lossless=False, drafter="optional"),
     Decoder("spec", (TOKEN_AR,), lossless=True, drafter="required"),
-    Decoder("lantern", (TOKEN_AR,), lossless=False, drafter="optional"),
+    Decoder("lantern", (TOKEN_AR,), lossless=False, drafter="optional", codebook="to find latent neighbours"),
     Decoder("cspd", (MASKED_AR,), lossless=True, drafter="required"),
+    Decoder("fm", (TOKEN_AR,), lossless=True, drafter="no", codebook="to map noise to codes"),
 )
 DECODER_BY_NAME = {d.name: d for d in DECODER_TABLE}
 DECODERS = tuple(DECODER_BY_NAME)
@@ -91,6 +94,7 @@ class DecoderSpec:
     gamma: int = 4  # drafter: drafts per target forward
     lantern_k: int = 1000  # LANTERN: latent neighbours considered per draft (capped at the codebook size)
     lantern_delta: float = 0.1  # LANTERN: total-variation budget per token (0 = exact)
+    flow_steps: int = FlowMapSettings.steps  # fm: solver steps of the flow-matching map
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -105,12 +109,6 @@ def make_rule(spec: DecoderSpec, model, sampling: SamplingSettings, codebook):
         return GroupedRule(spec.group, model.code_embeddings(), spec.prob_threshold, spec.distance_threshold,
                            spec.prob_filter)
     if spec.decoder == "lantern":
-        if codebook is None:
-            raise FastARError("LANTERN needs the VQ decoder's codebook to find latent neighbours: load the VQ "
-                              "model that decodes this AR model's tokens and pass it to the sampler")
-        if codebook.shape[0] != model.vocab_size:
-            raise FastARError(f"the VQ codebook has {codebook.shape[0]} codes but the AR model predicts "
-                              f"{model.vocab_size}: load the VQ decoder this AR model was trained with")
         table = latent_neighbours(codebook.to(model.device), spec.lantern_k)
         return LanternRule(table, spec.lantern_delta, greedy=sampling.temperature == 0.0)
     return ExactRule()
@@ -120,8 +118,8 @@ def decode(model, conditioning, sampling: SamplingSettings, spec: DecoderSpec, *
            on_iteration: ProgressFn | None = None, drafter=None, codebook=None):
     """Generate image codes ``[B, h*w]`` and their DecodeStats. Same seed, settings and device give
     the same codes. ``drafter`` (spec, gsd, lantern) drafts chains instead of Jacobi windows;
-    ``codebook`` [V, D] (the VQ decoder's code vectors) is needed by LANTERN."""
-    check_decoder(spec.decoder, model, drafter)
+    ``codebook`` [V, D] (the VQ decoder's code vectors) is needed by LANTERN and fm."""
+    check_codebook(check_decoder(spec.decoder, model, drafter), model, codebook)
     sampling.validate()
     notes = quality_warnings(spec, drafter)
     for note in notes:
@@ -130,6 +128,17 @@ def decode(model, conditioning, sampling: SamplingSettings, spec: DecoderSpec, *
                                on_iteration, drafter, codebook)
     stats.warnings.extend(notes)
     return codes, stats
+
+
+def check_codebook(decoder: Decoder, model, codebook) -> None:
+    if not decoder.codebook:
+        return
+    if codebook is None:
+        raise FastARError(f"{decoder.name} needs the VQ decoder's codebook {decoder.codebook}: load the VQ model that "
+                          "decodes this AR model's tokens and pass it to the sampler")
+    if codebook.shape[0] != model.vocab_size:
+        raise FastARError(f"the VQ codebook has {codebook.shape[0]} codes but the AR model predicts "
+                          f"{model.vocab_size}: load the VQ decoder this AR model was trained with")
 
 
 def quality_warnings(spec: DecoderSpec, drafter) -> list[str]:
@@ -145,6 +154,11 @@ def run_decoder(model, conditioning, sampling, spec, generator, on_iteration, dr
     watch = Stopwatch(model.device)  # from here on: the generation's setup counts in its wall time
     if spec.decoder == "ar":
         return ar_decode(model, conditioning, sampling, generator=generator, on_iteration=on_iteration, watch=watch)
+    if spec.decoder == "fm":
+        draw = NoiseToCode(token_noise(conditioning.batch, model.grid[0] * model.grid[1], codebook.shape[1], generator),
+                           codebook.to(model.device), FlowMapSettings(steps=spec.flow_steps))
+        return ar_decode(model, conditioning, sampling, generator=generator, on_iteration=on_iteration, watch=watch,
+                         draw=draw, name="fm")
     rule = make_rule(spec, model, sampling, codebook)
     watch.lap("setup")
     if drafter is not None:

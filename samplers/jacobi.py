@@ -10,7 +10,7 @@ the device.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -21,20 +21,24 @@ from .processing import SamplingSettings, probabilities, sample
 from .stats import Stopwatch
 from .verifier import ProgressFn, TokenBuffer, begin, finish, progress, verify_window
 
+DrawFn = Callable[[torch.Tensor, int], torch.Tensor]  # (distributions [B, V], position) -> codes [B]
+
 
 @torch.no_grad()
 def ar_decode(model, conditioning, sampling: SamplingSettings, *, generator, on_iteration: Optional[ProgressFn] = None,
-              watch: Optional[Stopwatch] = None):
-    """The baseline: one target forward per token, static cache, batched CFG, no host syncs."""
+              watch: Optional[Stopwatch] = None, draw: Optional[DrawFn] = None, name: str = "ar"):
+    """The baseline: one target forward per token, static cache, batched CFG, no host syncs. ``draw``
+    picks token i from its distribution (default: a multinomial sample from ``generator``)."""
     watch = watch or Stopwatch(model.device)
-    session, p0, stats = begin(model, conditioning, sampling, 1, "ar", {})
+    draw = draw or (lambda dist, _position: sample(dist, generator))
+    session, p0, stats = begin(model, conditioning, sampling, 1, name, {})
     B, N = conditioning.batch, model.grid[0] * model.grid[1]
     seq = torch.empty(B, N, dtype=torch.long, device=model.device)
-    seq[:, 0] = sample(p0, generator)
+    seq[:, 0] = draw(p0, 0)
     ones = torch.ones(B, dtype=torch.long, device=model.device)
     for i in range(1, N):
         out = session.forward(seq[:, i - 1 : i], ones * (i - 1))
-        seq[:, i] = sample(probabilities(out, sampling)[:, 0], generator)
+        seq[:, i] = draw(probabilities(out, sampling)[:, 0], i)
         stats.target_forwards += 1
         if on_iteration is not None:
             on_iteration(i + 1, N, seq)
