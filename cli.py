@@ -12,15 +12,18 @@ from .errors import FastARError, FastARWarning
 from .samplers.acceptance import PROB_FILTERS
 from .samplers.cspd import VERIFY_MODES, CSpDSettings
 from .samplers.decoders import DECODERS, LOSSLESS, NEEDS_DRAFTER, DecoderSpec
+from .samplers.distilled import DDSettings
 from .samplers.drafts import COUPLINGS, INIT_STRATEGIES
 from .samplers.masked import CFG_SCHEDULES, MaskedSettings
 from .samplers.processing import SamplingSettings
 from .tools.train_drafter import add_arguments as add_drafter_training_args
 
 SPEC_DEFAULTS = DecoderSpec()
+DEFAULT_DECODER = {"token-ar": "sjd", "masked-ar": "ar", "few-step": "dd"}
 SAMPLING_DEFAULTS = SamplingSettings()
 MASKED_DEFAULTS = MaskedSettings()
 CSPD_DEFAULTS = CSpDSettings()
+DD_DEFAULTS = DDSettings()
 
 
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
@@ -31,7 +34,8 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image-size", type=int, help="image size in pixels (square), for a checkpoint that does not say "
                    "it or to run at another size (default: from its training args, config or file name, e.g. 384 for "
                    "c2i_L_384.pt)")
-    p.add_argument("--cfg", type=float, default=SAMPLING_DEFAULTS.cfg_scale, help="classifier-free guidance (1 = off)")
+    p.add_argument("--cfg", type=float, help=f"classifier-free guidance (1 = off; default {SAMPLING_DEFAULTS.cfg_scale}, "
+                   "and 1 for a DD student, which has none)")
     p.add_argument("--temperature", type=float, default=SAMPLING_DEFAULTS.temperature, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=SAMPLING_DEFAULTS.top_k, help="0 = off")
     p.add_argument("--top-p", type=float, default=SAMPLING_DEFAULTS.top_p, help="1 = off")
@@ -72,6 +76,13 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                    help="LANTERN delta: total-variation budget per token (0 = exact speculative decoding)")
     p.add_argument("--flow-steps", type=int, default=SPEC_DEFAULTS.flow_steps,
                    help="fm: solver steps of the flow-matching map that turns each token's noise into its code")
+    dd = p.add_argument_group("Distilled Decoding students (dd)")
+    dd.add_argument("--dd-steps", type=int, choices=(1, 2), default=DD_DEFAULTS.steps,
+                    help="student forwards: 1 (t = 0) or 2 (t = 0, then t2 with the same noise)")
+    dd.add_argument("--dd-t2", type=int, help="the second step's data length (default: the student's, 80 for the "
+                    "released ones)")
+    dd.add_argument("--dd-split", type=int, help="positions before it take the logits' greedy code, later ones the "
+                    "continuous output (default: the student's; released B 80, L 130)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "fp16", "bf16"])
     p.add_argument("--threads", type=int, help="CPU threads for PyTorch (default: its own, one per core, the fastest "
@@ -95,7 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--out", help="PNG path (batch > 1: PATH_0.png, PATH_1.png, ...)")
     gen.add_argument("--tokens-out", help="write the image codes as JSON (token models)")
     gen.add_argument("--latents-out", help="write the image decoder's input as float32 .npy [B, C, h, w] (MAR: the "
-                     "tokens divided by the scale factor); python -m fastar decode turns it into images")
+                     "tokens divided by the scale factor; token models and DD: code vectors); python -m fastar decode "
+                     "turns it into images")
+    gen.add_argument("--noise-in", help="dd: the noise [B, h*w, C] (.npy) to map, e.g. one --noise-out saved")
+    gen.add_argument("--noise-out", help="dd: write the noise the run used (.npy), to reproduce or vary it")
     gen.add_argument("--stats-out", help="write the decode statistics as JSON")
     gen.add_argument("--map-out", help="write the acceptance heatmap (iteration that fixed each token) as PNG")
     gen.add_argument("--quiet", action="store_true", help="no progress line")
@@ -143,7 +157,7 @@ def masked_settings_from(args) -> MaskedSettings:
     if args.top_k != SAMPLING_DEFAULTS.top_k or args.top_p != SAMPLING_DEFAULTS.top_p:
         raise FastARError("--top-k and --top-p act on token probabilities; a MAR model samples continuous tokens: "
                           "leave them out (--temperature and --cfg apply)")
-    return MaskedSettings(num_iter=args.num_iter, cfg_scale=args.cfg, cfg_schedule=args.cfg_schedule,
+    return MaskedSettings(num_iter=args.num_iter, cfg_scale=cfg_of(args), cfg_schedule=args.cfg_schedule,
                           temperature=args.temperature, diffusion_steps=args.diffusion_steps)
 
 
@@ -161,8 +175,12 @@ def drafter_choice(args, decoder: str) -> str | None:
     return "demo" if decoder in NEEDS_DRAFTER and (args.model is None or is_demo_mar(args.model)) else None
 
 
+def cfg_of(args) -> float:
+    return SAMPLING_DEFAULTS.cfg_scale if args.cfg is None else args.cfg
+
+
 def sampling_from(args) -> SamplingSettings:
-    return SamplingSettings(cfg_scale=args.cfg, temperature=args.temperature, top_k=args.top_k,
+    return SamplingSettings(cfg_scale=cfg_of(args), temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p).validate()
 
 
@@ -196,7 +214,7 @@ def command_generate(args) -> int:
 
     models = load_models(args.model, args.vq, args.device, args.dtype, drafter_path=drafter_choice(args, args.decoder),
                          image_size=args.image_size)
-    args.decoder = args.decoder or ("ar" if models.ar.kind == "masked-ar" else "sjd")
+    args.decoder = args.decoder or DEFAULT_DECODER[models.ar.kind]
     classes = args.classes.split(",") if args.classes else [args.class_] if args.class_ else None
     conditioning = conditioning_for(models.ar, classes=classes, batch=args.batch, prompts=args.prompt,
                                     t5_folder=args.t5)
@@ -204,6 +222,8 @@ def command_generate(args) -> int:
     progress = ProgressLine(f"{args.decoder} ({kind})", enabled=not args.quiet, batch=conditioning.batch)
     if models.ar.kind == "masked-ar":
         outputs, stats = generate_masked(args, models, conditioning, progress)
+    elif models.ar.kind == "few-step":
+        outputs, stats = generate_distilled(args, models, conditioning, progress)
     else:
         outputs, stats = generate_tokens(args, models, conditioning, progress)
     write_outputs(args, models, outputs, stats)
@@ -213,9 +233,6 @@ def command_generate(args) -> int:
 def generate_tokens(args, models, conditioning, progress):
     from .samplers.decoders import decode
 
-    if args.latents_out:
-        raise FastARError("--latents-out is for MAR models (continuous latents); a token model's output is codes: "
-                          "use --tokens-out")
     spec, sampling = spec_from(args, args.decoder), sampling_from(args)
     codes, stats = decode(models.ar, conditioning, sampling, spec, seed=args.seed, on_iteration=progress,
                           drafter=models.drafter, codebook=models.codebook())
@@ -242,6 +259,36 @@ def generate_masked(args, models, conditioning, progress):
     return tokens, stats
 
 
+def generate_distilled(args, models, conditioning, progress):
+    import numpy as np
+    import torch
+
+    from .samplers.decoders import decode_distilled, make_generator
+    from .samplers.flow_map import token_noise
+
+    if args.cfg not in (None, 1.0) or args.temperature != SAMPLING_DEFAULTS.temperature or args.top_k or args.top_p < 1:
+        raise FastARError("a Distilled Decoding student maps noise to an image deterministically: --cfg, "
+                          "--temperature, --top-k and --top-p do not apply (its teacher's settings are baked in); "
+                          "vary the image with --seed or --noise-in")
+    student = models.ar
+    if args.noise_in:
+        try:
+            noise = torch.from_numpy(np.load(args.noise_in)).float()
+        except (OSError, ValueError) as e:
+            raise FastARError(f"{args.noise_in} is not a .npy array ({e}): give a file --noise-out wrote") from e
+    else:
+        noise = token_noise(conditioning.batch, student.grid[0] * student.grid[1], student.cfg.channels,
+                            make_generator(args.seed, student.device))
+    if args.noise_out:
+        np.save(args.noise_out, noise.cpu().numpy())
+    settings = DDSettings(steps=args.dd_steps, t2=args.dd_t2, split=args.dd_split)
+    latents, stats = decode_distilled(student, conditioning, settings, seed=args.seed, codebook=models.codebook(),
+                                      noise=noise, on_iteration=progress)
+    print(f"dd: {stats.num_tokens} tokens x {stats.batch} in {stats.target_forwards} student forward(s), "
+          f"{stats.wall_time_s:.2f} s")
+    return latents, stats
+
+
 def write_outputs(args, models, outputs, stats) -> None:
     from PIL import Image
 
@@ -258,11 +305,11 @@ def write_outputs(args, models, outputs, stats) -> None:
             tokens_out = str(Path(args.out).with_suffix(".tokens.json"))
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     if tokens_out:
-        Path(tokens_out).write_text(json.dumps({"tokens": outputs.tolist(), "grid": list(grid)}))
+        Path(tokens_out).write_text(json.dumps({"tokens": codes_of(models, outputs).tolist(), "grid": list(grid)}))
     if latents_out:
         import numpy as np
 
-        np.save(latents_out, models.ar.decoder_input(outputs).float().cpu().numpy())
+        np.save(latents_out, latents_of(models, outputs).float().cpu().numpy())
     if args.stats_out:
         Path(args.stats_out).write_text(json.dumps(stats.to_json(), indent=1))
     if args.map_out:
@@ -274,6 +321,24 @@ def write_outputs(args, models, outputs, stats) -> None:
                   f"in {tokens_out or latents_out}", file=sys.stderr)
         else:
             save_images(outputs_to_images(models.vq, models.ar, outputs), Path(args.out))
+
+
+def codes_of(models, outputs):
+    """Image codes ``[B, h*w]``: a token model's own, or the nearest code of each of a DD student's vectors."""
+    if models.ar.kind != "few-step":
+        return outputs
+    from .samplers.flow_map import nearest_code
+
+    return nearest_code(outputs.flatten(0, 1), models.codebook().to(outputs.device)).view(outputs.shape[:2])
+
+
+def latents_of(models, outputs):
+    """The image decoder's input as latents ``[B, C, h, w]``; a token model's codes as their code vectors."""
+    if models.ar.kind != "token-ar":
+        return models.ar.decoder_input(outputs)
+    if models.vq is None:
+        raise FastARError("--latents-out of a token model writes its code vectors: give the VQ decoder (--vq)")
+    return models.vq.quantize.lookup(models.ar.decoder_input(outputs).to(models.vq.device))
 
 
 def save_images(images, out: Path) -> None:
@@ -307,19 +372,19 @@ def command_decode(args) -> int:
             raise FastARError(f"{args.tokens_in} is not a tokens file ({type(e).__name__}: {e}): give the JSON "
                               "--tokens-out wrote") from e
         want = "codes"
-    if decoder.input_kind != want:
-        raise FastARError(f"{args.vq} is {decoder.what}, which decodes {decoder.input_kind}, but {want} were given: "
-                          f"use {'a KL autoencoder for --latents-in' if want == 'latents' else 'a VQ tokenizer for --tokens-in'}")
+    if want == "codes" and decoder.input_kind != "codes":
+        raise FastARError(f"{args.vq} is {decoder.what}, which decodes latents, but codes were given: use a VQ "
+                          "tokenizer for --tokens-in")
     check_decoder_input(decoder, inputs)
     save_images(decode_images(decoder, inputs), Path(args.out))
     return 0
 
 
 def check_decoder_input(decoder, inputs) -> None:
-    if decoder.input_kind == "latents":
+    if inputs.is_floating_point():  # latents: a KL autoencoder's, or code vectors for a VQ
         if inputs.dim() != 4 or inputs.shape[1] != decoder.cfg.embed_dim:
-            raise FastARError(f"latents of shape {tuple(inputs.shape)}: this KL autoencoder decodes [B, "
-                              f"{decoder.cfg.embed_dim}, h, w]; pick the autoencoder the model was trained with")
+            raise FastARError(f"latents of shape {tuple(inputs.shape)}: {decoder.what} decodes [B, "
+                              f"{decoder.cfg.embed_dim}, h, w]; pick the image decoder the model was trained with")
     elif int(inputs.max()) >= decoder.cfg.codebook_size or int(inputs.min()) < 0:
         raise FastARError(f"codes outside 0..{decoder.cfg.codebook_size - 1}: pick the VQ the model was trained with")
 

@@ -91,6 +91,9 @@ def check_image_decoder(model, decoder) -> None:
     if decoder.cfg.codebook_size != model.vocab_size:
         raise FastARError(f"the VQ decoder has {decoder.cfg.codebook_size} codes but the AR model predicts "
                           f"{model.vocab_size}: pick the VQ the model was trained with")
+    if getattr(model, "kind", "token-ar") == "few-step" and decoder.cfg.embed_dim != model.cfg.channels:
+        raise FastARError(f"the VQ decoder's codes are {decoder.cfg.embed_dim}-wide but the student writes "
+                          f"{model.cfg.channels}-wide vectors: pick the VQ of the student's teacher")
 
 
 @dataclass

@@ -230,6 +230,8 @@ def has_prefix(sd, prefix: str) -> bool:
 
 # First match wins: put more specific families above the ones they resemble.
 FAMILIES = (
+    Family("llamagen-dd", AR_MODEL, "a Distilled Decoding student",
+           lambda sd: "n_d_embed.weight" in sd and has_prefix(sd, "final_layer_conti.")),
     Family("llamagen-gpt", AR_MODEL, "a LlamaGen GPT",
            lambda sd: "tok_embeddings.weight" in sd and has_suffix(sd, ".attention.wqkv.weight")),
     Family("llamagen-gpt-hf", AR_MODEL, "a LlamaGen GPT",

@@ -247,9 +247,12 @@ class VQModel(nn.Module):
     input_kind = "codes"
     what = "a VQ tokenizer"
 
-    def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        """The image-decoder protocol: codes [B, h, w] -> images in [-1, 1] (not clamped)."""
-        return self.decode_codes(codes)
+    def decode(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The image-decoder protocol: codes [B, h, w], or code-space latents [B, C, h, w] taken as they are
+        (a DD student's continuous outputs) -> images in [-1, 1] (not clamped)."""
+        if inputs.is_floating_point():
+            return self.decode_vectors(inputs.to(self.device, self.post_quant_conv.weight.dtype))
+        return self.decode_codes(inputs)
 
     def codebook(self) -> torch.Tensor:
         """The code vectors as the decoder uses them (LANTERN's latent space)."""

@@ -20,14 +20,15 @@ from .jacobi import ar_decode, jacobi_decode
 from .latent_neighbours import latent_neighbours
 from .processing import SamplingSettings
 from .cspd import CSpDSettings, cspd_decode
+from .distilled import DDSettings, dd_decode
 from .flow_map import FlowMapSettings, NoiseToCode, token_noise
 from .masked import MaskedSettings, masked_decode
 from .speculative import speculative_decode
 from .stats import Stopwatch
 from .verifier import ProgressFn
 
-TOKEN_AR, MASKED_AR = "token-ar", "masked-ar"
-KIND_NAMES = {TOKEN_AR: "a token model (LlamaGen)", MASKED_AR: "a MAR model"}
+TOKEN_AR, MASKED_AR, FEW_STEP = "token-ar", "masked-ar", "few-step"
+KIND_NAMES = {TOKEN_AR: "a token model (LlamaGen)", MASKED_AR: "a MAR model", FEW_STEP: "a Distilled Decoding student"}
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ DECODER_TABLE = (
     Decoder("lantern", (TOKEN_AR,), lossless=False, drafter="optional", codebook="to find latent neighbours"),
     Decoder("cspd", (MASKED_AR,), lossless=True, drafter="required"),
     Decoder("fm", (TOKEN_AR,), lossless=True, drafter="no", codebook="to map noise to codes"),
+    Decoder("dd", (FEW_STEP,), lossless=False, drafter="no", codebook="to turn logits into code vectors"),
 )
 DECODER_BY_NAME = {d.name: d for d in DECODER_TABLE}
 DECODERS = tuple(DECODER_BY_NAME)
@@ -181,3 +183,17 @@ def decode_masked(model, conditioning, settings: MaskedSettings, decoder: str = 
         return cspd_decode(model, drafter, conditioning, settings, cspd, generator=generator,
                            on_iteration=on_iteration, watch=watch)
     return masked_decode(model, conditioning, settings, generator=generator, on_iteration=on_iteration, watch=watch)
+
+
+def decode_distilled(student, conditioning, settings: DDSettings, *, seed: int, codebook, noise=None,
+                     on_iteration: ProgressFn | None = None):
+    """Distilled Decoding: latents ``[B, N, C]`` (code space, raster order) and their DecodeStats. ``noise``
+    [B, N, C] reproduces a run; without it the noise is drawn from ``seed``."""
+    check_codebook(check_decoder("dd", student, None), student, codebook)
+    if noise is None:
+        noise = token_noise(conditioning.batch, student.grid[0] * student.grid[1], student.cfg.channels,
+                            make_generator(seed, student.device))
+    elif noise.shape[0] != conditioning.batch:
+        raise FastARError(f"the noise has {noise.shape[0]} rows but {conditioning.batch} images were asked for: "
+                          "give as many classes as noise rows")
+    return dd_decode(student, conditioning.labels, noise, codebook, settings, on_iteration=on_iteration)

@@ -109,7 +109,8 @@ def test_truncated_files_say_re_download(files, tmp_path):
 def test_decode_refuses_the_wrong_decoder(files, tmp_path):
     np.save(tmp_path / "l.npy", np.zeros((1, 4, 4, 4), np.float32))
     r = fastar("decode", "--vq", DEMO_VQ, "--latents-in", tmp_path / "l.npy", "--out", tmp_path / "x.png", cwd=tmp_path)
-    assert r.returncode == 2 and "decodes codes, but latents were given" in r.stderr, r.stderr
+    # a VQ decodes code-space latents too (a DD student's output), but only of its code width
+    assert r.returncode == 2 and "a VQ tokenizer decodes [B, 8, h, w]" in r.stderr, r.stderr
     np.save(tmp_path / "bad.npy", np.zeros((1, 3, 4, 4), np.float32))
     r = fastar("decode", "--vae", files / "kl16.ckpt", "--latents-in", tmp_path / "bad.npy", "--out", tmp_path / "x.png",
                cwd=tmp_path)

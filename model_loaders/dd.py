@@ -1,0 +1,79 @@
+"""Loading Distilled Decoding students: the released LlamaGen-DD files (``llamagen-B.pt``, ``llamagen-L.pt``;
+weights under ``["ema"]``, which wins over ``"model"``) and the ones FastAR's distill-dd writes.
+
+The config comes from FastAR's ``fastar_config`` metadata when present; otherwise from the shapes, with the
+heads from the training args or a config.json (or the official size table), the image size from the same
+places (the released students are 256 px, the default here without a warning), and the split point from the
+official table (B: 80, L: 130) or the config's ``split_t``.
+"""
+from __future__ import annotations
+
+import re
+import warnings
+
+import torch
+
+from ..errors import FastARWarning
+from .checkpoint import CheckpointInfo
+from .dd_student import DEFAULT_T2, OFFICIAL_SPLITS, DDStudent, DDStudentConfig
+from .llamagen import (
+    DOWNSAMPLE,
+    build_and_load,
+    checkpoint_of,
+    config_from_metadata,
+    first_setting,
+    grid_for,
+    grid_of,
+    head_count,
+    weight_shape,
+)
+
+DD_IMAGE_SIZE = 256  # every released LlamaGen-DD student
+
+
+def load_dd_student(path_or_state_dict, *, image_size: int | None = None, device="cpu", dtype=torch.float32,
+                    info: CheckpointInfo | None = None) -> DDStudent:
+    """A DD student in eval mode without gradients."""
+    sd, info = checkpoint_of(path_or_state_dict, info)
+    return build_and_load(DDStudent, dd_config(sd, info, image_size), sd, info.source, device, dtype)
+
+
+def dd_config(sd, info: CheckpointInfo, image_size: int | None = None) -> DDStudentConfig:
+    saved = info.fastar_config()
+    if saved is not None:
+        cfg = config_from_metadata(DDStudentConfig, saved, info.source)
+        if image_size is not None:
+            cfg.grid = grid_for(image_size, cfg.downsample, info.source)
+        return cfg
+    settings, source = info.settings(), info.source
+    vocab_size, dim = weight_shape(sd, "output.weight", source)
+    channels = weight_shape(sd, "tok_embeddings.weight", source)[1]
+    n_layer = 1 + max(int(m.group(1)) for k in sd if (m := re.match(r"layers\.(\d+)\.", k)))
+    n_head = head_count(n_layer, dim, settings, source)
+    qkv_rows = weight_shape(sd, "layers.0.attention.wqkv.weight", source)[0]
+    said_size = image_size or any(settings.get(k) for k in ("image_size", "block_size"))
+    grid = grid_of(info, image_size, DOWNSAMPLE) if said_size else grid_for(DD_IMAGE_SIZE, DOWNSAMPLE, source)
+    return DDStudentConfig(
+        dim=dim, n_layer=n_layer, n_head=n_head, vocab_size=vocab_size, grid=grid, channels=channels,
+        n_kv_head=(qkv_rows // (dim // n_head) - n_head) // 2,
+        ffn_hidden=weight_shape(sd, "layers.0.feed_forward.w1.weight", source)[0],
+        num_classes=weight_shape(sd, "cls_embedding.embedding_table.weight", source)[0] - 1,
+        norm_eps=float(first_setting(settings, ("norm_eps",), 1e-5)),
+        rope_base=float(first_setting(settings, ("rope_base",), 10000.0)),
+        split=split_of(settings, (n_layer, dim), source),
+        t2=int(first_setting(settings, ("t2",), DEFAULT_T2)),
+    )
+
+
+def split_of(settings: dict, shape: tuple[int, int], source: str) -> int:
+    said = first_setting(settings, ("split_t", "split"), None)
+    if said is not None:
+        return int(said)
+    if shape in OFFICIAL_SPLITS:
+        return OFFICIAL_SPLITS[shape]
+    split = next(iter(OFFICIAL_SPLITS.values()))
+    warnings.warn(f"{source}: a {shape[0]}-layer, {shape[1]}-wide student is none of the released sizes and "
+                  f"nothing says its split point; using {split}. Give the one it was trained with (--dd-split)",
+                  FastARWarning, stacklevel=2)
+    return split
+

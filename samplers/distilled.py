@@ -1,0 +1,85 @@
+"""Distilled Decoding sampling (decoders.md, "DD"): a student maps one noise sequence to the whole image in
+one or two forwards.
+
+Noise ``[B, N, C]`` (raster order, channel-last, codebook space) is the same array at every step. A step at
+t feeds the current sequence's first t positions as data and the noise elsewhere; the student predicts
+every final token; positions before t keep their input. Of the prediction, positions before ``split`` take
+the code of the logits' argmax (greedy) and the others the raw continuous output, never quantised, neither
+for the image decoder nor when fed back. Steps: ``1`` = {0}, ``2`` = {0, t2}. Deterministic given the
+noise and the class.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ..errors import FastARError
+from .flow_map import nearest_code
+from .stats import DecodeStats, Stopwatch
+from .verifier import ProgressFn
+
+
+@dataclass(frozen=True)
+class DDSettings:
+    steps: int = 1  # 1 or 2
+    t2: Optional[int] = None  # the second step's data length (None: the student's own)
+    split: Optional[int] = None  # greedy codes before it, continuous outputs from it (None: the student's own)
+
+    def resolve(self, student) -> "DDSettings":
+        """These settings with the student's defaults filled in, checked against its token count."""
+        n = student.grid[0] * student.grid[1]
+        resolved = DDSettings(self.steps, student.cfg.t2 if self.t2 is None else self.t2,
+                              student.cfg.split if self.split is None else self.split)
+        if resolved.steps not in (1, 2):
+            raise FastARError(f"Distilled Decoding runs 1 or 2 steps, not {resolved.steps}")
+        if not 0 < resolved.t2 < n:
+            raise FastARError(f"the second DD step's t2 = {resolved.t2} must lie in 1..{n - 1} (the image has {n} "
+                              "tokens); the released students were trained with 80")
+        if not 0 <= resolved.split <= n:
+            raise FastARError(f"the DD split {resolved.split} must lie in 0..{n} (the image has {n} tokens)")
+        return resolved
+
+    @property
+    def schedule(self) -> tuple[int, ...]:
+        return (0,) if self.steps == 1 else (0, self.t2)
+
+
+def dd_step(student, x: torch.Tensor, noise: torch.Tensor, labels: torch.Tensor, t: int, split: int,
+            codebook: torch.Tensor) -> torch.Tensor:
+    """One DD step from the current sequence ``x`` [B, N, C]: the next sequence, ``[B, N, C]`` fp32."""
+    position = torch.arange(x.shape[1], device=x.device)[None, :, None]
+    x_t = torch.where(position < t, x, noise)
+    continuous, logits = student.predict(x_t, labels, t)
+    greedy = codebook[logits.argmax(-1)]
+    kept = codebook[nearest_code(x_t.flatten(0, 1), codebook).view(x.shape[:2])]  # an input code, read back
+    greedy = torch.where(position < t, kept, greedy)
+    continuous = torch.where(position < t, x_t.float(), continuous)
+    return torch.where(position < split, greedy, continuous)
+
+
+@torch.no_grad()
+def dd_decode(student, labels: torch.Tensor, noise: torch.Tensor, codebook: torch.Tensor,
+              settings: DDSettings = DDSettings(), *, on_iteration: Optional[ProgressFn] = None):
+    """Latents ``[B, N, C]`` (the image decoder's input in raster order) and their DecodeStats."""
+    settings = settings.resolve(student)
+    B, N, C = noise.shape
+    if N != student.grid[0] * student.grid[1] or C != student.cfg.channels:
+        raise FastARError(f"the noise is [{B}, {N}, {C}] but this student needs [B, {student.grid[0] * student.grid[1]}, "
+                          f"{student.cfg.channels}]: give noise of that shape (or none, for seeded noise)")
+    if codebook.shape != (student.vocab_size, student.cfg.channels):
+        raise FastARError(f"the VQ codebook is {tuple(codebook.shape)} but the student predicts {student.vocab_size} "
+                          f"codes of width {student.cfg.channels}: load the VQ decoder of the student's teacher")
+    watch = Stopwatch(student.device)
+    noise, codebook = noise.to(student.device).float(), codebook.to(student.device).float()
+    x = noise
+    for step, t in enumerate(settings.schedule):
+        x = dd_step(student, x, noise, labels, t, settings.split, codebook)
+        if on_iteration is not None:
+            on_iteration(step + 1, len(settings.schedule), x)
+    watch.lap("forward")
+    stats = DecodeStats(decoder="dd", grid=tuple(student.grid), batch=B, target_forwards=len(settings.schedule),
+                        settings={"steps": settings.steps, "t2": settings.t2, "split": settings.split})
+    stats.wall_time_s = stats.forward_time_s = watch.elapsed()
+    return x, stats
