@@ -1,4 +1,4 @@
-"""``python -m fastar generate|decode|bench|train-drafter``: the command line."""
+"""``python -m fastar generate|decode|bench|train-drafter|distill-dd``: the command line."""
 from __future__ import annotations
 
 import argparse
@@ -16,6 +16,7 @@ from .samplers.distilled import DDSettings
 from .samplers.drafts import COUPLINGS, INIT_STRATEGIES
 from .samplers.masked import CFG_SCHEDULES, MaskedSettings
 from .samplers.processing import SamplingSettings
+from .tools.distill_dd import add_arguments as add_distill_args
 from .tools.train_drafter import add_arguments as add_drafter_training_args
 
 SPEC_DEFAULTS = DecoderSpec()
@@ -143,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     drafter = sub.add_parser("train-drafter", help="train a drafter (EAGLE head or small AR) on a target's samples")
     add_drafter_training_args(drafter)
+
+    distill = sub.add_parser("distill-dd", help="distil a LlamaGen-format model into a one/two-step DD student")
+    add_distill_args(distill)
     return parser
 
 
@@ -404,6 +408,13 @@ def command_train_drafter(args) -> int:
     return 0
 
 
+def command_distill_dd(args) -> int:
+    from .tools.distill_dd import distill
+
+    distill(args)
+    return 0
+
+
 def show_warning(message, category, filename, lineno, file=None, line=None):
     """FastAR's own warnings as one plain line; others as Python prints them."""
     if issubclass(category, FastARWarning):
@@ -428,7 +439,7 @@ def main(argv=None) -> int:
     try:
         set_threads(getattr(args, "threads", None))
         commands = {"generate": command_generate, "decode": command_decode, "bench": command_bench,
-                    "train-drafter": command_train_drafter}
+                    "train-drafter": command_train_drafter, "distill-dd": command_distill_dd}
         return commands[args.command](args)
     except FastARError as e:
         print(f"error: {e}", file=sys.stderr)

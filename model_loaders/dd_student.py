@@ -32,6 +32,7 @@ class DDStudentConfig(LlamaGenConfig):
     channels: int = 8  # code vector width (LlamaGen's VQ-16: 8)
     split: int = 80
     t2: int = DEFAULT_T2
+    teacher: str = ""  # fingerprint of the teacher distill-dd distilled it from (empty for released students)
 
 
 class ContinuousHead(nn.Module):
@@ -87,13 +88,15 @@ class DDStudent(nn.Module):
         """Latents ``[B, N, C]`` in raster order -> the VQ decoder's input ``[B, C, h, w]``, as they are."""
         return latents.float().transpose(1, 2).reshape(latents.shape[0], -1, *self.grid)
 
-    def predict(self, x: torch.Tensor, labels: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One forward over the whole sequence ``x`` [B, N, C] whose first ``t`` positions are data: the
-        continuous prediction ``[B, N, C]`` and the logits ``[B, N, V]`` of every final token, fp32."""
+    def predict(self, x: torch.Tensor, labels: torch.Tensor, t) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward over the whole sequence ``x`` [B, N, C] whose first ``t`` positions are data (``t`` an
+        int, or one per row [B]): the continuous prediction ``[B, N, C]`` and the logits ``[B, N, V]`` of
+        every final token, fp32."""
         B, N, _ = x.shape
         cond = self.cls_embedding(labels.to(self.device))
         h = torch.cat([cond, self.tok_embeddings(x.to(self.device, self.dtype))], dim=1)
-        is_data = torch.arange(N + 1, device=self.device) <= t
+        t = torch.as_tensor(t, device=self.device).view(-1, 1)
+        is_data = torch.arange(N + 1, device=self.device)[None] <= t
         h = h + self.n_d_embed(is_data.long())
         rope = rope_2d_table(self.grid, self.cfg.head_dim, 1, 0, self.cfg.rope_base).to(self.device)
         causal = torch.ones(N + 1, N + 1, dtype=torch.bool, device=self.device).tril()

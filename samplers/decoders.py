@@ -157,10 +157,8 @@ def run_decoder(model, conditioning, sampling, spec, generator, on_iteration, dr
     if spec.decoder == "ar":
         return ar_decode(model, conditioning, sampling, generator=generator, on_iteration=on_iteration, watch=watch)
     if spec.decoder == "fm":
-        draw = NoiseToCode(token_noise(conditioning.batch, model.grid[0] * model.grid[1], codebook.shape[1], generator),
-                           codebook.to(model.device), FlowMapSettings(steps=spec.flow_steps))
-        return ar_decode(model, conditioning, sampling, generator=generator, on_iteration=on_iteration, watch=watch,
-                         draw=draw, name="fm")
+        noise = token_noise(conditioning.batch, model.grid[0] * model.grid[1], codebook.shape[1], generator)
+        return fm_decode(model, conditioning, sampling, noise, codebook, spec.flow_steps, on_iteration, watch)
     rule = make_rule(spec, model, sampling, codebook)
     watch.lap("setup")
     if drafter is not None:
@@ -170,6 +168,15 @@ def run_decoder(model, conditioning, sampling, spec, generator, on_iteration, dr
         model, conditioning, sampling, generator=generator, window=spec.window, init=spec.init,
         coupling=spec.coupling, rule=rule, name=spec.decoder, on_iteration=on_iteration, watch=watch,
     )
+
+
+def fm_decode(model, conditioning, sampling: SamplingSettings, noise: torch.Tensor, codebook: torch.Tensor,
+              flow_steps: int = FlowMapSettings.steps, on_iteration: ProgressFn | None = None, watch=None):
+    """Plain AR in which token i of every row is the flow map of ``noise[:, i]`` ([B, N, C]): codes [B, N]
+    that are a deterministic function of the noise (DD's training pairs). Same distribution as ``ar``."""
+    draw = NoiseToCode(noise.to(model.device), codebook.to(model.device), FlowMapSettings(steps=flow_steps))
+    return ar_decode(model, conditioning, sampling, generator=None, on_iteration=on_iteration, watch=watch,
+                     draw=draw, name="fm")
 
 
 def decode_masked(model, conditioning, settings: MaskedSettings, decoder: str = "ar", *, seed: int,

@@ -1,0 +1,214 @@
+"""Distil a LlamaGen-format teacher into a Distilled Decoding student (the DD paper's Alg. 1 and 2, which its
+authors did not release).
+
+    python -m fastar distill-dd [--teacher MODEL] [--vq VQ] [--out STUDENT] [--per-class N] [--steps N] ...
+
+1. Pairs (``tools/dd_pairs.py``): ``--per-class`` noise sequences per class through the teacher with the
+   ``fm`` decoder at the teacher's sampling settings (``--cfg``, ``--top-k`` ...), kept in resumable shards
+   under ``--data``.
+2. The student starts as the teacher: class embedding, blocks, final norm and logits head copied; the
+   continuous input layer is the least-squares map from the code vectors to the teacher's token embeddings
+   (so code inputs look as the teacher knows them); the noise/data embedding and the continuous head start
+   at zero. It learns the final tokens from ``X_t = (codes of tokens[:t], noise[t:])`` for t in {0, t2}:
+   cross-entropy on the logits (weight 0.1, as the paper) plus a distance on the continuous output
+   (weight 1): the mean squared error of the images the VQ decoder makes of it (the paper uses LPIPS
+   there, whose network weights FastAR cannot download) or, with ``--embedding-loss codes``, in code space.
+   Only positions from t on count: the others are given.
+3. AdamW (0.9, 0.95), warm-up and cosine decay, EMA; saved as fp16 safetensors with the released students'
+   key names plus FastAR's config (split, t2, the teacher's fingerprint), so it loads like a released one.
+   ``--resume STUDENT`` continues from a saved student. The same code runs on a GPU for real teachers.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+from dataclasses import fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import FastARError
+from ..model_loaders import load_ar_model, load_image_decoder
+from ..model_loaders.dd_student import DEFAULT_T2, DDStudent, DDStudentConfig
+from ..model_loaders.demo import DEMO_AR, DEMO_VQ
+from ..model_loaders.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
+from ..pipeline import resolve_device
+from .dd_pairs import PairSettings, load_pairs, make_pairs, model_fingerprint
+from .demo_common import DATA_DIR, Timer, cosine_lr, save_fp16, setup
+
+LOGIT_WEIGHT, EMBEDDING_WEIGHT = 0.1, 1.0  # the DD paper's weights (CE 0.1, LPIPS 1.0)
+DEMO_STUDENT = DEMO_AR.with_name("demo_dd.safetensors")
+
+
+def student_from_teacher(teacher: LlamaGenGPT, codebook: torch.Tensor, split: int, t2: int) -> DDStudent:
+    """A student that starts as the teacher (see the module doc), in fp32 on the teacher's device."""
+    shared = {f.name: getattr(teacher.cfg, f.name) for f in fields(LlamaGenConfig)}
+    cfg = DDStudentConfig(**shared, channels=codebook.shape[1], split=split, t2=t2,
+                          teacher=model_fingerprint(teacher))
+    student = DDStudent(cfg).to(teacher.device)
+    copied = {k: v for k, v in teacher.state_dict().items() if not k.startswith("tok_embeddings.")}
+    missing, _ = student.load_state_dict(copied, strict=False)
+    with torch.no_grad():
+        inputs = torch.cat([codebook.float(), torch.ones(len(codebook), 1, device=codebook.device)], dim=1)
+        fit = torch.linalg.lstsq(inputs, teacher.tok_embeddings.weight.float()).solution  # [C + 1, dim]
+        student.tok_embeddings.weight.copy_(fit[:-1].T)
+        student.tok_embeddings.bias.copy_(fit[-1])
+        for name in missing:
+            if not name.startswith("tok_embeddings."):
+                student.get_parameter(name).zero_()
+    return student.float()
+
+
+def dd_loss(student: DDStudent, noise, tokens, labels, t, codebook, vq=None, logit_weight=LOGIT_WEIGHT,
+            embedding_weight=EMBEDDING_WEIGHT):
+    """The distillation loss of one batch at data lengths ``t`` [B]: (total, cross-entropy, distance)."""
+    target = codebook[tokens]
+    position = torch.arange(tokens.shape[1], device=tokens.device)[None]
+    later = position >= t[:, None]  # what the student must predict; earlier positions are given
+    x_t = torch.where(later[..., None], noise, target)
+    continuous, logits = student.predict(x_t, labels, t)
+    ce = F.cross_entropy(logits[later], tokens[later])
+    if vq is None:
+        distance = (continuous - target).square().sum(-1)[later].mean()
+    else:
+        predicted = torch.where(later[..., None], continuous, target)
+        with torch.no_grad():
+            reference = vq.decode(student.decoder_input(target))
+        distance = F.mse_loss(vq.decode(student.decoder_input(predicted)), reference)
+    return logit_weight * ce + embedding_weight * distance, ce, distance
+
+
+@torch.no_grad()
+def held_out_scores(student: DDStudent, pairs: dict, codebook, ts: tuple[int, ...], batch: int = 32) -> dict:
+    """Per data length: token accuracy of the greedy logits and RMS error of the continuous output, on the
+    positions the student predicts."""
+    scores = {}
+    for t in ts:
+        hits = total = sq = 0.0
+        for start in range(0, len(pairs["tokens"]), batch):
+            noise, tokens, labels = (pairs[k][start : start + batch].to(student.device) for k in ("noise", "tokens", "labels"))
+            steps = torch.full((len(tokens),), t, device=student.device)
+            target = codebook[tokens]
+            x_t = torch.cat([target[:, :t], noise[:, t:]], dim=1)
+            continuous, logits = student.predict(x_t, labels, steps)
+            hits += (logits[:, t:].argmax(-1) == tokens[:, t:]).sum().item()
+            sq += (continuous[:, t:] - target[:, t:]).square().sum().item()
+            total += tokens[:, t:].numel()
+        scores[t] = (hits / total, (sq / total) ** 0.5)
+    return scores
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--teacher", default=str(DEMO_AR), help="LlamaGen-format c2i teacher (default: the demo model)")
+    p.add_argument("--vq", default=None, help="the teacher's VQ decoder (default: the demo VQ for the demo teacher)")
+    p.add_argument("--out", help=f"student .safetensors (default: {DEMO_STUDENT.name} beside the demo model)")
+    p.add_argument("--data", help="folder for the noise/code pairs (default: .data/dd_pairs_<teacher fingerprint>)")
+    p.add_argument("--per-class", type=int, default=PairSettings.per_class, help="pairs per class")
+    p.add_argument("--classes", help="comma-separated class indices (default: all)")
+    p.add_argument("--cfg", type=float, default=PairSettings.cfg_scale, help="the teacher's guidance for the pairs")
+    p.add_argument("--temperature", type=float, default=PairSettings.temperature)
+    p.add_argument("--top-k", type=int, default=PairSettings.top_k)
+    p.add_argument("--top-p", type=float, default=PairSettings.top_p)
+    p.add_argument("--flow-steps", type=int, default=PairSettings.flow_steps, help="solver steps of the flow map")
+    p.add_argument("--shard-size", type=int, default=PairSettings.shard_size, help="pairs per shard (and batch)")
+    p.add_argument("--pairs-only", action="store_true", help="make the pairs and stop")
+    p.add_argument("--t2", type=int, default=DEFAULT_T2, help="the second step's data length")
+    p.add_argument("--split", type=int, help="greedy codes before it, continuous outputs from it (default: t2)")
+    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (the paper: 1e-4 at batch 256)")
+    p.add_argument("--ema", type=float, default=0.999)
+    p.add_argument("--embedding-loss", choices=("pixels", "codes"), default="pixels",
+                   help="distance of the continuous output: MSE of the decoded images, or of the code vectors")
+    p.add_argument("--logit-weight", type=float, default=LOGIT_WEIGHT)
+    p.add_argument("--embedding-weight", type=float, default=EMBEDDING_WEIGHT)
+    p.add_argument("--val-fraction", type=float, default=0.05, help="pairs held out for the scores")
+    p.add_argument("--resume", help="a saved student to continue from (its config wins)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-every", type=int, default=50)
+
+
+def distill(args) -> dict:
+    gen = setup(args.seed)
+    timer = Timer()
+    device = resolve_device(args.device)
+    teacher = load_ar_model(args.teacher, device=device)
+    if not isinstance(teacher, LlamaGenGPT) or teacher.cfg.model_type != "c2i":
+        raise FastARError(f"{Path(args.teacher).name}: distill-dd distils class-to-image LlamaGen-format teachers")
+    vq_path = args.vq or (DEMO_VQ if Path(args.teacher).resolve() == DEMO_AR.resolve() else None)
+    if vq_path is None:
+        raise FastARError("give the teacher's VQ decoder (--vq): its codebook is the space DD works in")
+    vq = load_image_decoder(vq_path, device=device)
+    codebook = vq.codebook().float()
+    n_tokens = teacher.grid[0] * teacher.grid[1]
+    split = args.t2 if args.split is None else args.split
+    if not 0 < args.t2 < n_tokens or not 0 <= split <= n_tokens:
+        raise FastARError(f"--t2 {args.t2} must lie in 1..{n_tokens - 1} and --split {split} in 0..{n_tokens}")
+    classes = [int(c) for c in args.classes.split(",")] if args.classes else list(range(teacher.cfg.num_classes))
+    settings = PairSettings(args.cfg, args.temperature, args.top_k, args.top_p, args.flow_steps, args.per_class,
+                            args.shard_size, args.seed)
+    data = Path(args.data) if args.data else DATA_DIR / f"dd_pairs_{model_fingerprint(teacher)}"
+    make_pairs(teacher, codebook, data, classes, settings)
+    print(f"pairs in {data} [{timer}]", flush=True)
+    if args.pairs_only:
+        return {}
+
+    pairs = load_pairs(data)
+    order = torch.randperm(len(pairs["tokens"]), generator=gen)
+    held = max(1, int(len(order) * args.val_fraction))
+    val = {k: v[order[:held]] for k, v in pairs.items()}
+    train = {k: v[order[held:]].to(device) for k, v in pairs.items()}
+    if args.resume:
+        student = load_ar_model(args.resume, device=device)
+        if not isinstance(student, DDStudent) or student.cfg.teacher != model_fingerprint(teacher):
+            raise FastARError(f"{args.resume} is not a student of this teacher: resume a file distill-dd wrote for it")
+        student = student.float().requires_grad_(True)
+    else:
+        student = student_from_teacher(teacher, codebook, split, args.t2)
+    ts = torch.tensor([0, student.cfg.t2], device=device)
+    del teacher
+    print(f"student {sum(p.numel() for p in student.parameters()) / 1e6:.2f}M params, {len(train['tokens'])} "
+          f"training and {held} held-out pairs, split {student.cfg.split}, t2 {student.cfg.t2} [{timer}]", flush=True)
+    ema = copy.deepcopy(student).eval().requires_grad_(False)
+    opt = torch.optim.AdamW(student.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    decoder = vq if args.embedding_loss == "pixels" else None
+    student.train()
+    for step in range(args.steps):
+        idx = torch.randint(0, len(train["tokens"]), (args.batch,), generator=gen).to(device)
+        t = ts[torch.randint(0, len(ts), (args.batch,), generator=gen).to(device)]
+        for group in opt.param_groups:
+            group["lr"] = cosine_lr(step, args.steps, args.lr, warmup=min(200, args.steps // 10 + 1))
+        loss, ce, distance = dd_loss(student, train["noise"][idx], train["tokens"][idx], train["labels"][idx], t,
+                                     codebook, decoder, args.logit_weight, args.embedding_weight)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(student.parameters(), 1.0)
+        opt.step()
+        with torch.no_grad():
+            decay = min(args.ema, (1 + step) / (10 + step)) if not args.resume else args.ema
+            for e, s in zip(ema.parameters(), student.parameters()):
+                e.lerp_(s, 1 - decay)
+        if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
+            print(f"step {step + 1}/{args.steps} loss {loss.item():.4f} (ce {ce.item():.3f}, distance "
+                  f"{distance.item():.4f}) [{timer}]", flush=True)
+    out = Path(args.out) if args.out else DEMO_STUDENT
+    save_fp16(ema, ema.cfg, out)
+    saved = load_ar_model(out, device=device)
+    scores = held_out_scores(saved.float(), val, codebook, (0, saved.cfg.t2))
+    for t, (accuracy, rms) in scores.items():
+        print(f"held out, data length {t}: token accuracy {accuracy:.1%}, continuous RMS error {rms:.3f}")
+    print(f"total {timer}", flush=True)
+    return scores
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    distill(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
