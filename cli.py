@@ -128,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--mar", action="store_true", help="bench MAR: plain MAR at several step counts against CSpD "
                        "in both verify modes, on the demo MAR (or --model/--vq/--drafter); --decoders and the "
                        "sweeps do not apply")
+    bench.add_argument("--dd", action="store_true", help="bench a Distilled Decoding student (--model, default the "
+                       "demo's) in 1 and 2 steps against its teacher's plain AR and flow-map AR (--teacher, default the "
+                       "demo model; --cfg is the teacher's, default 2.0)")
+    bench.add_argument("--teacher", help="with --dd: the student's teacher")
     bench.add_argument("--mar-steps", default="256,64,32,16", help="with --mar: the step counts of the plain MAR rows "
                        "beside --num-iter (counts above the model's token count are skipped)")
     bench.add_argument("--decoders", default="ar,sjd,gsd,spec,lantern,lantern-jacobi",
@@ -395,9 +399,10 @@ def check_decoder_input(decoder, inputs) -> None:
 
 def command_bench(args) -> int:
     from .tools.bench import run_bench
+    from .tools.bench_dd import run_dd_bench
     from .tools.bench_mar import run_mar_bench
 
-    (run_mar_bench if args.mar else run_bench)(args)
+    (run_mar_bench if args.mar else run_dd_bench if args.dd else run_bench)(args)
     return 0
 
 

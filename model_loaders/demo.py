@@ -9,6 +9,7 @@ DEMO_DRAFTER = DEMO_DIR / "demo_drafter"  # EAGLE head for DEMO_AR (LANTERN's fo
 DEMO_KL = DEMO_DIR / "demo_kl_vae.safetensors"  # KL autoencoder (LDM format) for the MAR demo
 DEMO_MAR = DEMO_DIR / "demo_mar.safetensors"  # MAR target on DEMO_KL's latents
 DEMO_MAR_DRAFT = DEMO_DIR / "demo_mar_draft.safetensors"  # smaller MAR on the same latents (CSpD's draft)
+DEMO_DD = DEMO_DIR / "demo_dd.safetensors"  # Distilled Decoding student of DEMO_AR (python -m fastar distill-dd)
 
 
 

@@ -7,10 +7,18 @@ from comfy_api.latest import ComfyExtension, io
 from .files import register_model_folders
 from .loader_nodes import ClassLabel, LoadARModel, LoadDrafter, LoadVQ, TextConditioning, check_class_labels
 from .output_nodes import AcceptanceMap, Stats, VQDecode
-from .sampler_nodes import SamplerAR, SamplerCSpD, SamplerGSD, SamplerLantern, SamplerSJD, SamplerSpeculative
+from .sampler_nodes import (
+    SamplerAR,
+    SamplerCSpD,
+    SamplerDD,
+    SamplerGSD,
+    SamplerLantern,
+    SamplerSJD,
+    SamplerSpeculative,
+)
 
 NODES = [LoadARModel, LoadVQ, LoadDrafter, ClassLabel, TextConditioning, SamplerAR, SamplerSJD, SamplerGSD,
-         SamplerSpeculative, SamplerLantern, SamplerCSpD, VQDecode, AcceptanceMap, Stats]
+         SamplerSpeculative, SamplerLantern, SamplerCSpD, SamplerDD, VQDecode, AcceptanceMap, Stats]
 
 
 class FastARExtension(ComfyExtension):

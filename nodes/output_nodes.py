@@ -46,6 +46,12 @@ class VQDecode(io.ComfyNode):
 def decoder_inputs(decoder, name: str, output: Tokens | Latents):
     """What ``decoder`` reads from a sampler's output (codes ``[B, h, w]`` or latents), or a FastARError
     that says which decoder to pick."""
+    if isinstance(output, Latents) and output.source == "dd":
+        if decoder.input_kind != "codes" or decoder.cfg.embed_dim != output.latents.shape[1]:
+            raise FastARError(f"these are a Distilled Decoding student's {output.latents.shape[1]}-wide code vectors, "
+                              f"but {name} is {decoder.what} of {decoder.cfg.embed_dim}-wide ones: pick the VQ "
+                              "decoder of the student's teacher (vq_ds16_c2i.pt for the released LlamaGen-DD)")
+        return output.latents
     if isinstance(output, Latents):
         if decoder.input_kind != "latents":
             raise FastARError(f"these are a MAR model's latents, but {name} is {decoder.what}: pick the KL autoencoder "
@@ -108,6 +114,8 @@ def summary(stats: DecodeStats, baseline: DecodeStats | None = None) -> str:
         f"mean accepted per iteration: {stats.mean_accepted:.2f}",
         f"wall time: {stats.wall_time_s:.2f} s, {tokens / max(stats.wall_time_s, 1e-9):.0f} tokens/s",
     ]
+    if not stats.accepted_per_iteration:  # DD: no iterations of accepted tokens to report
+        del lines[4]
     if stats.drafter_forwards:
         drafter = stats.settings.get("drafter_file") or stats.settings.get("drafter", "drafter")
         lines.append(f"drafter {drafter}: {stats.drafter_forwards} forwards, {stats.drafter_time_s:.2f} s"

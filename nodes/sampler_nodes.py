@@ -1,6 +1,7 @@
-"""One sampler node per decoder (AR, SJD, GSD, speculative, LANTERN, CSpD) on one base class: the base reads
-the shared widgets and runs ``samplers.decoders.decode`` (token models) or ``decode_masked`` (MAR); a subclass
-only adds its decoder's sockets (drafter, VQ) and widgets and builds its settings.
+"""One sampler node per decoder (AR, SJD, GSD, speculative, LANTERN, CSpD, DD). The token and MAR ones share one
+base class: the base reads the shared widgets and runs ``samplers.decoders.decode`` (token models) or
+``decode_masked`` (MAR); a subclass only adds its decoder's sockets (drafter, VQ) and widgets and builds its
+settings. DD's student has no sampling widgets and has its own small node.
 
 Widget order is part of saved workflows: append new widgets at the end, never insert or rename.
 """
@@ -15,7 +16,8 @@ from ..model_loaders.protocol import CaptionConditioning, ClassConditioning
 from ..pipeline import class_conditioning
 from ..samplers.acceptance import PROB_FILTERS
 from ..samplers.cspd import VERIFY_MODES, CSpDSettings
-from ..samplers.decoders import MASKED_AR, DecoderSpec, check_decoder, decode, decode_masked
+from ..samplers.decoders import MASKED_AR, DecoderSpec, check_decoder, decode, decode_distilled, decode_masked
+from ..samplers.distilled import DDSettings
 from ..samplers.drafts import COUPLINGS, INIT_STRATEGIES
 from ..samplers.masked import CFG_SCHEDULES, MaskedSettings
 from ..samplers.processing import SamplingSettings
@@ -30,6 +32,7 @@ SPEC = DecoderSpec()
 SAMPLING = SamplingSettings()
 MASKED = MaskedSettings()
 CSPD = CSpDSettings()
+DD = DDSettings()
 SEED_MAX = 0xFFFFFFFFFFFFFFFF
 
 LOSSLESS_NOTE = ("Lossless: samples exactly the distribution of plain AR sampling, but a given seed gives a "
@@ -40,6 +43,7 @@ CSPD_NOTE = ("Lossless with verify = steps: exactly plain MAR sampling at the sa
              "diffusion step kept Gaussian, a change of about 0.006 in token space); merged follows the paper and "
              "is exactly a MAR run that merges each draft round into one step (fewer, larger steps). A given seed "
              "gives a different image than the AR sampler.")
+DD_NOTE = ("Needs the VQ decoder of the student's teacher; FastAR Decode Image with the same VQ makes the images.")
 LANTERN_NOTE = ("Relaxed: trades fidelity for speed (also accepts a draft when codes close to it in the VQ latent "
                 "space carry the target's mass); delta 0 is exact speculative decoding. A given seed gives a "
                 "different image than plain AR sampling.")
@@ -541,3 +545,67 @@ class SamplerCSpD(SamplerBase):
     @classmethod
     def cspd_settings(cls, gamma=CSPD.gamma, prefill=CSPD.prefill, verify=CSPD.verify, **masked) -> CSpDSettings:
         return CSpDSettings(gamma=gamma, prefill=prefill, verify=verify).validate()
+
+
+class SamplerDD(io.ComfyNode):
+    """Distilled Decoding: a student maps seeded noise to the whole image in one or two forwards. Its own
+    node: no guidance, temperature or top-k (the teacher's are baked into the student)."""
+
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="FastARSamplerDD",
+            display_name="FastAR Sampler (DD, 1-2 steps)",
+            category="FastAR/sampling",
+            description="Distilled Decoding: a student distilled from an AR model (LlamaGen-DD, or one made with "
+                        "python -m fastar distill-dd) turns a noise image into the whole image in 1 or 2 forwards "
+                        "instead of one per token. Relaxed: a fast approximation of its teacher's samples; the same "
+                        "seed gives the same image. " + DD_NOTE,
+            inputs=[
+                FastARModel.Input("model", tooltip="A Distilled Decoding student (FastAR Load AR Model)."),
+                FastARConditioning.Input("conditioning", tooltip="FastAR Class Label."),
+                FastARVQ.Input("vq", tooltip="The VQ decoder of the student's teacher: its codebook turns the "
+                                             "student's logits into code vectors."),
+                io.Int.Input("seed", default=0, min=0, max=SEED_MAX, control_after_generate=True,
+                             tooltip="The noise comes from this seed: same seed and class give the same image."),
+                io.Int.Input("batch", default=1, min=1, max=64, tooltip="Images per run (each its own noise)."),
+                io.Int.Input("steps", default=DD.steps, min=1, max=2,
+                             tooltip="1: one forward from pure noise. 2: a second forward that keeps the first t2 "
+                                     "tokens of the first and re-reads the same noise after them (better images)."),
+                io.Int.Input("t2", default=0, min=0, max=65536,
+                             tooltip="Tokens the second step keeps (0 = the student's own, 80 for the released "
+                                     "ones). Only used with 2 steps."),
+                io.Int.Input("split", default=-1, min=-1, max=65536,
+                             tooltip="Tokens before it take the logits' most likely code, later ones the "
+                                     "continuous output (-1 = the student's own: released B 80, L 130)."),
+            ],
+            outputs=[
+                FastARTokens.Output("tokens", display_name="tokens",
+                                    tooltip="The student's code vectors: connect to FastAR Decode Image with the "
+                                            "same VQ decoder."),
+                FastARStats.Output("stats", display_name="stats", tooltip="Decode statistics: connect to FastAR Stats."),
+            ],
+            hidden=[io.Hidden.unique_id],
+        )
+
+    @classmethod
+    def execute(cls, model: ModelHandle, conditioning: Conditioning, vq: ModelHandle, seed, batch, steps, t2,
+                split) -> io.NodeOutput:
+        student = model.module
+        check_decoder("dd", student, None)
+        if conditioning.model_type != "c2i":
+            raise FastARError("Distilled Decoding students are class-to-image: connect FastAR Class Label")
+        check_fits(student, conditioning.rows)
+        rows = repeat_rows(conditioning.rows, batch)
+        settings = DDSettings(steps=steps, t2=t2 or None, split=None if split < 0 else split)
+        cfg, n = student.cfg, student.grid[0] * student.grid[1]
+        activations = batch * (n + 1) * (cfg.dim * 12 + cfg.vocab_size) * 4
+        glue.load_for_inference([model.patcher, vq.patcher], activations)
+        progress = glue.DecodeProgress(cls.hidden.unique_id, n, "DD")
+        try:
+            latents, stats = decode_distilled(student, rows, settings, seed=seed, codebook=vq.module.codebook(),
+                                              on_iteration=lambda step, total, x: progress(n * step // total, n, x))
+        finally:
+            glue.free_cache()
+        stats.settings = {**stats.settings, "seed": seed, "conditioning": conditioning.label, "model": model.name}
+        return io.NodeOutput(Latents(student.decoder_input(latents).cpu(), source="dd"), stats)

@@ -67,7 +67,9 @@ class Tokens:
 
 @dataclass(frozen=True)
 class Latents:
-    """A MAR model's output as its KL autoencoder reads it: ``latents`` [B, C, h, w] float32 on the CPU
-    (the tokens divided by the model's scale factor). Travels in the same socket as ``Tokens``."""
+    """A continuous output as its image decoder reads it, ``latents`` [B, C, h, w] float32 on the CPU: a MAR
+    model's tokens divided by its scale factor (for its KL autoencoder), or a DD student's code-space vectors
+    (for its teacher's VQ decoder). Travels in the same socket as ``Tokens``."""
 
     latents: torch.Tensor
+    source: str = "mar"  # "mar" or "dd": which kind of image decoder reads them

@@ -213,3 +213,19 @@ def test_cli_runs_a_student_reproduces_it_from_its_noise_and_refuses_cfg(tmp_pat
     assert r.returncode == 0, r.stderr
     back, direct = (np.asarray(Image.open(tmp_path / f"{n}_1.png")).astype(int) for n in ("back", "a"))
     assert np.abs(back - direct).max() <= 1  # the same latents, up to float rounding in the decoder
+
+
+def test_bench_dd_compares_the_student_with_its_teacher(tmp_path):
+    student = tiny_student(grid=(16, 16), vocab=512, classes=8, split=100, t2=80)
+    released_layout(student, tmp_path / "student.pt")
+    (tmp_path / "student.json").write_text(json.dumps({"num_attention_heads": 4, "split_t": 100}))
+    r = fastar("bench", "--dd", "--model", tmp_path / "student.pt", "--samples", 16, "--timing-runs", 1,
+               "--out", tmp_path / "bench", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "bench" / "bench_dd.json").read_text())
+    rows = report["results"]
+    assert list(rows) == ["ar", "fm", "dd-1", "dd-2"] and report["cfg"] == 2.0
+    assert rows["ar"]["forwards_per_image"] == 255 and rows["dd-1"]["forwards_per_image"] == 1
+    assert rows["dd-2"]["forwards_per_image"] == 2 and rows["ar"]["latency_ratio"] == 1.0
+    assert rows["ar"]["frechet_vs_ar"] < 1e-6 and all(0 <= r["class_accuracy"] <= 1 for r in rows.values())
+    assert "| dd-1 | 1 |" in (tmp_path / "bench" / "bench_dd.md").read_text()

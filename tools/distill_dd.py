@@ -32,14 +32,13 @@ from torch import nn
 from ..errors import FastARError
 from ..model_loaders import load_ar_model, load_image_decoder
 from ..model_loaders.dd_student import DEFAULT_T2, DDStudent, DDStudentConfig
-from ..model_loaders.demo import DEMO_AR, DEMO_VQ
+from ..model_loaders.demo import DEMO_AR, DEMO_DD, DEMO_VQ
 from ..model_loaders.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
 from ..pipeline import resolve_device
 from .dd_pairs import PairSettings, load_pairs, make_pairs, model_fingerprint
 from .demo_common import DATA_DIR, Timer, cosine_lr, save_fp16, setup
 
 LOGIT_WEIGHT, EMBEDDING_WEIGHT = 0.1, 1.0  # the DD paper's weights (CE 0.1, LPIPS 1.0)
-DEMO_STUDENT = DEMO_AR.with_name("demo_dd.safetensors")
 
 
 def student_from_teacher(teacher: LlamaGenGPT, codebook: torch.Tensor, split: int, t2: int) -> DDStudent:
@@ -103,7 +102,7 @@ def held_out_scores(student: DDStudent, pairs: dict, codebook, ts: tuple[int, ..
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--teacher", default=str(DEMO_AR), help="LlamaGen-format c2i teacher (default: the demo model)")
     p.add_argument("--vq", default=None, help="the teacher's VQ decoder (default: the demo VQ for the demo teacher)")
-    p.add_argument("--out", help=f"student .safetensors (default: {DEMO_STUDENT.name} beside the demo model)")
+    p.add_argument("--out", help=f"student .safetensors (default: {DEMO_DD.name} beside the demo model)")
     p.add_argument("--data", help="folder for the noise/code pairs (default: .data/dd_pairs_<teacher fingerprint>)")
     p.add_argument("--per-class", type=int, default=PairSettings.per_class, help="pairs per class")
     p.add_argument("--classes", help="comma-separated class indices (default: all)")
@@ -194,7 +193,7 @@ def distill(args) -> dict:
         if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
             print(f"step {step + 1}/{args.steps} loss {loss.item():.4f} (ce {ce.item():.3f}, distance "
                   f"{distance.item():.4f}) [{timer}]", flush=True)
-    out = Path(args.out) if args.out else DEMO_STUDENT
+    out = Path(args.out) if args.out else DEMO_DD
     save_fp16(ema, ema.cfg, out)
     saved = load_ar_model(out, device=device)
     scores = held_out_scores(saved.float(), val, codebook, (0, saved.cfg.t2))

@@ -1,7 +1,7 @@
 """Tiny stand-in checkpoints for the ComfyUI tests, written in the formats of the real ones:
 a demo-like c2i model (FastAR safetensors with class names) and its VQ, an official-format LlamaGen c2i
 ``.pt`` (1000 classes) and its ``vq_ds16``-style ``.pt``, a t2i model with a tiny FLAN-T5 folder, a slow
-model for the interrupt test, and a corrupt file. Drafters: an EAGLE drafter folder for the t2i model in
+model for the interrupt test, a tiny Distilled Decoding student in the released layout, and a corrupt file. Drafters: an EAGLE drafter folder for the t2i model in
 LANTERN's released layout, one for another vocabulary, and a demo drafter while the bundled one is missing.
 Random weights: the images are noise, the plumbing is real.
 
@@ -19,6 +19,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from fastar.model_loaders.dd_student import DDStudent, DDStudentConfig
 from fastar.model_loaders.demo import DEMO_AR, DEMO_DRAFTER, DEMO_KL, DEMO_MAR, DEMO_MAR_DRAFT
 from fastar.model_loaders.mar_model import MAR
 from fastar.tests.tiny_mar import KL, mar_config, official_kl, official_mar, random_model
@@ -31,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "comfyui"
 from workflows import (DEMO_DRAFTER as DEMO_DRAFTER_NAME, FLAN_T5, LANTERN_DRAFTER_T2I, LLAMAGEN_C2I,  # noqa: E402
                        LLAMAGEN_T2I, LLAMAGEN_VQ_C2I, LLAMAGEN_VQ_T2I, MAR_BASE, MAR_HUGE, MAR_KL16)
 
+DD_STUDENT = "llamagen-dd-tiny.pt"
 DEMO_CLASSES = ["circle", "square", "triangle", "stripes", "checkerboard", "ring", "cross", "blob"]
 VQ_CONFIG = VQConfig(codebook_size=512, embed_dim=8, z_channels=64, ch=32, ch_mult=(1, 1, 2, 2), num_res_blocks=1,
                      with_encoder=False)
@@ -199,6 +201,16 @@ def write_slow(folder: Path) -> None:
     save_with_config(folder / "slow_c2i.safetensors", gpt_sd(cfg, 6), cfg)
 
 
+def write_dd_student(folder: Path) -> None:
+    """A tiny Distilled Decoding student in the released layout (``ema`` and ``model``, no sizes) with a
+    sidecar config for what the official size table cannot say; it decodes with the demo VQ."""
+    cfg = DDStudentConfig(dim=32, n_layer=2, n_head=4, vocab_size=512, grid=(16, 16), ffn_hidden=64, num_classes=8,
+                          split=100, t2=80)
+    ema = randomised(DDStudent(cfg), 24)
+    torch.save({"model": {k: torch.zeros_like(v) for k, v in ema.items()}, "ema": ema}, folder / DD_STUDENT)
+    (folder / DD_STUDENT).with_suffix(".json").write_text(json.dumps({"num_attention_heads": 4, "split_t": 100}))
+
+
 def write_corrupt(folder: Path) -> None:
     data = (folder / "demo_c2i.safetensors").read_bytes() if (folder / "demo_c2i.safetensors").exists() else b""
     (folder / "corrupt_c2i.pt").write_bytes(b"PK\x03\x04 not really a checkpoint" + data[:100])
@@ -216,6 +228,7 @@ def write_all(folder: Path, demo: bool, drafters: Path | None = None) -> None:
     write_hf_folder(folder)
     write_pt_folder(folder)
     write_slow(folder)
+    write_dd_student(folder)
     write_corrupt(folder)
 
 

@@ -24,6 +24,7 @@ NODES = {
                              "lantern_k", "lantern_delta", "gamma", "window", "init", "coupling"],
     "FastARSamplerCSpD": ["model", "conditioning", "drafter", "seed", "cfg", "temperature", "batch", "gamma", "prefill",
                           "verify", "num_iter", "diffusion_steps", "cfg_schedule"],
+    "FastARSamplerDD": ["model", "conditioning", "vq", "seed", "batch", "steps", "t2", "split"],
     "FastARVQDecode": ["vq", "tokens"],
     "FastARAcceptanceMap": ["stats", "scale"],
     "FastARStats": ["stats"],
@@ -34,7 +35,7 @@ OUTPUTS = {
     "FastARTextConditioning": ["FASTAR_CONDITIONING"], "FastARSamplerAR": ["FASTAR_TOKENS", "FASTAR_STATS"],
     "FastARSamplerSJD": ["FASTAR_TOKENS", "FASTAR_STATS"], "FastARSamplerGSD": ["FASTAR_TOKENS", "FASTAR_STATS"],
     "FastARSamplerSpeculative": ["FASTAR_TOKENS", "FASTAR_STATS"], "FastARSamplerLANTERN": ["FASTAR_TOKENS", "FASTAR_STATS"],
-    "FastARSamplerCSpD": ["FASTAR_TOKENS", "FASTAR_STATS"],
+    "FastARSamplerCSpD": ["FASTAR_TOKENS", "FASTAR_STATS"], "FastARSamplerDD": ["FASTAR_TOKENS", "FASTAR_STATS"],
     "FastARVQDecode": ["IMAGE"], "FastARAcceptanceMap": ["IMAGE"], "FastARStats": ["STRING", "STRING"],
 }
 

@@ -1,0 +1,53 @@
+"""Distilled Decoding in the real ComfyUI: Load AR Model loads a student in the released layout, the DD
+sampler makes the image in one or two forwards with the teacher's VQ, Decode Image takes its code vectors,
+Stats says how many forwards AR would need, the same seed repeats the image; mix-ups give FastAR's messages."""
+import numpy as np
+from standins import DD_STUDENT
+from test_comfyui_runs import failed, fresh_run
+
+DEMO_VQ, DEMO_KL = "demo_vq.safetensors", "demo_kl_vae.safetensors"
+
+
+def dd_prompt(steps=2, seed=5, batch=2, vq=DEMO_VQ, model=DD_STUDENT, sampler="FastARSamplerDD") -> dict:
+    widgets = ({"seed": seed, "batch": batch, "steps": steps, "t2": 0, "split": -1} if sampler == "FastARSamplerDD"
+               else {"seed": seed, "cfg": 1.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "batch": batch})
+    sockets = {"model": ["1", 0], "conditioning": ["3", 0]} | ({"vq": ["2", 0]} if sampler == "FastARSamplerDD" else {})
+    return {
+        "1": {"class_type": "FastARLoadModel", "inputs": {"model_name": model, "dtype": "auto"}},
+        "2": {"class_type": "FastARLoadVQ", "inputs": {"vq_name": vq, "dtype": "auto"}},
+        "3": {"class_type": "FastARClassLabel", "inputs": {"model": ["1", 0], "class_name": "(use index)", "index": 3}},
+        "4": {"class_type": sampler, "inputs": {**sockets, **widgets}},
+        "5": {"class_type": "FastARVQDecode", "inputs": {"vq": ["2", 0], "tokens": ["4", 0]}},
+        "6": {"class_type": "PreviewImage", "inputs": {"images": ["5", 0]}},
+        "7": {"class_type": "FastARStats", "inputs": {"stats": ["4", 1]}},
+    }
+
+
+def test_dd_student_runs_in_two_forwards_and_repeats_by_seed(comfy):
+    prompt = dd_prompt()
+    entry = comfy.run(prompt)
+    assert entry["status"]["status_str"] == "success", entry
+    text = next(out["text"][0] for out in entry["outputs"].values() if "text" in out)
+    assert text.startswith("DD (relaxed") and "model forwards: 2 (AR needs 255)" in text
+    assert "mean accepted" not in text
+    first = fresh_run(comfy, prompt)
+    assert len(first) == 2 and first[0].shape == (128, 128, 3)  # 16x16 codes through the demo VQ (8 px each)
+    assert not np.array_equal(first[0], first[1])  # each row its own noise
+    assert all(np.array_equal(a, b) for a, b in zip(first, fresh_run(comfy, prompt)))
+    prompt["4"]["inputs"]["steps"] = 1
+    assert not np.array_equal(first[0], fresh_run(comfy, prompt)[0])
+
+
+def test_dd_mix_ups_give_fastar_messages(comfy):
+    error = failed(comfy, dd_prompt(model="demo_c2i.safetensors"))
+    assert "dd needs a Distilled Decoding student; this is a LlamaGen GPT" in error["exception_message"]
+    error = failed(comfy, dd_prompt(sampler="FastARSamplerAR"))
+    assert "ar needs a token model (LlamaGen) or a MAR model; this is a Distilled Decoding student: use one of dd" \
+        in error["exception_message"]
+    prompt = dd_prompt()
+    prompt["8"] = {"class_type": "FastARLoadVQ", "inputs": {"vq_name": DEMO_KL, "dtype": "auto"}}
+    prompt["5"]["inputs"]["vq"] = ["8", 0]
+    error = failed(comfy, prompt)
+    assert error["node_type"] == "FastARVQDecode"
+    assert "Distilled Decoding student's 8-wide code vectors, but demo_kl_vae.safetensors is a KL autoencoder" in \
+        error["exception_message"]

@@ -1,0 +1,119 @@
+"""``python -m fastar bench --dd``: a Distilled Decoding student in one and two steps against its teacher's
+plain AR (and the flow-map AR its training pairs come from), same classes (bench.md).
+
+Rows: ``ar`` and ``fm`` (the teacher at the student's dataset settings: ``--cfg``, default 2.0, the DD
+paper's), ``dd-1`` and ``dd-2``. Per row: model forwards per image, latency ratio against ``ar`` (batch 1,
+interleaved runs, medians, image decode excluded), class accuracy of the demo classifier and Frechet
+distances in its feature space (against real procedural images and against ``ar``).
+"""
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import FastARError
+from ..model_loaders.demo import DEMO_AR, DEMO_DD, DEMO_VQ
+from ..pipeline import LoadedModels, class_conditioning, load_models
+from ..samplers.decoders import DecoderSpec, decode, decode_distilled
+from ..samplers.distilled import DDSettings
+from ..samplers.processing import SamplingSettings
+from .bench import CHUNK, REAL_IMAGES, quality
+
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    steps: int  # DD steps; 0 = the teacher (``decoder``)
+    decoder: str = "ar"
+
+
+ROWS = (Row("ar", 0), Row("fm", 0, "fm"), Row("dd-1", 1, "dd"), Row("dd-2", 2, "dd"))
+
+
+def run_row(teacher: LoadedModels, student: LoadedModels, row: Row, labels: list[int], seed: int,
+            sampling: SamplingSettings):
+    if row.steps == 0:
+        return decode(teacher.ar, class_conditioning(teacher.ar, labels), sampling, DecoderSpec(row.decoder),
+                      seed=seed, codebook=teacher.codebook())
+    return decode_distilled(student.ar, class_conditioning(student.ar, labels), DDSettings(steps=row.steps), seed=seed,
+                            codebook=student.codebook())
+
+
+def run_dd_bench(args) -> dict:
+    from .classifier import classify, frechet_distance, load_classifier
+    from .demo_data import make_batch
+
+    started = time.perf_counter()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    student_path = args.model or DEMO_DD
+    if not Path(student_path).exists():
+        raise FastARError(f"{student_path} does not exist: give a DD student (--model) and its teacher (--teacher), "
+                          "or make the demo one with python -m fastar distill-dd")
+    vq = args.vq or str(DEMO_VQ)
+    student = load_models(str(student_path), vq, args.device, args.dtype)
+    if student.ar.kind != "few-step":
+        raise FastARError(f"bench --dd needs a Distilled Decoding student as --model; {student_path} is "
+                          f"{student.ar.what}")
+    teacher = load_models(args.teacher or str(DEMO_AR), vq, args.device, args.dtype)
+    sampling = SamplingSettings(cfg_scale=2.0 if args.cfg is None else args.cfg).validate()
+    judge = load_classifier(device=student.ar.device)
+    num_classes = student.ar.cfg.num_classes
+    labels = [i % num_classes for i in range(args.samples)]
+    reference_feats = classify(judge, make_batch(np.random.default_rng(12345), REAL_IMAGES)[0])[1]
+
+    results = {}
+    for row in ROWS:
+        models = teacher if row.steps == 0 else student
+        outputs, forwards = [], []
+        for start in range(0, len(labels), CHUNK):
+            out, stats = run_row(teacher, student, row, labels[start : start + CHUNK], args.seed + start, sampling)
+            outputs.append(out.cpu())
+            forwards.append(stats.target_forwards)
+        results[row.label] = {"forwards_per_image": float(np.mean(forwards)),
+                              **quality(models, judge, torch.cat(outputs), labels, reference_feats)}
+        print(f"[bench] {row.label}: class accuracy {100 * results[row.label]['class_accuracy']:.1f}%", flush=True)
+    baseline_feats = results["ar"]["_feats"]
+    for r in results.values():
+        r["frechet_vs_ar"] = frechet_distance(r.pop("_feats"), baseline_feats)
+
+    times = {row.label: [] for row in ROWS}
+    for row in ROWS:  # warm-up
+        run_row(teacher, student, row, [0], args.seed, sampling)
+    for r in range(args.timing_runs):
+        for row in ROWS:
+            _, stats = run_row(teacher, student, row, [r % num_classes], args.seed + 1000 + r, sampling)
+            times[row.label].append(stats.wall_time_s)
+    medians = {label: statistics.median(t) for label, t in times.items()}
+    for label, r in results.items():
+        r["median_time_s"] = medians[label]
+        r["latency_ratio"] = medians["ar"] / medians[label]
+
+    report = {"student": str(student_path), "teacher": args.teacher or str(DEMO_AR), "cfg": sampling.cfg_scale,
+              "device": str(student.ar.device), "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
+              "samples": args.samples, "results": results, "bench_time_s": round(time.perf_counter() - started)}
+    (out_dir / "bench_dd.json").write_text(json.dumps(report, indent=1))
+    (out_dir / "bench_dd.md").write_text(markdown(report))
+    print((out_dir / "bench_dd.md").read_text())
+    return report
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# FastAR DD benchmark ({report['student']} from {report['teacher']}, {report['device']}, "
+             f"{report['samples']} samples per row, teacher cfg {report['cfg']})", "",
+             "| row | forwards / image | latency ratio | class accuracy | Frechet (real) | Frechet (vs ar) |",
+             "|---|---|---|---|---|---|"]
+    for label, r in report["results"].items():
+        lines.append(f"| {label} | {r['forwards_per_image']:.0f} | {r['latency_ratio']:.1f}x | "
+                     f"{100 * r['class_accuracy']:.1f}% | {r['frechet']:.2f} | {r['frechet_vs_ar']:.2f} |")
+    lines += ["", f"Latency: batch 1, median of interleaved runs on {report['device']} ({report['machine']}), image "
+                  f"decode excluded. The benchmark took {report['bench_time_s'] / 60:.1f} min."]
+    return "\n".join(lines) + "\n"
