@@ -84,6 +84,10 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                     "released ones)")
     dd.add_argument("--dd-split", type=int, help="positions before it take the logits' greedy code, later ones the "
                     "continuous output (default: the student's; released B 80, L 130)")
+    dd.add_argument("--dd-regenerate", type=int, help="hybrid (the paper's Alg. 4, needs --teacher and --dd-steps 2): "
+                    "the teacher keeps the first S codes of DD's first step and samples positions S..t2-1 itself "
+                    "(at --cfg, --temperature, --top-k, --top-p) before DD's second step")
+    dd.add_argument("--teacher", help="dd hybrid, and bench --dd: the student's teacher (a token model)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "fp16", "bf16"])
     p.add_argument("--threads", type=int, help="CPU threads for PyTorch (default: its own, one per core, the fastest "
@@ -131,7 +135,6 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--dd", action="store_true", help="bench a Distilled Decoding student (--model, default the "
                        "demo's) in 1 and 2 steps against its teacher's plain AR and flow-map AR (--teacher, default the "
                        "demo model; --cfg is the teacher's, default 2.0)")
-    bench.add_argument("--teacher", help="with --dd: the student's teacher")
     bench.add_argument("--mar-steps", default="256,64,32,16", help="with --mar: the step counts of the plain MAR rows "
                        "beside --num-iter (counts above the model's token count are skipped)")
     bench.add_argument("--decoders", default="ar,sjd,gsd,spec,lantern,lantern-jacobi",
@@ -274,11 +277,19 @@ def generate_distilled(args, models, conditioning, progress):
     from .samplers.decoders import decode_distilled, make_generator
     from .samplers.flow_map import token_noise
 
-    if args.cfg not in (None, 1.0) or args.temperature != SAMPLING_DEFAULTS.temperature or args.top_k or args.top_p < 1:
+    if (args.teacher is None) != (args.dd_regenerate is None):
+        raise FastARError("the DD hybrid needs both --teacher (the student's teacher) and --dd-regenerate S")
+    tuned = args.cfg not in (None, 1.0) or args.temperature != SAMPLING_DEFAULTS.temperature or args.top_k or args.top_p < 1
+    if tuned and args.teacher is None:
         raise FastARError("a Distilled Decoding student maps noise to an image deterministically: --cfg, "
                           "--temperature, --top-k and --top-p do not apply (its teacher's settings are baked in); "
                           "vary the image with --seed or --noise-in")
     student = models.ar
+    teacher = None
+    if args.teacher:
+        from .model_loaders import load_ar_model
+
+        teacher = load_ar_model(args.teacher, device=student.device, dtype=student.dtype)
     if args.noise_in:
         try:
             noise = torch.from_numpy(np.load(args.noise_in)).float()
@@ -289,11 +300,12 @@ def generate_distilled(args, models, conditioning, progress):
                             make_generator(args.seed, student.device))
     if args.noise_out:
         np.save(args.noise_out, noise.cpu().numpy())
-    settings = DDSettings(steps=args.dd_steps, t2=args.dd_t2, split=args.dd_split)
+    settings = DDSettings(steps=args.dd_steps, t2=args.dd_t2, split=args.dd_split, regenerate=args.dd_regenerate)
     latents, stats = decode_distilled(student, conditioning, settings, seed=args.seed, codebook=models.codebook(),
-                                      noise=noise, on_iteration=progress)
-    print(f"dd: {stats.num_tokens} tokens x {stats.batch} in {stats.target_forwards} student forward(s), "
-          f"{stats.wall_time_s:.2f} s")
+                                      noise=noise, on_iteration=progress, teacher=teacher, sampling=sampling_from(args))
+    teacher_part = stats.settings["teacher_forwards"]
+    print(f"dd: {stats.num_tokens} tokens x {stats.batch} in {stats.target_forwards - teacher_part} student forward(s)"
+          + (f" + {teacher_part} teacher forwards" if teacher_part else "") + f", {stats.wall_time_s:.2f} s")
     return latents, stats
 
 

@@ -13,12 +13,14 @@ Key names follow the released files; the math, each point pinned by a test:
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import FastARError
 from .llamagen_gpt import LabelEmbedding, LlamaGenConfig, RMSNorm, TransformerBlock, rope_2d_table
 
 # The split points of the released students, by (layers, width): positions before it take the logits'
@@ -84,6 +86,15 @@ class DDStudent(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.output.weight.dtype
 
+    def check_teacher(self, teacher) -> None:
+        """``teacher`` must be this student's: the same codes, grid and classes (and, for a student that
+        recorded its teacher's fingerprint, that very model)."""
+        same = (teacher.vocab_size, tuple(teacher.grid), teacher.cfg.num_classes) == \
+            (self.vocab_size, tuple(self.grid), self.cfg.num_classes)
+        if not same or (self.cfg.teacher and self.cfg.teacher != model_fingerprint(teacher)):
+            raise FastARError("this teacher is not the student's: give the model the student was distilled from "
+                              "(same codes, grid and classes)")
+
     def decoder_input(self, latents: torch.Tensor) -> torch.Tensor:
         """Latents ``[B, N, C]`` in raster order -> the VQ decoder's input ``[B, C, h, w]``, as they are."""
         return latents.float().transpose(1, 2).reshape(latents.shape[0], -1, *self.grid)
@@ -104,3 +115,13 @@ class DDStudent(nn.Module):
             h = layer(h, rope[None].expand(B, -1, -1, -1), causal)
         logits = self.output(self.norm(h[:, 1:])).float()
         return self.final_layer_conti(h[:, 1:], cond).float(), logits
+
+
+def model_fingerprint(model: nn.Module) -> str:
+    """A short hash of a model's sizes and output head: what a student records of its teacher, telling one
+    teacher from another without reading all of a large model's weights back to the host."""
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        digest.update(f"{name}{tuple(tensor.shape)}".encode())
+    digest.update(model.output.weight.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]

@@ -119,3 +119,24 @@ class Drafter(Protocol):
 
     def start(self, conditioning, *, cfg: bool, max_window: int, target_session: TokenARSession) -> DrafterSession:
         ...
+
+
+class FewStepModel(Protocol):
+    """A Distilled Decoding student: a whole sequence of continuous tokens in (noise, or code vectors for the
+    first t positions), every final token out, in one forward. ``cfg`` has ``channels``, ``split``, ``t2``."""
+
+    kind: str  # "few-step"
+    vocab_size: int
+    grid: tuple[int, int]
+
+    def predict(self, x: torch.Tensor, labels: torch.Tensor, t) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x`` [B, N, C] -> (continuous prediction [B, N, C], logits [B, N, V]) of every final token, fp32."""
+        ...
+
+    def decoder_input(self, latents: torch.Tensor) -> torch.Tensor:
+        """Latents [B, N, C] in raster order -> the VQ decoder's input [B, C, h, w]."""
+        ...
+
+    def check_teacher(self, teacher) -> None:
+        """Raise a FastARError unless ``teacher`` (a token model) is the model this student was distilled from."""
+        ...

@@ -20,7 +20,7 @@ from .jacobi import ar_decode, jacobi_decode
 from .latent_neighbours import latent_neighbours
 from .processing import SamplingSettings
 from .cspd import CSpDSettings, cspd_decode
-from .distilled import DDSettings, dd_decode
+from .distilled import DDSettings, Hybrid, dd_decode
 from .flow_map import FlowMapSettings, NoiseToCode, token_noise
 from .masked import MaskedSettings, masked_decode
 from .speculative import speculative_decode
@@ -193,14 +193,21 @@ def decode_masked(model, conditioning, settings: MaskedSettings, decoder: str = 
 
 
 def decode_distilled(student, conditioning, settings: DDSettings, *, seed: int, codebook, noise=None,
-                     on_iteration: ProgressFn | None = None):
+                     on_iteration: ProgressFn | None = None, teacher=None, sampling: SamplingSettings | None = None):
     """Distilled Decoding: latents ``[B, N, C]`` (code space, raster order) and their DecodeStats. ``noise``
-    [B, N, C] reproduces a run; without it the noise is drawn from ``seed``."""
+    [B, N, C] reproduces a run; without it the noise is drawn from ``seed``. With ``teacher`` (and
+    ``settings.regenerate``) the teacher samples positions regenerate..t2-1 at ``sampling`` between the steps."""
     check_codebook(check_decoder("dd", student, None), student, codebook)
+    generator = make_generator(seed, student.device)
     if noise is None:
-        noise = token_noise(conditioning.batch, student.grid[0] * student.grid[1], student.cfg.channels,
-                            make_generator(seed, student.device))
+        noise = token_noise(conditioning.batch, student.grid[0] * student.grid[1], student.cfg.channels, generator)
     elif noise.shape[0] != conditioning.batch:
         raise FastARError(f"the noise has {noise.shape[0]} rows but {conditioning.batch} images were asked for: "
                           "give as many classes as noise rows")
-    return dd_decode(student, conditioning.labels, noise, codebook, settings, on_iteration=on_iteration)
+    hybrid = None
+    if teacher is not None:
+        if getattr(teacher, "kind", TOKEN_AR) != TOKEN_AR:
+            raise FastARError(f"the teacher regenerates tokens: it must be a token model, not {teacher.what}")
+        student.check_teacher(teacher)
+        hybrid = Hybrid(teacher, (sampling or SamplingSettings()).validate(), generator)
+    return dd_decode(student, conditioning.labels, noise, codebook, settings, on_iteration=on_iteration, hybrid=hybrid)

@@ -6,7 +6,7 @@ t feeds the current sequence's first t positions as data and the noise elsewhere
 every final token; positions before t keep their input. Of the prediction, positions before ``split`` take
 the code of the logits' argmax (greedy) and the others the raw continuous output, never quantised, neither
 for the image decoder nor when fed back. Steps: ``1`` = {0}, ``2`` = {0, t2}. Deterministic given the
-noise and the class.
+noise and the class. The hybrid (``Hybrid``) lets the teacher resample part of the sequence between the steps.
 """
 from __future__ import annotations
 
@@ -16,7 +16,10 @@ from typing import Optional
 import torch
 
 from ..errors import FastARError
+from ..model_loaders.protocol import ClassConditioning
 from .flow_map import nearest_code
+from .jacobi import ar_decode
+from .processing import SamplingSettings
 from .stats import DecodeStats, Stopwatch
 from .verifier import ProgressFn
 
@@ -26,12 +29,13 @@ class DDSettings:
     steps: int = 1  # 1 or 2
     t2: Optional[int] = None  # the second step's data length (None: the student's own)
     split: Optional[int] = None  # greedy codes before it, continuous outputs from it (None: the student's own)
+    regenerate: Optional[int] = None  # hybrid: the teacher resamples positions regenerate..t2-1 between the steps
 
     def resolve(self, student) -> "DDSettings":
         """These settings with the student's defaults filled in, checked against its token count."""
         n = student.grid[0] * student.grid[1]
         resolved = DDSettings(self.steps, student.cfg.t2 if self.t2 is None else self.t2,
-                              student.cfg.split if self.split is None else self.split)
+                              student.cfg.split if self.split is None else self.split, self.regenerate)
         if resolved.steps not in (1, 2):
             raise FastARError(f"Distilled Decoding runs 1 or 2 steps, not {resolved.steps}")
         if not 0 < resolved.t2 < n:
@@ -39,6 +43,9 @@ class DDSettings:
                               "tokens); the released students were trained with 80")
         if not 0 <= resolved.split <= n:
             raise FastARError(f"the DD split {resolved.split} must lie in 0..{n} (the image has {n} tokens)")
+        if resolved.regenerate is not None and (resolved.steps != 2 or not 0 <= resolved.regenerate < resolved.t2):
+            raise FastARError(f"the teacher regenerates positions s..t2-1 between two DD steps: give 2 steps and s in "
+                              f"0..{resolved.t2 - 1} (got {resolved.steps} steps, s = {resolved.regenerate})")
         return resolved
 
     @property
@@ -59,11 +66,31 @@ def dd_step(student, x: torch.Tensor, noise: torch.Tensor, labels: torch.Tensor,
     return torch.where(position < split, greedy, continuous)
 
 
+@dataclass
+class Hybrid:
+    """The DD paper's Alg. 4: after DD's first step the teacher, at its own sampling settings, keeps the first
+    ``settings.regenerate`` codes and samples the positions up to t2 itself; DD's second step finishes."""
+
+    teacher: object  # the student's teacher (token-AR)
+    sampling: SamplingSettings
+    generator: torch.Generator
+
+    def fill(self, x: torch.Tensor, labels: torch.Tensor, settings: DDSettings, codebook: torch.Tensor):
+        """The sequence after DD's first step -> the teacher's codes as vectors up to t2; and its forwards."""
+        kept = nearest_code(x[:, : settings.regenerate].flatten(0, 1), codebook).view(x.shape[0], -1)
+        codes, stats = ar_decode(self.teacher, ClassConditioning(labels), self.sampling, generator=self.generator,
+                                 prefix=kept, stop=settings.t2)
+        return torch.cat([codebook[codes], x[:, settings.t2 :]], dim=1), stats.target_forwards
+
+
 @torch.no_grad()
 def dd_decode(student, labels: torch.Tensor, noise: torch.Tensor, codebook: torch.Tensor,
-              settings: DDSettings = DDSettings(), *, on_iteration: Optional[ProgressFn] = None):
+              settings: DDSettings = DDSettings(), *, on_iteration: Optional[ProgressFn] = None,
+              hybrid: Optional[Hybrid] = None):
     """Latents ``[B, N, C]`` (the image decoder's input in raster order) and their DecodeStats."""
     settings = settings.resolve(student)
+    if (hybrid is None) != (settings.regenerate is None):
+        raise FastARError("the hybrid needs both the teacher and the position it regenerates from")
     B, N, C = noise.shape
     if N != student.grid[0] * student.grid[1] or C != student.cfg.channels:
         raise FastARError(f"the noise is [{B}, {N}, {C}] but this student needs [B, {student.grid[0] * student.grid[1]}, "
@@ -73,13 +100,17 @@ def dd_decode(student, labels: torch.Tensor, noise: torch.Tensor, codebook: torc
                           f"codes of width {student.cfg.channels}: load the VQ decoder of the student's teacher")
     watch = Stopwatch(student.device)
     noise, codebook = noise.to(student.device).float(), codebook.to(student.device).float()
-    x = noise
+    x, teacher_forwards = noise, 0
     for step, t in enumerate(settings.schedule):
+        if hybrid is not None and step == 1:
+            x, teacher_forwards = hybrid.fill(x, labels, settings, codebook)
         x = dd_step(student, x, noise, labels, t, settings.split, codebook)
         if on_iteration is not None:
             on_iteration(step + 1, len(settings.schedule), x)
     watch.lap("forward")
-    stats = DecodeStats(decoder="dd", grid=tuple(student.grid), batch=B, target_forwards=len(settings.schedule),
-                        settings={"steps": settings.steps, "t2": settings.t2, "split": settings.split})
+    stats = DecodeStats(decoder="dd", grid=tuple(student.grid), batch=B,
+                        target_forwards=len(settings.schedule) + teacher_forwards,
+                        settings={"steps": settings.steps, "t2": settings.t2, "split": settings.split,
+                                  "regenerate": settings.regenerate, "teacher_forwards": teacher_forwards})
     stats.wall_time_s = stats.forward_time_s = watch.elapsed()
     return x, stats

@@ -26,21 +26,29 @@ DrawFn = Callable[[torch.Tensor, int], torch.Tensor]  # (distributions [B, V], p
 
 @torch.no_grad()
 def ar_decode(model, conditioning, sampling: SamplingSettings, *, generator, on_iteration: Optional[ProgressFn] = None,
-              watch: Optional[Stopwatch] = None, draw: Optional[DrawFn] = None, name: str = "ar"):
+              watch: Optional[Stopwatch] = None, draw: Optional[DrawFn] = None, name: str = "ar",
+              prefix: Optional[torch.Tensor] = None, stop: Optional[int] = None):
     """The baseline: one target forward per token, static cache, batched CFG, no host syncs. ``draw``
-    picks token i from its distribution (default: a multinomial sample from ``generator``)."""
+    picks token i from its distribution (default: a multinomial sample from ``generator``). ``prefix``
+    [B, s] fixes the first s tokens (read in one forward) and ``stop`` ends the sequence early: DD's hybrid
+    lets the teacher fill positions s..stop-1."""
     watch = watch or Stopwatch(model.device)
     draw = draw or (lambda dist, _position: sample(dist, generator))
-    session, p0, stats = begin(model, conditioning, sampling, 1, name, {})
-    B, N = conditioning.batch, model.grid[0] * model.grid[1]
+    fixed = 0 if prefix is None else prefix.shape[1]
+    session, p, stats = begin(model, conditioning, sampling, max(fixed, 1), name, {})
+    B, N = conditioning.batch, stop or model.grid[0] * model.grid[1]
     seq = torch.empty(B, N, dtype=torch.long, device=model.device)
-    seq[:, 0] = draw(p0, 0)
     ones = torch.ones(B, dtype=torch.long, device=model.device)
-    for i in range(1, N):
-        out = session.forward(seq[:, i - 1 : i], ones * (i - 1))
-        seq[:, i] = draw(probabilities(out, sampling)[:, 0], i)
+    if fixed:
+        seq[:, :fixed] = prefix
+        p = probabilities(session.forward(prefix, ones * 0), sampling)[:, -1]
         stats.target_forwards += 1
-        if on_iteration is not None:
+    for i in range(fixed, N):
+        if i > fixed:
+            p = probabilities(session.forward(seq[:, i - 1 : i], ones * (i - 1)), sampling)[:, 0]
+            stats.target_forwards += 1
+        seq[:, i] = draw(p, i)
+        if on_iteration is not None and i > 0:
             on_iteration(i + 1, N, seq)
     watch.lap("forward")
     fixed_at = torch.arange(N).expand(B, N)

@@ -21,6 +21,9 @@ from fastar.model_loaders.demo import DEMO_VQ
 from fastar.model_loaders.protocol import ClassConditioning
 from fastar.samplers.decoders import decode_distilled
 from fastar.samplers.distilled import DDSettings, dd_decode
+from fastar.samplers.jacobi import ar_decode
+from fastar.samplers.processing import SamplingSettings
+from tiny_llamagen import tiny_model
 
 GRID, CODES, WIDTH = (4, 4), 24, 8
 
@@ -229,3 +232,47 @@ def test_bench_dd_compares_the_student_with_its_teacher(tmp_path):
     assert rows["dd-2"]["forwards_per_image"] == 2 and rows["ar"]["latency_ratio"] == 1.0
     assert rows["ar"]["frechet_vs_ar"] < 1e-6 and all(0 <= r["class_accuracy"] <= 1 for r in rows.values())
     assert "| dd-1 | 1 |" in (tmp_path / "bench" / "bench_dd.md").read_text()
+
+
+def test_the_teacher_continues_a_prefix_with_its_exact_conditional():
+    """ar_decode from a fixed prefix (DD's hybrid): the later tokens follow the exact joint given the prefix."""
+    from test_flow_map import MODEL as TOY, null_tv_bound, tv_distance
+
+    rows, settings = 20000, SamplingSettings(cfg_scale=2.0, temperature=1.3, top_k=2)
+    prefix = torch.tensor([[2, 0]]).expand(rows, 2)
+    tokens, stats = ar_decode(TOY, ClassConditioning(torch.ones(rows, dtype=torch.long)), settings,
+                              generator=torch.Generator().manual_seed(0), prefix=prefix)
+    assert torch.equal(tokens[:, :2], prefix) and stats.target_forwards == 2  # the prefix read in one forward
+    exact = TOY.exact_joint(1, cfg_scale=2.0, temperature=1.3, top_k=2).numpy()
+    starts = np.array([seq[:2] == (2, 0) for seq in TOY.sequences()])
+    given = np.where(starts, exact, 0.0) / exact[starts].sum()
+    counts = np.bincount(TOY.index_of(tokens).numpy(), minlength=len(exact)).astype(float)
+    assert tv_distance(counts, given) < null_tv_bound(given, rows)
+    short, _ = ar_decode(TOY, ClassConditioning(torch.ones(4, dtype=torch.long)), settings,
+                         generator=torch.Generator().manual_seed(0), prefix=torch.zeros(4, 1, dtype=torch.long), stop=3)
+    assert short.shape == (4, 3)
+
+
+def test_hybrid_lets_the_teacher_fill_positions_s_to_t2_between_the_steps():
+    student, book = tiny_student(split=6, t2=5), codebook()
+    teacher = tiny_model(vocab_size=CODES, grid=GRID)
+    conditioning = ClassConditioning(torch.tensor([1, 4, 9]))
+    fed = []
+    predict = student.predict
+    student.predict = lambda x, y, t: fed.append(x.clone()) or predict(x, y, t)
+    noise = torch.randn(3, 16, WIDTH, generator=torch.Generator().manual_seed(3))
+    _, stats = decode_distilled(student, conditioning, DDSettings(steps=2, regenerate=2), seed=0, codebook=book,
+                                noise=noise, teacher=teacher, sampling=SamplingSettings(cfg_scale=1.5))
+    first = dd_decode(student, conditioning.labels, noise, book, DDSettings(steps=1))[0]
+    second_input = fed[1]
+    kept = torch.cdist(first[:, :2].flatten(0, 1), book).argmin(-1).view(3, 2)
+    torch.testing.assert_close(second_input[:, :2], book[kept])  # the first step's codes, quantised
+    assert torch.cdist(second_input[:, 2:5].flatten(0, 1), book).min(-1).values.max() < 1e-6  # teacher codes
+    torch.testing.assert_close(second_input[:, 5:], noise[:, 5:])
+    assert stats.settings["teacher_forwards"] == 3 and stats.target_forwards == 5
+    with pytest.raises(FastARError, match="not the student's"):
+        decode_distilled(student, conditioning, DDSettings(steps=2, regenerate=2), seed=0, codebook=book,
+                         teacher=tiny_model(vocab_size=50, grid=GRID))
+    with pytest.raises(FastARError, match="give 2 steps and s in 0..4"):
+        decode_distilled(student, conditioning, DDSettings(steps=2, regenerate=5), seed=0, codebook=book,
+                         teacher=teacher)

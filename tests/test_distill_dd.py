@@ -7,12 +7,12 @@ import torch
 
 from fastar.errors import FastARError
 from fastar.model_loaders import load_ar_model
-from fastar.model_loaders.dd_student import DDStudent
+from fastar.model_loaders.dd_student import DDStudent, model_fingerprint
 from fastar.model_loaders.demo import DEMO_VQ
 from fastar.model_loaders.protocol import ClassConditioning
 from fastar.samplers.decoders import DecoderSpec, decode, fm_decode
 from fastar.tools import distill_dd
-from fastar.tools.dd_pairs import PairSettings, load_pairs, make_pairs, model_fingerprint
+from fastar.tools.dd_pairs import PairSettings, load_pairs, make_pairs
 from fastar.tools.demo_common import save_fp16
 from tiny_llamagen import tiny_model
 

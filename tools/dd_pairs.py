@@ -8,7 +8,6 @@ with other settings or another teacher is refused rather than mixed.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -21,6 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ..errors import FastARError
+from ..model_loaders.dd_student import model_fingerprint
 from ..model_loaders.protocol import ClassConditioning
 from ..samplers.decoders import fm_decode, make_generator
 from ..samplers.flow_map import token_noise
@@ -40,16 +40,6 @@ class PairSettings:
 
     def sampling(self) -> SamplingSettings:
         return SamplingSettings(self.cfg_scale, self.temperature, self.top_k, self.top_p).validate()
-
-
-def model_fingerprint(model: torch.nn.Module) -> str:
-    """A short hash of a model's sizes and output head: tells one teacher from another without reading all
-    of a large model's weights back to the host."""
-    digest = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
-        digest.update(f"{name}{tuple(tensor.shape)}".encode())
-    digest.update(model.output.weight.detach().float().cpu().numpy().tobytes())
-    return digest.hexdigest()[:16]
 
 
 def make_pairs(teacher, codebook: torch.Tensor, folder, classes: list[int], settings: PairSettings,

@@ -31,11 +31,11 @@ from torch import nn
 
 from ..errors import FastARError
 from ..model_loaders import load_ar_model, load_image_decoder
-from ..model_loaders.dd_student import DEFAULT_T2, DDStudent, DDStudentConfig
+from ..model_loaders.dd_student import DEFAULT_T2, DDStudent, DDStudentConfig, model_fingerprint
 from ..model_loaders.demo import DEMO_AR, DEMO_DD, DEMO_VQ
 from ..model_loaders.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
 from ..pipeline import resolve_device
-from .dd_pairs import PairSettings, load_pairs, make_pairs, model_fingerprint
+from .dd_pairs import PairSettings, load_pairs, make_pairs
 from .demo_common import DATA_DIR, Timer, cosine_lr, save_fp16, setup
 
 LOGIT_WEIGHT, EMBEDDING_WEIGHT = 0.1, 1.0  # the DD paper's weights (CE 0.1, LPIPS 1.0)
