@@ -104,8 +104,9 @@ class LoadARModel(CheckpointLoader):
             display_name="FastAR Load AR Model",
             category="FastAR/loaders",
             description="Loads an autoregressive image model from ComfyUI's models/fastar folder: LlamaGen "
-                        "class-to-image or text-to-image (a .safetensors/.pt file or a Hugging Face style folder) or "
-                        "MAR (the official mar_base/large/huge .pth files). The bundled demo model "
+                        "class-to-image or text-to-image (a .safetensors/.pt file or a Hugging Face style folder), "
+                        "MAR (the official mar_base/large/huge .pth files) or a Distilled Decoding student "
+                        "(llamagen-B.pt / llamagen-L.pt, or one made with distill-dd). The bundled demo model "
                         "(demo_c2i.safetensors) is always listed.",
             inputs=[
                 io.Combo.Input("model_name", options=listed(files.choices(files.AR)),

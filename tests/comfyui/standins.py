@@ -30,9 +30,8 @@ from fastar.model_loaders.vq import VQConfig, VQModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "comfyui"))
 from workflows import (DEMO_DRAFTER as DEMO_DRAFTER_NAME, FLAN_T5, LANTERN_DRAFTER_T2I, LLAMAGEN_C2I,  # noqa: E402
-                       LLAMAGEN_T2I, LLAMAGEN_VQ_C2I, LLAMAGEN_VQ_T2I, MAR_BASE, MAR_HUGE, MAR_KL16)
+                       LLAMAGEN_DD_B, LLAMAGEN_T2I, LLAMAGEN_VQ_C2I, LLAMAGEN_VQ_T2I, MAR_BASE, MAR_HUGE, MAR_KL16)
 
-DD_STUDENT = "llamagen-dd-tiny.pt"
 DEMO_CLASSES = ["circle", "square", "triangle", "stripes", "checkerboard", "ring", "cross", "blob"]
 VQ_CONFIG = VQConfig(codebook_size=512, embed_dim=8, z_channels=64, ch=32, ch_mult=(1, 1, 2, 2), num_res_blocks=1,
                      with_encoder=False)
@@ -202,13 +201,14 @@ def write_slow(folder: Path) -> None:
 
 
 def write_dd_student(folder: Path) -> None:
-    """A tiny Distilled Decoding student in the released layout (``ema`` and ``model``, no sizes) with a
-    sidecar config for what the official size table cannot say; it decodes with the demo VQ."""
-    cfg = DDStudentConfig(dim=32, n_layer=2, n_head=4, vocab_size=512, grid=(16, 16), ffn_hidden=64, num_classes=8,
+    """A tiny Distilled Decoding student under the release's name and layout (``ema`` and ``model``, no
+    sizes; 1000 classes, 16x16 tokens), with a sidecar config for what the official size table cannot say
+    (it is no official size); it decodes with the stand-in LlamaGen VQ (or the demo VQ: same code width)."""
+    cfg = DDStudentConfig(dim=32, n_layer=2, n_head=4, vocab_size=512, grid=(16, 16), ffn_hidden=64, num_classes=1000,
                           split=100, t2=80)
     ema = randomised(DDStudent(cfg), 24)
-    torch.save({"model": {k: torch.zeros_like(v) for k, v in ema.items()}, "ema": ema}, folder / DD_STUDENT)
-    (folder / DD_STUDENT).with_suffix(".json").write_text(json.dumps({"num_attention_heads": 4, "split_t": 100}))
+    torch.save({"model": {k: torch.zeros_like(v) for k, v in ema.items()}, "ema": ema}, folder / LLAMAGEN_DD_B)
+    (folder / LLAMAGEN_DD_B).with_suffix(".json").write_text(json.dumps({"num_attention_heads": 4, "split_t": 100}))
 
 
 def write_corrupt(folder: Path) -> None:

@@ -2,13 +2,14 @@
 sampler makes the image in one or two forwards with the teacher's VQ, Decode Image takes its code vectors,
 Stats says how many forwards AR would need, the same seed repeats the image; mix-ups give FastAR's messages."""
 import numpy as np
-from standins import DD_STUDENT
 from test_comfyui_runs import failed, fresh_run
+
+from workflows import LLAMAGEN_DD_B
 
 DEMO_VQ, DEMO_KL = "demo_vq.safetensors", "demo_kl_vae.safetensors"
 
 
-def dd_prompt(steps=2, seed=5, batch=2, vq=DEMO_VQ, model=DD_STUDENT, sampler="FastARSamplerDD") -> dict:
+def dd_prompt(steps=2, seed=5, batch=2, vq=DEMO_VQ, model=LLAMAGEN_DD_B, sampler="FastARSamplerDD") -> dict:
     widgets = ({"seed": seed, "batch": batch, "steps": steps, "t2": 0, "split": -1} if sampler == "FastARSamplerDD"
                else {"seed": seed, "cfg": 1.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "batch": batch})
     sockets = {"model": ["1", 0], "conditioning": ["3", 0]} | ({"vq": ["2", 0]} if sampler == "FastARSamplerDD" else {})

@@ -30,6 +30,8 @@ MAR_HUGE = "mar_huge.pth"
 MAR_BASE = "mar_base.pth"
 MAR_KL16 = "kl16.ckpt"
 DEMO_MAR, DEMO_MAR_DRAFT, DEMO_KL = "demo_mar.safetensors", "demo_mar_draft.safetensors", "demo_kl_vae.safetensors"
+# The Distilled Decoding release (microsoft/distilled_decoding on Hugging Face: LlamaGen-DD/llamagen-B.pt, -L.pt)
+LLAMAGEN_DD_B = "llamagen-B.pt"
 
 
 class Graph:
@@ -205,6 +207,20 @@ def llamagen_c2i(info) -> dict:
     return g.to_json()
 
 
+def llamagen_dd(info) -> dict:
+    g = Graph(info)
+    ar, vq = loaders(g, LLAMAGEN_DD_B, LLAMAGEN_VQ_C2I)
+    label = fed_by_model(g, ar, "FastARClassLabel", (0, 290), ["golden retriever (207)", -1])
+    single_sampler(g, ar, vq, label, "FastARSamplerDD", [42, "fixed", 1, 2, 0, -1], "FastAR_llamagen_dd")
+    g.note((0, 430), f"Distilled Decoding: a LlamaGen-L-sized image in 2 model forwards instead of 256.\n\nDownload "
+                     f"into ComfyUI/models/fastar/:\n- {LLAMAGEN_DD_B} (or llamagen-L.pt) from the Distilled Decoding "
+                     f"release (microsoft/distilled_decoding on Hugging Face, folder LlamaGen-DD)\n- {LLAMAGEN_VQ_C2I} "
+                     "from the LlamaGen release (FoundationVision/LlamaGen)\nthen press R and pick them in the "
+                     "loaders. steps 1 is faster, 2 is better; the same seed gives the same image.",
+           width=320, height=260)
+    return g.to_json()
+
+
 def t2i_inputs(g: Graph):
     """The LlamaGen t2i loaders and the prompt."""
     ar, vq = loaders(g, LLAMAGEN_T2I, LLAMAGEN_VQ_T2I)
@@ -353,6 +369,7 @@ WORKFLOWS = {
     "fastar_llamagen_t2i_lantern": llamagen_t2i_lantern,
     "fastar_demo_mar_cspd": demo_mar_cspd,
     "fastar_mar_cspd": mar_official,
+    "fastar_llamagen_dd": llamagen_dd,
 }
 
 
