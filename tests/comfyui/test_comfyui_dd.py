@@ -1,8 +1,9 @@
 """Distilled Decoding in the real ComfyUI: Load AR Model loads a student in the released layout, the DD
 sampler makes the image in one or two forwards with the teacher's VQ, Decode Image takes its code vectors,
 Stats says how many forwards AR would need, the same seed repeats the image; mix-ups give FastAR's messages."""
+import harness
 import numpy as np
-from test_comfyui_runs import failed, fresh_run
+from test_comfyui_runs import failed, images_of
 
 from workflows import LLAMAGEN_DD_B
 
@@ -24,26 +25,36 @@ def dd_prompt(steps=2, seed=5, batch=2, vq=DEMO_VQ, model=LLAMAGEN_DD_B, sampler
     }
 
 
+def executed(comfy, prompt) -> tuple[list, str]:
+    """The images and the Stats text of a run in which the sampler ran (was not served from the cache)."""
+    entry = comfy.run(prompt)
+    assert entry["status"]["status_str"] == "success", harness.execution_error(entry)
+    cached = [d for kind, d in harness.status_messages(entry) if kind == "execution_cached"]
+    assert not cached or "4" not in cached[0]["nodes"]
+    text = next(out["text"][0] for out in entry["outputs"].values() if "text" in out)
+    return images_of(comfy, entry), text
+
+
 def test_dd_student_runs_in_two_forwards_and_repeats_by_seed(comfy):
     prompt = dd_prompt()
-    entry = comfy.run(prompt)
-    assert entry["status"]["status_str"] == "success", entry
-    text = next(out["text"][0] for out in entry["outputs"].values() if "text" in out)
+    first, text = executed(comfy, prompt)
     assert text.startswith("DD (relaxed") and "model forwards: 2 (AR needs 255)" in text
     assert "mean accepted" not in text
-    first = fresh_run(comfy, prompt)
     assert len(first) == 2 and first[0].shape == (128, 128, 3)  # 16x16 codes through the demo VQ (8 px each)
     assert not np.array_equal(first[0], first[1])  # each row its own noise
-    assert all(np.array_equal(a, b) for a, b in zip(first, fresh_run(comfy, prompt)))
-    prompt["4"]["inputs"]["steps"] = 1
-    assert not np.array_equal(first[0], fresh_run(comfy, prompt)[0])
+    prompt["4"]["inputs"]["steps"] = 1  # ComfyUI keeps the last run's outputs only: the next run samples again
+    one_step, text = executed(comfy, prompt)
+    assert "model forwards: 1 (AR needs 255)" in text and not np.array_equal(first[0], one_step[0])
+    prompt["4"]["inputs"]["steps"] = 2
+    again, _ = executed(comfy, prompt)
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))
 
 
 def test_dd_mix_ups_give_fastar_messages(comfy):
     error = failed(comfy, dd_prompt(model="demo_c2i.safetensors"))
     assert "dd needs a Distilled Decoding student; this is a LlamaGen GPT" in error["exception_message"]
     error = failed(comfy, dd_prompt(sampler="FastARSamplerAR"))
-    assert "ar needs a token model (LlamaGen) or a MAR model; this is a Distilled Decoding student: use one of dd" \
+    assert "ar needs a token model (LlamaGen) or a MAR model; this is a Distilled Decoding student (LlamaGen-DD): use one of dd" \
         in error["exception_message"]
     prompt = dd_prompt()
     prompt["8"] = {"class_type": "FastARLoadVQ", "inputs": {"vq_name": DEMO_KL, "dtype": "auto"}}
