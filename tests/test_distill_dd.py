@@ -1,6 +1,7 @@
 """distill-dd: the pairs (resumable, reproducible, refused when mixed), the student's start from the teacher,
 a loss that trains what the sampler uses, and a whole tiny run end to end that saves a loadable student."""
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -29,7 +30,7 @@ def test_pairs_are_the_flow_map_of_their_noise_and_resume_exactly(tmp_path):
     shards = sorted(tmp_path.glob("pairs_*.safetensors"))
     assert len(shards) == 3  # 12 pairs in shards of 4
     pairs = load_pairs(tmp_path)
-    assert pairs["noise"].shape == (12, 16, 8) and pairs["labels"].tolist() == [2] * 6 + [7] * 6
+    assert pairs["noise"].shape == (12, 16, 8) and pairs["labels"].tolist() == [2, 7] * 6
     again, _ = fm_decode(teacher, ClassConditioning(pairs["labels"]), SETTINGS.sampling(), pairs["noise"], book)
     assert torch.equal(again, pairs["tokens"])
     # the seeded fm decoder draws its noise the same way: the pairs are what `--decoder fm` gives
@@ -41,6 +42,11 @@ def test_pairs_are_the_flow_map_of_their_noise_and_resume_exactly(tmp_path):
     make_pairs(teacher, book, tmp_path, [2, 7], SETTINGS, quiet=True)
     assert shards[0].stat().st_mtime_ns == kept
     assert torch.equal(load_pairs(tmp_path)["tokens"], pairs["tokens"])
+    more = replace(SETTINGS, per_class=8)  # more pairs per class: two more shards, the others untouched
+    make_pairs(teacher, book, tmp_path, [2, 7], more, quiet=True)
+    grown = load_pairs(tmp_path)
+    assert len(grown["tokens"]) == 16 and torch.equal(grown["tokens"][:12], pairs["tokens"])
+    assert shards[0].stat().st_mtime_ns == kept
 
 
 def test_pairs_of_another_teacher_or_settings_are_refused(tmp_path):
@@ -124,7 +130,8 @@ def test_a_tiny_distillation_end_to_end(tmp_path):
     assert isinstance(student, DDStudent) and (student.cfg.split, student.cfg.t2) == (6, 5)
     assert student.cfg.teacher == model_fingerprint(load_ar_model(tmp_path / "teacher.safetensors"))
     manifest = json.loads((tmp_path / "pairs" / "manifest.json").read_text())
-    assert manifest["classes"] == [1, 2] and manifest["settings"]["per_class"] == 12
+    assert manifest["classes"] == [1, 2] and manifest["settings"]["shard_size"] == 8
+    assert "per_class" not in manifest["settings"]  # more pairs per class extend the folder
     # resuming continues from the saved student; another teacher's student is refused
     resumed = distill_dd.distill(parser.parse_args(list(map(str, args + ["--resume", tmp_path / "student.safetensors",
                                                                         "--steps", "5"]))))

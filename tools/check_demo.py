@@ -41,15 +41,15 @@ def main(argv=None):
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--ar", default=str(DEMO_AR))
-    p.add_argument("--vq", default=str(DEMO_VQ))
+    p.add_argument("--ar", help="the model to check (default: the demo model, or with --mar the demo MAR)")
+    p.add_argument("--vq", help="its image decoder (default: the demo VQ, or with --mar the demo KL autoencoder)")
     p.add_argument("--classifier", default=str(DEMO_CLASSIFIER))
     args = p.parse_args(argv)
 
     setup(args.seed)
     timer = Timer()
-    if args.mar:
-        args.ar, args.vq = str(DEMO_MAR), str(DEMO_KL)
+    args.ar = args.ar or str(DEMO_MAR if args.mar else DEMO_AR)
+    args.vq = args.vq or str(DEMO_KL if args.mar else DEMO_VQ)
     model, vq, clf = load_ar_model(args.ar), load_image_decoder(args.vq), load_classifier(args.classifier)
     labels = torch.from_numpy(balanced_labels(args.samples))
     images = []

@@ -1,10 +1,11 @@
 """DD's training set: noise sequences and the codes the teacher's flow map turns them into (Alg. 1 of the DD
 paper), written in shards so that an interrupted run picks up where it stopped.
 
-A folder holds ``manifest.json`` (the teacher's fingerprint, the sampling settings, the classes and counts)
-and ``pairs_00000.safetensors``... each with ``noise`` [S, N, C] fp32, ``tokens`` [S, N] int32 and ``labels``
-[S]. Shard k's noise comes from seed ``seed + k``, so every shard is reproducible on its own. A folder made
-with other settings or another teacher is refused rather than mixed.
+A folder holds ``manifest.json`` (the teacher's fingerprint, the sampling settings, the classes) and
+``pairs_00000.safetensors``... each with ``noise`` [S, N, C] fp32, ``tokens`` [S, N] int32 and ``labels``
+[S]. Shard k's noise comes from seed ``seed + k`` and the classes take turns, so every shard is reproducible
+on its own and a larger ``per_class`` only adds shards. A folder made with other settings or another teacher
+is refused rather than mixed.
 """
 from __future__ import annotations
 
@@ -47,10 +48,11 @@ def make_pairs(teacher, codebook: torch.Tensor, folder, classes: list[int], sett
     """Fill ``folder`` with the pairs for ``classes`` x ``settings.per_class`` (what is there already is kept)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    fixed = {k: v for k, v in asdict(settings).items() if k != "per_class"}  # more pairs per class extend a folder
     manifest = {"teacher": model_fingerprint(teacher), "grid": list(teacher.grid), "channels": codebook.shape[1],
-                "classes": classes, "settings": asdict(settings)}
+                "classes": classes, "settings": fixed}
     check_manifest(folder, manifest)
-    labels = torch.tensor(classes).repeat_interleave(settings.per_class)
+    labels = torch.tensor(classes).repeat(settings.per_class)  # classes interleaved: shard k never changes
     shards = list(torch.split(labels, settings.shard_size))
     n_tokens = teacher.grid[0] * teacher.grid[1]
     start = time.perf_counter()
