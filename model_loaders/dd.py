@@ -20,11 +20,11 @@ from .llamagen import (
     DOWNSAMPLE,
     build_and_load,
     checkpoint_of,
-    config_from_metadata,
     first_setting,
     grid_for,
     grid_of,
     head_count,
+    saved_config,
     weight_shape,
 )
 
@@ -39,12 +39,9 @@ def load_dd_student(path_or_state_dict, *, image_size: int | None = None, device
 
 
 def dd_config(sd, info: CheckpointInfo, image_size: int | None = None) -> DDStudentConfig:
-    saved = info.fastar_config()
+    saved = saved_config(DDStudentConfig, info, image_size)
     if saved is not None:
-        cfg = config_from_metadata(DDStudentConfig, saved, info.source)
-        if image_size is not None:
-            cfg.grid = grid_for(image_size, cfg.downsample, info.source)
-        return cfg
+        return saved
     settings, source = info.settings(), info.source
     vocab_size, dim = weight_shape(sd, "output.weight", source)
     channels = weight_shape(sd, "tok_embeddings.weight", source)[1]

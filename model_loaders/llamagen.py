@@ -110,6 +110,17 @@ def config_from_metadata(config_class, saved: dict, source: str):
                           "update FastAR, or re-create the file with this version") from e
 
 
+def saved_config(config_class, info: CheckpointInfo, image_size: int | None):
+    """The config FastAR saved with its own files (``image_size`` overriding its grid), or None."""
+    saved = info.fastar_config()
+    if saved is None:
+        return None
+    cfg = config_from_metadata(config_class, saved, info.source)
+    if image_size is not None:
+        cfg.grid = grid_for(image_size, cfg.downsample, info.source)
+    return cfg
+
+
 def vq_config(sd, info: CheckpointInfo) -> VQConfig:
     saved = info.fastar_config()
     if saved is not None:
@@ -125,12 +136,9 @@ def vq_config(sd, info: CheckpointInfo) -> VQConfig:
 
 def llamagen_config(sd, info: CheckpointInfo, image_size: int | None = None) -> LlamaGenConfig:
     """The config of a LlamaGen GPT state dict with official key names (rules in the module doc)."""
-    saved = info.fastar_config()
+    saved = saved_config(LlamaGenConfig, info, image_size)
     if saved is not None:
-        cfg = config_from_metadata(LlamaGenConfig, saved, info.source)
-        if image_size is not None:
-            cfg.grid = grid_for(image_size, cfg.downsample, info.source)
-        return cfg
+        return saved
     settings, source = info.settings(), info.source
     vocab_size, dim = weight_shape(sd, "tok_embeddings.weight", source)
     n_layer = 1 + max(int(m.group(1)) for k in sd if (m := re.match(r"layers\.(\d+)\.", k)))
