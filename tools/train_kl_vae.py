@@ -1,4 +1,4 @@
-"""Train the demo KL autoencoder (LDM AutoencoderKL format, 128px -> 16x16 latents of 8 channels).
+"""Train the demo KL autoencoder (LDM AutoencoderKL format, 128px -> 8x8 latents of 16 channels, like KL-16).
 
     python -m fastar.tools.train_kl_vae [--steps N] [--out PATH]
 
@@ -20,7 +20,7 @@ from ..model_loaders.kl_vae import KLAutoencoder, KLConfig
 from .demo_common import OUT_DIR, Timer, cosine_lr, psnr, save_fp16, setup, to_uint8
 from . import autoencoder_data
 
-CONFIG = KLConfig(embed_dim=8, ch=64, ch_mult=(1, 1, 2, 2), num_res_blocks=1, encoder_attn_levels=(),
+CONFIG = KLConfig(embed_dim=16, ch=64, ch_mult=(1, 1, 2, 2, 2), num_res_blocks=1, encoder_attn_levels=(),
                   decoder_attn_levels=())
 
 
