@@ -227,11 +227,14 @@ def test_bench_dd_compares_the_student_with_its_teacher(tmp_path):
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "bench" / "bench_dd.json").read_text())
     rows = report["results"]
-    assert list(rows) == ["ar", "fm", "dd-1", "dd-2"] and report["cfg"] == 2.0
+    assert list(rows) == ["ar", "fm", "dd-1", "dd-2", "dd-hybrid"] and report["cfg"] == 2.0
+    assert report["dd"] == {"t2": 80, "split": 100, "regenerate": 40}
     assert rows["ar"]["forwards_per_image"] == 255 and rows["dd-1"]["forwards_per_image"] == 1
     assert rows["dd-2"]["forwards_per_image"] == 2 and rows["ar"]["latency_ratio"] == 1.0
+    assert rows["dd-hybrid"]["forwards_per_image"] == 2 + 40  # the teacher samples positions 40..79
     assert rows["ar"]["frechet_vs_ar"] < 1e-6 and all(0 <= r["class_accuracy"] <= 1 for r in rows.values())
     assert "| dd-1 | 1 |" in (tmp_path / "bench" / "bench_dd.md").read_text()
+    assert (tmp_path / "bench" / "pareto_dd.png").stat().st_size > 10_000
 
 
 def test_the_teacher_continues_a_prefix_with_its_exact_conditional():

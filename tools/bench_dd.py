@@ -2,9 +2,12 @@
 plain AR (and the flow-map AR its training pairs come from), same classes (bench.md).
 
 Rows: ``ar`` and ``fm`` (the teacher at the student's dataset settings: ``--cfg``, default 2.0, the DD
-paper's), ``dd-1`` and ``dd-2``. Per row: model forwards per image, latency ratio against ``ar`` (batch 1,
-interleaved runs, medians, image decode excluded), class accuracy of the demo classifier and Frechet
-distances in its feature space (against real procedural images and against ``ar``).
+paper's), ``dd-1``, ``dd-2`` and ``dd-hybrid`` (the paper's Alg. 4: the teacher samples positions
+``--dd-regenerate``..t2-1 between the two steps; default the second half of them). ``--dd-t2`` and
+``--dd-split`` apply to every DD row. Per row: model forwards per image, latency ratio against ``ar``
+(batch 1, interleaved runs, medians, image decode excluded), class accuracy of the demo classifier and
+Frechet distances in its feature space (against real procedural images and against ``ar``); the Pareto plot
+(``pareto_dd.png``) puts each row's quality against its speed-up.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import json
 import platform
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +27,7 @@ from ..pipeline import LoadedModels, class_conditioning, load_models
 from ..samplers.decoders import DecoderSpec, decode, decode_distilled
 from ..samplers.distilled import DDSettings
 from ..samplers.processing import SamplingSettings
-from .bench import CHUNK, REAL_IMAGES, quality
-
+from .bench import CHUNK, REAL_IMAGES, quality, quality_panels, require_matplotlib, save_panels
 
 
 @dataclass(frozen=True)
@@ -33,24 +35,35 @@ class Row:
     label: str
     steps: int  # DD steps; 0 = the teacher (``decoder``)
     decoder: str = "ar"
+    hybrid: bool = False  # the teacher regenerates part of the first step's codes
 
 
-ROWS = (Row("ar", 0), Row("fm", 0, "fm"), Row("dd-1", 1, "dd"), Row("dd-2", 2, "dd"))
+ROWS = (Row("ar", 0), Row("fm", 0, "fm"), Row("dd-1", 1, "dd"), Row("dd-2", 2, "dd"),
+        Row("dd-hybrid", 2, "dd", hybrid=True))
+
+
+def dd_settings(args, student) -> DDSettings:
+    """The DD rows' settings from the command line; the hybrid's regenerate position defaults to t2 // 2."""
+    settings = DDSettings(steps=2, t2=args.dd_t2, split=args.dd_split).resolve(student)
+    regenerate = settings.t2 // 2 if args.dd_regenerate is None else args.dd_regenerate
+    return replace(settings, regenerate=regenerate).resolve(student)
 
 
 def run_row(teacher: LoadedModels, student: LoadedModels, row: Row, labels: list[int], seed: int,
-            sampling: SamplingSettings):
+            sampling: SamplingSettings, dd: DDSettings):
     if row.steps == 0:
         return decode(teacher.ar, class_conditioning(teacher.ar, labels), sampling, DecoderSpec(row.decoder),
                       seed=seed, codebook=teacher.codebook())
-    return decode_distilled(student.ar, class_conditioning(student.ar, labels), DDSettings(steps=row.steps), seed=seed,
-                            codebook=student.codebook())
+    settings = replace(dd, steps=row.steps, regenerate=dd.regenerate if row.hybrid else None)
+    return decode_distilled(student.ar, class_conditioning(student.ar, labels), settings, seed=seed,
+                            codebook=student.codebook(), teacher=teacher.ar if row.hybrid else None, sampling=sampling)
 
 
 def run_dd_bench(args) -> dict:
     from .classifier import classify, frechet_distance, load_classifier
     from .demo_data import make_batch
 
+    require_matplotlib()
     started = time.perf_counter()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -65,6 +78,7 @@ def run_dd_bench(args) -> dict:
                           f"{student.ar.what}")
     teacher = load_models(args.teacher or str(DEMO_AR), vq, args.device, args.dtype)
     sampling = SamplingSettings(cfg_scale=2.0 if args.cfg is None else args.cfg).validate()
+    dd = dd_settings(args, student.ar)
     judge = load_classifier(device=student.ar.device)
     num_classes = student.ar.cfg.num_classes
     labels = [i % num_classes for i in range(args.samples)]
@@ -75,7 +89,8 @@ def run_dd_bench(args) -> dict:
         models = teacher if row.steps == 0 else student
         outputs, forwards = [], []
         for start in range(0, len(labels), CHUNK):
-            out, stats = run_row(teacher, student, row, labels[start : start + CHUNK], args.seed + start, sampling)
+            out, stats = run_row(teacher, student, row, labels[start : start + CHUNK], args.seed + start, sampling,
+                                 dd)
             outputs.append(out.cpu())
             forwards.append(stats.target_forwards)
         results[row.label] = {"forwards_per_image": float(np.mean(forwards)),
@@ -87,10 +102,10 @@ def run_dd_bench(args) -> dict:
 
     times = {row.label: [] for row in ROWS}
     for row in ROWS:  # warm-up
-        run_row(teacher, student, row, [0], args.seed, sampling)
+        run_row(teacher, student, row, [0], args.seed, sampling, dd)
     for r in range(args.timing_runs):
         for row in ROWS:
-            _, stats = run_row(teacher, student, row, [r % num_classes], args.seed + 1000 + r, sampling)
+            _, stats = run_row(teacher, student, row, [r % num_classes], args.seed + 1000 + r, sampling, dd)
             times[row.label].append(stats.wall_time_s)
     medians = {label: statistics.median(t) for label, t in times.items()}
     for label, r in results.items():
@@ -98,17 +113,22 @@ def run_dd_bench(args) -> dict:
         r["latency_ratio"] = medians["ar"] / medians[label]
 
     report = {"student": str(student_path), "teacher": args.teacher or str(DEMO_AR), "cfg": sampling.cfg_scale,
+              "dd": {"t2": dd.t2, "split": dd.split, "regenerate": dd.regenerate},
               "device": str(student.ar.device), "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
               "samples": args.samples, "results": results, "bench_time_s": round(time.perf_counter() - started)}
     (out_dir / "bench_dd.json").write_text(json.dumps(report, indent=1))
     (out_dir / "bench_dd.md").write_text(markdown(report))
+    plot_pareto(results, out_dir / "pareto_dd.png")
     print((out_dir / "bench_dd.md").read_text())
     return report
 
 
 def markdown(report: dict) -> str:
+    dd = report["dd"]
     lines = [f"# FastAR DD benchmark ({report['student']} from {report['teacher']}, {report['device']}, "
              f"{report['samples']} samples per row, teacher cfg {report['cfg']})", "",
+             f"DD: t2 {dd['t2']}, split {dd['split']}; dd-hybrid: the teacher samples positions {dd['regenerate']}.."
+             f"{dd['t2'] - 1}.", "",
              "| row | forwards / image | latency ratio | class accuracy | Frechet (real) | Frechet (vs ar) |",
              "|---|---|---|---|---|---|"]
     for label, r in report["results"].items():
@@ -117,3 +137,16 @@ def markdown(report: dict) -> str:
     lines += ["", f"Latency: batch 1, median of interleaved runs on {report['device']} ({report['machine']}), image "
                   f"decode excluded. The benchmark took {report['bench_time_s'] / 60:.1f} min."]
     return "\n".join(lines) + "\n"
+
+
+def plot_pareto(results: dict, path: Path) -> None:
+    fig, axes = quality_panels()
+    for ax, metric, title in ((axes[0], "class_accuracy", "class accuracy"),
+                              (axes[1], "frechet", "Frechet distance to real images (lower is better)")):
+        for label, r in results.items():
+            ax.plot([r["latency_ratio"]], [r[metric]], "*" if label == "ar" else "o", markersize=9, label=label)
+        ax.set_xscale("log")
+        ax.set_xlabel("speed-up over plain AR (latency ratio, log scale)")
+        ax.set_ylabel(title)
+        ax.grid(alpha=0.3)
+    save_panels(fig, axes, "FastAR Distilled Decoding: quality against speed-up", path)
