@@ -37,57 +37,57 @@ def _fill(d):
     return np.clip(0.5 - d, 0.0, 1.0)
 
 
-def _circle(rng, n):
-    u, v, r = _frame(rng, n, 14, 44, 0)
+def _circle(rng, n, token):
+    u, v, r = _frame(rng, n, max(14, 1.5 * token), 44, 0)
     return _fill(np.sqrt(u * u + v * v) - r)
 
 
-def _square(rng, n):
-    u, v, r = _frame(rng, n, 12, 38, 0)
+def _square(rng, n, token):
+    u, v, r = _frame(rng, n, max(12, 1.25 * token), 38, 0)
     return _fill(np.maximum(np.abs(u), np.abs(v)) - r)
 
 
-def _triangle(rng, n):
-    u, v, r = _frame(rng, n, 18, 48, 0)
+def _triangle(rng, n, token):
+    u, v, r = _frame(rng, n, max(18, 2 * token), 48, 0)
     # equilateral, pointing down: intersection of three half-planes at distance r/2 from the centre
     d = np.maximum(np.maximum(-v, 0.866 * u + 0.5 * v), -0.866 * u + 0.5 * v) - r / 2
     return _fill(d)
 
 
-def _ring(rng, n):
-    u, v, r = _frame(rng, n, 20, 46, 0)
-    width = r * _col(rng.uniform(0.15, 0.3, n))
+def _ring(rng, n, token):
+    u, v, r = _frame(rng, n, max(20, 1.75 * token), 46, 0)
+    width = r * _col(rng.uniform(max(0.15, token / 64), 0.3, n))
     return _fill(np.abs(np.sqrt(u * u + v * v) - r) - width)
 
 
-def _cross(rng, n):
-    u, v, r = _frame(rng, n, 20, 46, 0)
+def _cross(rng, n, token):
+    u, v, r = _frame(rng, n, max(20, 1.75 * token), 46, 0)
     w = r * _col(rng.uniform(0.2, 0.35, n))
     au, av = np.abs(u), np.abs(v)
     return _fill(np.minimum(np.maximum(au - r, av - w), np.maximum(au - w, av - r)))
 
 
-def _waves(rng, n, max_angle):
+def _waves(rng, n, max_angle, token):
     """Phase-shifted rotated coordinates scaled so that one period is 2 units."""
-    period = _col(rng.uniform(32, 56, n))
+    period = _col(rng.uniform(max(32, 3 * token), 56, n))
     u, v, _ = _frame(rng, n, 0, 0, max_angle)
     phase = _col(rng.uniform(0, 2, n))
     return u * 2 / period + phase, v * 2 / period + phase, period
 
 
-def _stripes(rng, n):
-    u, _, period = _waves(rng, n, np.pi / 2)
+def _stripes(rng, n, token):
+    u, _, period = _waves(rng, n, np.pi / 2, token)
     # distance to the nearest stripe edge, in pixels, signed by the square wave
     return _fill(-np.sin(np.pi * u) * period / (2 * np.pi))
 
 
-def _checkerboard(rng, n):
-    u, v, period = _waves(rng, n, np.pi / 12)
+def _checkerboard(rng, n, token):
+    u, v, period = _waves(rng, n, np.pi / 12, token)
     return _fill(-np.sin(np.pi * u) * np.sin(np.pi * v) * period / np.pi)
 
 
-def _blob(rng, n):
-    u, v, r = _frame(rng, n, 20, 40, np.pi)
+def _blob(rng, n, token):
+    u, v, r = _frame(rng, n, max(20, 1.5 * token), 40, np.pi)
     stretch = _col(rng.uniform(1.0, 1.8, n))
     return np.exp(-0.5 * ((u / stretch) ** 2 + (v * stretch) ** 2) / (r / 1.5) ** 2)
 
@@ -107,8 +107,12 @@ def _colours(rng, n):
     return LOW + (HIGH - LOW) * bits, LOW + (HIGH - LOW) * (1 - bits)
 
 
-def make_batch(rng: np.random.Generator, n: int, classes=None):
+def make_batch(rng: np.random.Generator, n: int, classes=None, token: int = 8):
     """``n`` images (uint8 [n, 128, 128, 3]) and their labels (int64 [n]).
+
+    ``token``: the pixels per token of the model the images are for. The smallest shapes, rings, arms and
+    stripe periods grow with it so that every feature spans a token or more (8, the VQ's and the bundled
+    models' data, is the default; the MAR demo's 16-pixel latents take 16).
 
     ``classes``: labels to draw (array of length ``n``); default uniform over ``CLASS_NAMES``."""
     labels = rng.integers(0, len(CLASS_NAMES), n) if classes is None else np.asarray(classes, dtype=np.int64)
@@ -116,7 +120,7 @@ def make_batch(rng: np.random.Generator, n: int, classes=None):
     for k, draw in enumerate(_DRAW):
         idx = np.flatnonzero(labels == k)
         if len(idx):
-            mask[idx] = draw(rng, len(idx))
+            mask[idx] = draw(rng, len(idx), token)
     bg, fg = _colours(rng, n)
     img = bg[:, None, None] * (1 - mask[..., None]) + fg[:, None, None] * mask[..., None]
     return (img * 255 + 0.5).clip(0, 255).astype(np.uint8), labels.astype(np.int64)
