@@ -57,6 +57,7 @@ class CheckpointInfo:
     metadata: dict[str, str] = field(default_factory=dict)  # safetensors metadata
     args: dict | None = None  # training args saved beside the weights
     config: dict | None = None  # config.json of an HF-style folder
+    folder: Path | None = None  # the model folder, for what lies beside the weights (tokenizer files)
 
     def settings(self) -> dict:
         """Training args and config.json merged (args win): the named hyper-parameters we know."""
@@ -131,7 +132,7 @@ def read_pickle(path: Path):
 
 
 def read_folder(folder: Path) -> tuple[dict[str, torch.Tensor], CheckpointInfo]:
-    info = CheckpointInfo(source=folder.name, config=read_json(folder / "config.json"))
+    info = CheckpointInfo(source=folder.name, config=read_json(folder / "config.json"), folder=folder)
     tensors: dict[str, torch.Tensor] = {}
     for file in folder_weight_files(folder):
         tensors.update(read_weights_file(file, info))
@@ -236,10 +237,14 @@ FAMILIES = (
            lambda sd: "tok_embeddings.weight" in sd and has_suffix(sd, ".attention.wqkv.weight")),
     Family("llamagen-gpt-hf", AR_MODEL, "a LlamaGen GPT",
            lambda sd: "model.embed_tokens.weight" in sd and has_prefix(sd, "model.cls_embedding.")),
+    Family("chameleon", AR_MODEL, "a Chameleon-family model (Lumina-mGPT, Anole)",
+           lambda sd: "model.embed_tokens.weight" in sd and has_suffix(sd, ".self_attn.q_norm.weight")),
     Family("mar", AR_MODEL, "a MAR model",
            lambda sd: "z_proj.weight" in sd and has_prefix(sd, "diffloss.net.")),
     Family("llamagen-vq", IMAGE_DECODER, "a VQ tokenizer",
            lambda sd: "quantize.embedding.weight" in sd and has_prefix(sd, "decoder.conv_blocks.")),
+    Family("chameleon-vqgan", IMAGE_DECODER, "a Chameleon VQGAN",
+           lambda sd: "quantize.embedding.weight" in sd and has_prefix(sd, "decoder.up.")),
     Family("kl-vae", IMAGE_DECODER, "a KL autoencoder",
            lambda sd: "post_quant_conv.weight" in sd and has_prefix(sd, "decoder.up.")),
     Family("eagle-drafter", DRAFTER, "an EAGLE-style drafter", lambda sd: "fc.weight" in sd and "embed_tokens.weight" in sd),

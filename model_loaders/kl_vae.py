@@ -94,7 +94,10 @@ class Middle(nn.Module):
 
 
 class Encoder(nn.Module):
-    def __init__(self, cfg: KLConfig):
+    """LDM's encoder; ``out_channels``: the posterior's mean and log-variance (2 x embed_dim) for the KL
+    autoencoder, the latent for a VQGAN."""
+
+    def __init__(self, cfg: KLConfig, out_channels: int):
         super().__init__()
         widths = [cfg.ch * m for m in cfg.ch_mult]
         last = len(widths) - 1
@@ -104,7 +107,7 @@ class Encoder(nn.Module):
                   Downsample if i != last else None) for i in range(len(widths)))
         self.mid = Middle(widths[-1])
         self.norm_out = group_norm(widths[-1])
-        self.conv_out = nn.Conv2d(widths[-1], 2 * cfg.embed_dim, 3, padding=1)
+        self.conv_out = nn.Conv2d(widths[-1], out_channels, 3, padding=1)
 
     def forward(self, x):
         x = self.conv_in(x)
@@ -140,7 +143,7 @@ class KLAutoencoder(nn.Module):
         super().__init__()
         self.cfg = cfg
         if cfg.with_encoder:
-            self.encoder = Encoder(cfg)
+            self.encoder = Encoder(cfg, 2 * cfg.embed_dim)
             self.quant_conv = nn.Conv2d(2 * cfg.embed_dim, 2 * cfg.embed_dim, 1)
         self.post_quant_conv = nn.Conv2d(cfg.embed_dim, cfg.embed_dim, 1)
         self.decoder = Decoder(cfg)

@@ -60,6 +60,18 @@ class CaptionConditioning:
         return int(self.embeddings.shape[0])
 
 
+@dataclass
+class PromptConditioning:
+    """Text-to-image generation from prompt text, for models that tokenise it themselves (Lumina-mGPT,
+    Anole, Janus): one prompt per row."""
+
+    prompts: list[str]
+
+    @property
+    def batch(self) -> int:
+        return len(self.prompts)
+
+
 class TokenARSession(Protocol):
     """One generation: a prefilled static KV cache for ``batch`` rows."""
 

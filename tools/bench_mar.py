@@ -80,7 +80,7 @@ def timed_runs(models, rows: list[Row], runs: int, num_classes: int, seed: int) 
 
 def run_mar_bench(args) -> dict:
     from .classifier import classify, frechet_distance, load_classifier
-    from .demo_data import make_batch
+    from .demo_data import MAR_TOKEN, make_batch
 
     started = time.perf_counter()
     require_matplotlib()
@@ -96,7 +96,8 @@ def run_mar_bench(args) -> dict:
     judge = load_classifier(device=models.ar.device)
     num_classes = models.ar.cfg.num_classes
     labels = [i % num_classes for i in range(args.samples)]
-    reference_feats = classify(judge, make_batch(np.random.default_rng(12345), REAL_IMAGES)[0])[1]
+    # the demo MAR's own data (drawn for its 16-pixel tokens) is what its samples are compared with
+    reference_feats = classify(judge, make_batch(np.random.default_rng(12345), REAL_IMAGES, token=MAR_TOKEN)[0])[1]
     chunks = -(-len(labels) // CHUNK)
 
     results = {}

@@ -25,7 +25,7 @@ from ..samplers.masked import MaskedSettings
 from ..samplers.processing import SamplingSettings
 from .classifier import classify, frechet_distance, load_classifier
 from .demo_common import OUT_DIR, Timer, setup
-from .demo_data import CLASS_NAMES, balanced_labels, make_batch
+from .demo_data import CLASS_NAMES, MAR_TOKEN, balanced_labels, make_batch
 
 
 def main(argv=None):
@@ -59,7 +59,8 @@ def main(argv=None):
     images = np.concatenate(images)
     pred, feats = classify(clf, images)
     agree = pred == labels
-    real, real_labels = make_batch(np.random.default_rng(20_000 + args.seed), args.samples, balanced_labels(args.samples))
+    real, real_labels = make_batch(np.random.default_rng(20_000 + args.seed), args.samples, balanced_labels(args.samples),
+                                   token=MAR_TOKEN if args.mar else 8)  # the images the checked model was trained on
     _, real_feats = classify(clf, real)
     print(f"{args.decoder}, cfg {args.cfg} temperature {args.temperature} top-k {args.top_k}: "
           f"agreement {agree.float().mean():.3f} on {args.samples} samples, "

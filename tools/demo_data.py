@@ -107,6 +107,9 @@ def _colours(rng, n):
     return LOW + (HIGH - LOW) * bits, LOW + (HIGH - LOW) * (1 - bits)
 
 
+MAR_TOKEN = 16  # pixels per latent token of the MAR demo's KL autoencoder: its images are drawn for 16
+
+
 def make_batch(rng: np.random.Generator, n: int, classes=None, token: int = 8):
     """``n`` images (uint8 [n, 128, 128, 3]) and their labels (int64 [n]).
 

@@ -49,7 +49,7 @@ from ..model_loaders.mar_model import MAR, MARConfig
 from ..model_loaders.protocol import ClassConditioning
 from ..samplers.masked import MaskedSettings, masked_decode
 from .demo_common import DATA_DIR, OUT_DIR, Timer, cosine_lr, save_fp16, setup, to_tensor, to_uint8
-from .demo_data import CLASS_NAMES, balanced_labels, make_batch
+from .demo_data import CLASS_NAMES, MAR_TOKEN, balanced_labels, make_batch
 
 SIZES = {  # the target is about 4x the draft, as MAR-H is to MAR-B
     "target": dict(dim=192, encoder_depth=3, encoder_heads=6, decoder_dim=192, decoder_depth=3, decoder_heads=6,
@@ -320,7 +320,7 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2, help="CPU threads (1 when two trainings share the machine)")
     p.add_argument("--teacher", help="a trained MAR on the same latents whose eps the model learns (default: the "
                                      "demo target for --size draft, none for the target)")
-    p.add_argument("--token", type=int, default=16, help="pixels per latent token the images are drawn for")
+    p.add_argument("--token", type=int, default=MAR_TOKEN, help="pixels per latent token the images are drawn for")
     p.add_argument("--judge-every", type=int, default=0, help="steps between judged samples of the EMA (0 = at the end)")
     args = p.parse_args(argv)
     out = args.out or str(OUTPUTS[args.size])

@@ -20,10 +20,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from fastar.model_loaders.dd_student import DDStudent, DDStudentConfig
-from fastar.model_loaders.demo import DEMO_AR, DEMO_DRAFTER, DEMO_KL, DEMO_MAR, DEMO_MAR_DRAFT
-from fastar.model_loaders.mar_model import MAR
-from fastar.tests.tiny_mar import KL, mar_config, official_kl, official_mar, random_model
-from fastar.tools.demo_common import save_fp16
+from fastar.model_loaders.demo import DEMO_AR, DEMO_DRAFTER
+from fastar.tests.tiny_mar import KL, mar_config, official_kl, official_mar
 from fastar.model_loaders.eagle_drafter import EagleConfig, EagleHead
 from fastar.model_loaders.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
 from fastar.model_loaders.vq import VQConfig, VQModel
@@ -182,16 +180,9 @@ OFFICIAL_MAR = mar_config(grid=(8, 8), num_classes=1000)  # 64 tokens: MAR's 64 
 
 
 def write_mar(folder: Path) -> None:
-    """The MAR release's MAR-H and KL-16 under their names; demo MAR stand-ins (on the bundled KL
-    autoencoder's 8 channels) while the bundled ones do not exist."""
+    """The MAR release's MAR-H and KL-16 under their names."""
     official_mar(folder / MAR_HUGE, OFFICIAL_MAR, 21, num_heads=2)
     official_kl(folder / MAR_KL16, KL, 23)
-    demo = mar_config(token_dim=8, grid=(16, 16), num_classes=len(DEMO_CLASSES), class_names=list(DEMO_CLASSES))
-    if not DEMO_MAR.exists() and DEMO_KL.exists():
-        save_fp16(random_model(MAR, demo, 24), demo, folder / DEMO_MAR.name)
-    if not DEMO_MAR_DRAFT.exists() and DEMO_KL.exists():
-        draft = dataclasses.replace(demo, dim=16, decoder_dim=16)
-        save_fp16(random_model(MAR, draft, 25), draft, folder / DEMO_MAR_DRAFT.name)
 
 
 def write_slow(folder: Path) -> None:

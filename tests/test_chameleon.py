@@ -1,0 +1,137 @@
+"""The Chameleon-family adapter against an implementation nobody here wrote: transformers'
+ChameleonForConditionalGeneration, on tiny random models saved as HF folders (tests/tiny_chameleon.py).
+
+- teacher-forced image-code logits of cond rows (prompt + image prefix) and CFG's uncond rows (from boi), for
+  prompts of different lengths in one batch, rows at different positions, windows that cross row ends;
+- greedy decoding with CFG against a reference loop over the transformers model that forces the row-end and
+  eoi tokens as Lumina-mGPT's logits processor does: the whole written sequence must be the same;
+- the code <-> vocabulary mapping is read from the vocabulary map (the tiny vocabulary scrambles it).
+"""
+import pytest
+import torch
+
+from fastar.model_loaders import load_ar_model
+from fastar.model_loaders.protocol import PromptConditioning
+from fastar.samplers.jacobi import ar_decode
+from fastar.samplers.processing import SamplingSettings
+from fastar.tests.tiny_chameleon import CODES, code_name, hf_model, vocabulary, write_folder
+
+PROMPTS = ["a red ring on a blue background", "a green square"]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return hf_model(seed=0)
+
+
+@pytest.fixture(scope="module", params=["lumina", "anole"])
+def folder(request, reference, tmp_path_factory):
+    lumina = request.param == "lumina"
+    path = tmp_path_factory.mktemp("chameleon") / ("tiny-lumina-mgpt" if lumina else "tiny-anole")
+    return write_folder(path, reference, lumina=lumina, image_size=128 if lumina else None)
+
+
+@pytest.fixture(scope="module")
+def model(folder):
+    return load_ar_model(folder)
+
+
+def image_ids(model) -> list[int]:
+    vocab = vocabulary()
+    return [vocab[code_name(k)] for k in range(CODES)]
+
+
+def written(model, prefix: list[int], codes: list[int]) -> list[int]:
+    """The vocabulary ids the model reads for ``prefix`` then image codes (row ends inserted)."""
+    cfg, ids = model.cfg, image_ids(model)
+    seq = list(prefix)
+    for p, code in enumerate(codes):
+        seq.append(ids[code])
+        if cfg.row_end is not None and (p + 1) % cfg.grid[1] == 0:
+            seq.append(cfg.row_end)
+    return seq
+
+
+@torch.no_grad()
+def reference_image_logits(reference, model, prefix: list[int], codes: list[int]) -> torch.Tensor:
+    """[N, CODES]: transformers' logits for every image token given the ones before it (the stock forward
+    blanks image logits, so the output head is applied to its hidden states)."""
+    seq = written(model, prefix, codes)
+    logits = reference.lm_head(reference.model(torch.tensor([seq])).last_hidden_state)[0]
+    # image token p sits after the prefix, p tokens and the row ends before it; its logits come one earlier
+    w, ends = model.cfg.grid[1], model.cfg.row_end is not None
+    slots = [len(prefix) + p + (p // w if ends else 0) - 1 for p in range(len(codes))]
+    return logits[slots][:, image_ids(model)]
+
+
+def test_the_code_mapping_is_read_from_the_vocabulary_map(model):
+    assert model.cfg.image_ids == image_ids(model) and model.cfg.image_ids != sorted(model.cfg.image_ids)
+    assert model.vocab_size == CODES and model.grid == ((8, 8) if model.cfg.row_end else (32, 32))
+
+
+def test_teacher_forced_logits_equal_transformers(model, reference):
+    N = model.grid[0] * model.grid[1]
+    codes = torch.randint(0, CODES, (2, N), generator=torch.Generator().manual_seed(1))
+    prompts = model.prompts.encode(PromptConditioning(PROMPTS))
+    assert len(prompts[0]) != len(prompts[1])  # left padding is exercised
+    session = model.start(PromptConditioning(PROMPTS), cfg=True, max_window=5)
+    got = {(kind, b): {0: out[b, 0]} for kind, out in (("cond", session.first.cond), ("uncond", session.first.uncond))
+           for b in range(2)}
+    starts, steps = torch.tensor([0, 0]), [(3, 2), (5, 4), (2, 5), (4, 1)]  # rows advance differently
+    call = 0
+    while bool((starts < N - 1).any()):
+        width = max(steps[call % len(steps)])
+        window = torch.stack([codes[b, (starts[b] + torch.arange(width)).clamp(max=N - 1)] for b in range(2)])
+        out = session.forward(window, starts)
+        for b in range(2):
+            for j in range(width):
+                position = int(starts[b]) + j + 1
+                if position < N:
+                    got[("cond", b)][position] = out.cond[b, j]
+                    got[("uncond", b)][position] = out.uncond[b, j]
+            starts[b] = min(N - 1, int(starts[b]) + steps[call % len(steps)][b])
+        call += 1
+    for b in range(2):
+        for kind, prefix in (("cond", prompts[b] + model.cfg.image_prefix), ("uncond", model.cfg.image_prefix)):
+            expected = reference_image_logits(reference, model, prefix, codes[b].tolist())
+            ours = torch.stack([got[(kind, b)][p] for p in range(N)])
+            assert torch.allclose(ours, expected, atol=2e-5, rtol=1e-4), (kind, b, (ours - expected).abs().max())
+
+
+@torch.no_grad()
+def reference_greedy(reference, model, prompt: list[int], cfg_scale: float) -> list[int]:
+    """Lumina-mGPT's decoding loop over transformers: CFG on the logits (the uncond context starts at boi),
+    row ends and eoi forced where the layout puts them, image tokens otherwise; greedy."""
+    cfg, ids = model.cfg, torch.tensor(image_ids(model))
+    cond, uncond = prompt + cfg.image_prefix, list(cfg.image_prefix)
+    w, N = cfg.grid[1], cfg.num_tokens
+    written_codes = 0
+    while True:
+        layout = len(cond) - len(prompt) - len(cfg.image_prefix)  # tokens written after the prefix
+        if cfg.row_end is not None and (layout + 1) % (w + 1) == 0:  # the last row too ends with one
+            nxt = cfg.row_end
+        elif written_codes == N:
+            nxt = cfg.eoi
+        else:
+            def last(seq):
+                return reference.lm_head(reference.model(torch.tensor([seq])).last_hidden_state)[0, -1]
+            c, u = last(cond), last(uncond)
+            guided = cfg_scale * (c - u) + u
+            nxt = int(ids[guided[ids].argmax()])
+            written_codes += 1
+        cond.append(nxt)
+        uncond.append(nxt)
+        if nxt == cfg.eoi:
+            return cond[len(prompt):]
+
+
+def test_greedy_decoding_writes_the_same_sequence_as_transformers(model, reference):
+    if model.cfg.row_end is None:
+        pytest.skip("the Anole layout has 1024 tokens: its logits are pinned above, the loop runs on Lumina's")
+    conditioning = PromptConditioning(PROMPTS[:1])
+    codes, _ = ar_decode(model, conditioning, SamplingSettings(cfg_scale=3.0, temperature=0.0),
+                         generator=torch.Generator())
+    prompt = model.prompts.encode(conditioning)[0]
+    expected = reference_greedy(reference, model, prompt, 3.0)
+    assert model.image_sequence(codes[0]) == expected
+    assert expected.count(model.cfg.row_end) == model.grid[0] and expected[-1] == model.cfg.eoi
