@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from .errors import FastARError
-from .model_loaders.protocol import ClassConditioning
+from .model_loaders.protocol import ClassConditioning, PromptConditioning
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -132,7 +132,15 @@ def conditioning_for(model, *, classes: list[str] | None = None, batch: int = 1,
     """Conditioning rows for a class-conditional (``classes``) or text-conditional (``prompts``) model."""
     if batch < 1:
         raise FastARError(f"batch {batch} must be at least 1")
-    if model.cfg.model_type == "t2i":
+    kind = getattr(model, "conditioning_kind", "class")
+    if kind == "prompt":  # the model tokenises prompts itself (Lumina-mGPT, Anole)
+        if not prompts:
+            raise FastARError(f"this is {model.what}, a text-to-image model: give --prompt (one per row, or one "
+                              "for the whole batch)")
+        if classes:
+            raise FastARError(f"this is {model.what}, a text-to-image model: give --prompt, not --class")
+        return PromptConditioning(prompts * batch if len(prompts) == 1 else prompts)
+    if kind == "caption":
         if not prompts or not t5_folder:
             raise FastARError("this is a text-to-image model: give --prompt and --t5 (a local FLAN-T5 folder)")
         from .model_loaders.t5 import encode_captions, load_t5_encoder

@@ -156,6 +156,7 @@ class ChameleonGPT(nn.Module):
     """A Chameleon-family model behind the token-AR protocol (image codes in, image-code logits out)."""
 
     kind = "token-ar"
+    conditioning_kind = "prompt"  # it tokenises prompts with its own tokenizer
 
     def __init__(self, cfg: ChameleonConfig, prompts=None, what: str = "a Chameleon-family model"):
         super().__init__()

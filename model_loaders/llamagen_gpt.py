@@ -223,6 +223,11 @@ class LlamaGenGPT(nn.Module):
         return self.cfg.grid
 
     @property
+    def conditioning_kind(self) -> str:
+        """"class" (labels) or "caption" (T5 features of a prompt, computed outside the model)."""
+        return "caption" if self.cfg.model_type == "t2i" else "class"
+
+    @property
     def device(self) -> torch.device:
         return self.tok_embeddings.weight.device
 

@@ -135,3 +135,32 @@ def test_greedy_decoding_writes_the_same_sequence_as_transformers(model, referen
     expected = reference_greedy(reference, model, prompt, 3.0)
     assert model.image_sequence(codes[0]) == expected
     assert expected.count(model.cfg.row_end) == model.grid[0] and expected[-1] == model.cfg.eoi
+
+
+def test_the_command_line_draws_from_prompts_with_every_token_decoder(folder, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from fastar.model_loaders.vqgan import VQGAN, VQGANConfig
+
+    if "anole" in folder.name:
+        pytest.skip("one layout is enough for the command line")
+    vqgan = tmp_path / "vqgan.ckpt"
+    torch.manual_seed(0)
+    torch.save({"state_dict": VQGAN(VQGANConfig(codebook_size=CODES, embed_dim=8, z_channels=32, ch=32,
+                                                ch_mult=(1, 2), num_res_blocks=1)).state_dict()}, vqgan)
+
+    def fastar(*args):
+        return subprocess.run([sys.executable, "-m", "fastar", "generate", "--model", folder, "--vq", vqgan,
+                               *map(str, args)], capture_output=True, text=True, timeout=600)
+
+    for decoder in ("ar", "sjd", "gsd"):
+        r = fastar("--prompt", "a red ring", "--prompt", "a green square", "--decoder", decoder, "--cfg", 3,
+                   "--top-k", 10, "--out", tmp_path / f"{decoder}.png", "--stats-out", tmp_path / f"{decoder}.json")
+        assert r.returncode == 0, r.stderr
+        stats = json.loads((tmp_path / f"{decoder}.json").read_text())
+        assert stats["decoder"] == decoder and stats["tokens"] == [64, 64]
+        assert (tmp_path / f"{decoder}_1.png").exists()
+    r = fastar("--class", 3)
+    assert r.returncode == 2 and "text-to-image model: give --prompt" in r.stderr
