@@ -1,11 +1,5 @@
-"""Chameleon-family transformers (Lumina-mGPT, Anole), with the image layout kept inside the adapter.
-
-The math, as transformers' ChameleonModel computes it (pinned by tests against it):
-- LLaMA-2 blocks: RMSNorm (fp32 statistics), q/k/v/o projections, SwiGLU MLP; ``swin_norm`` models
-  (Chameleon-30B) normalise each branch's output instead of its input.
-- Per-head QK LayerNorm before RoPE: statistics over each head's channels, then that head's own weight and
-  bias (shape ``[heads, head_dim]``), eps 1e-5.
-- 1-D RoPE with rotate_half pairs (channel i with i + head_dim/2), base ``rope_theta``.
+"""Chameleon-family transformers (Lumina-mGPT, Anole): a LLaMA-family decoder (``llm_decoder``) with
+per-head QK norm, whose image tokens are vocabulary entries.
 
 The layout: a prompt (its own tokens, from the adapter's tokenizer), ``boi``, the size tokens
 (Lumina-mGPT: height and width in 32-pixel units), then the image tokens in raster order, each row
@@ -23,10 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .llamagen_gpt import KVCache, RMSNorm, attention_mask
-from .protocol import ModelOutput
-
-QK_NORM_EPS = 1e-5
+from .llm_decoder import Backbone, DecoderConfig, ImageLayout, LayoutSession
 
 
 @dataclass
@@ -52,8 +43,9 @@ class ChameleonConfig:
         self.grid = tuple(self.grid)
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.n_head
+    def decoder(self) -> DecoderConfig:
+        return DecoderConfig(self.hidden_size, self.n_layer, self.n_head, self.n_kv_head, self.ffn_hidden,
+                             self.vocab_size, self.rope_theta, self.rms_eps, qk_norm=True, swin_norm=self.swin_norm)
 
     @property
     def num_tokens(self) -> int:
@@ -63,93 +55,6 @@ class ChameleonConfig:
     def image_prefix(self) -> list[int]:
         """What every image starts with, and what CFG's unconditional rows see."""
         return [self.boi, *self.size_ids]
-
-
-class HeadLayerNorm(nn.Module):
-    """LayerNorm over each head's channels with that head's own affine (Chameleon's QK norm)."""
-
-    def __init__(self, heads: int, head_dim: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(heads, head_dim))
-        self.bias = nn.Parameter(torch.zeros(heads, head_dim))
-
-    def forward(self, x):  # [B, T, H, hd]
-        return F.layer_norm(x, x.shape[-1:], eps=QK_NORM_EPS) * self.weight + self.bias
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-
-
-def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin ``[B, T, 1, head_dim]`` for integer ``positions`` [B, T] (computed in fp32, then cast)."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
-    angles = positions.float()[..., None] * inv_freq
-    angles = torch.cat([angles, angles], dim=-1)[:, :, None]
-    return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-class Attention(nn.Module):
-    def __init__(self, cfg: ChameleonConfig):
-        super().__init__()
-        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.n_head * cfg.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.n_kv_head * cfg.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.n_kv_head * cfg.head_dim, bias=False)
-        self.o_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.hidden_size, bias=False)
-        self.q_norm = HeadLayerNorm(cfg.n_head, cfg.head_dim)
-        self.k_norm = HeadLayerNorm(cfg.n_kv_head, cfg.head_dim)
-
-    def forward(self, x, rope, mask, cache: KVCache, slots):
-        B, T, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(B, T, self.n_head, self.head_dim))
-        k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim))
-        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim)
-        cos, sin = rope
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        keys, values = cache.write(k, v, slots)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask,
-                                             enable_gqa=self.n_head != self.n_kv_head)
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
-
-
-class MLP(nn.Module):
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(dim, hidden, bias=False)
-        self.up_proj = nn.Linear(dim, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, dim, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ChameleonConfig):
-        super().__init__()
-        self.swin = cfg.swin_norm
-        self.self_attn = Attention(cfg)
-        self.mlp = MLP(cfg.hidden_size, cfg.ffn_hidden)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
-
-    def forward(self, x, rope, mask, cache, slots):
-        if self.swin:  # norm after each branch
-            h = x + self.input_layernorm(self.self_attn(x, rope, mask, cache, slots))
-            return h + self.post_attention_layernorm(self.mlp(h))
-        h = x + self.self_attn(self.input_layernorm(x), rope, mask, cache, slots)
-        return h + self.mlp(self.post_attention_layernorm(h))
-
-
-class Backbone(nn.Module):
-    """``model.*`` of the HF checkpoints."""
-
-    def __init__(self, cfg: ChameleonConfig):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layer))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
 
 
 class ChameleonGPT(nn.Module):
@@ -162,7 +67,8 @@ class ChameleonGPT(nn.Module):
         super().__init__()
         self.cfg, self.what = cfg, what
         self.prompts = prompts  # turns PromptConditioning into token ids (the model's own tokenizer)
-        self.model = Backbone(cfg)
+        self.decoder_cfg, self.layout = cfg.decoder, ImageLayout(cfg.grid, cfg.row_end, cfg.eoi)
+        self.model = Backbone(self.decoder_cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.register_buffer("image_ids", torch.tensor(cfg.image_ids, dtype=torch.long), persistent=False)
 
@@ -196,12 +102,19 @@ class ChameleonGPT(nn.Module):
         ends = [self.cfg.row_end] if self.cfg.row_end is not None else []
         return [*self.cfg.image_prefix, *(t for row in ids for t in row + ends), self.cfg.eoi]
 
+    @property
+    def backbone(self) -> Backbone:
+        return self.model
+
+    def embed_images(self, codes: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(self.image_ids[codes])
+
     def image_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over image codes only (the image tokens' rows of the output head), fp32."""
         return F.linear(hidden, self.lm_head.weight[self.image_ids]).float()
 
     @torch.no_grad()
-    def start(self, conditioning, *, cfg: bool, max_window: int, hidden: bool = False) -> "ChameleonSession":
+    def start(self, conditioning, *, cfg: bool, max_window: int, hidden: bool = False) -> LayoutSession:
         if self.prompts is None:
             raise TypeError("this model was built without a tokenizer: start a session with start_ids")
         cond = self.prompts.encode(conditioning)
@@ -212,92 +125,4 @@ class ChameleonGPT(nn.Module):
         prefixes = [p + self.cfg.image_prefix for p in prompts]
         if cfg:
             prefixes += [self.cfg.image_prefix] * len(prompts)
-        return ChameleonSession(self, prefixes, len(prompts), cfg=cfg, max_window=max_window, hidden=hidden)
-
-    def run_layers(self, h, rope, mask, caches, slots):
-        for layer, cache in zip(self.model.layers, caches):
-            h = layer(h, rope, mask, cache, slots)
-        return self.model.norm(h)
-
-
-class ChameleonSession:
-    """A prefilled generation; see ``TokenARSession``. Slots: the left-padded prefix, then the image
-    region (image tokens and row ends), then scratch slots for windows past the last image token."""
-
-    def __init__(self, model: ChameleonGPT, prefixes: list[list[int]], batch: int, *, cfg: bool, max_window: int,
-                 hidden: bool = False):
-        self.model, self.cfg, self.batch, self.keep_hidden = model, cfg, batch, hidden
-        mc, device = model.cfg, model.device
-        rows = len(prefixes)
-        self.width = mc.grid[1]
-        self.rows_ends = mc.row_end is not None
-        self.prefix_len = max(len(p) for p in prefixes)
-        pad = torch.tensor([self.prefix_len - len(p) for p in prefixes], device=device)
-        # positions from the first real token (RoPE is relative: this only keeps the rounding of an unpadded run)
-        self.position_offset = pad
-        region = mc.num_tokens + (mc.grid[0] if self.rows_ends else 0)
-        self.window_len = max_window + (max_window // self.width + 1 if self.rows_ends else 0)
-        self.total_slots = self.prefix_len + region + 2 * self.window_len + 2
-        self.valid = torch.arange(self.prefix_len, device=device)[None] >= pad[:, None]  # real prefix slots
-        self.caches = [KVCache(rows, mc.n_kv_head, self.total_slots, mc.head_dim, model.dtype, device)
-                       for _ in model.model.layers]
-        ids = torch.tensor([[mc.eoi] * (self.prefix_len - len(p)) + p for p in prefixes], device=device)
-        slots = torch.arange(self.prefix_len, device=device).expand(rows, -1)
-        prefix = self._run(ids, slots)
-        self.prefix_hidden = prefix if hidden else None
-        self.first = self._output(prefix[:, -1:])
-
-    @property
-    def cache_bytes(self) -> int:
-        return sum(c.nbytes() for c in self.caches)
-
-    def _output(self, hidden) -> ModelOutput:
-        logits = self.model.image_logits(hidden)
-        kept = hidden if self.keep_hidden else None
-        if self.cfg:
-            return ModelOutput(cond=logits[: self.batch], uncond=logits[self.batch:], hidden=kept)
-        return ModelOutput(cond=logits, hidden=kept)
-
-    def _run(self, ids, slots):
-        mc = self.model.cfg
-        mask = attention_mask(slots, self.valid, self.total_slots)
-        positions = slots - self.position_offset[:, None]
-        rope = rope_tables(positions, mc.head_dim, mc.rope_theta, self.model.dtype)
-        return self.model.run_layers(self.model.model.embed_tokens(ids), rope, mask, self.caches, slots)
-
-    def layout(self, start: torch.Tensor, width: int):
-        """The window's sequence for each row: token ids' source, slots, and where each image token's
-        successor is predicted. Returns (image index or -1 for a row end [R, T], slots [R, T], out [R, W])."""
-        device = start.device
-        j = torch.arange(width, device=device)
-        p = start[:, None] + j  # image positions fed
-        if not self.rows_ends:
-            return j.expand(len(start), -1), self.prefix_len + p, j.expand(len(start), -1)
-        w = self.width
-        t = j + (p // w - (start // w)[:, None])  # index in the sequence: row ends before it shift it
-        ends_after = (p + 1) % w == 0
-        out = t + ends_after.long()  # the successor of a row's last token is predicted by the row end
-        T = self.window_len
-        source = torch.full((len(start), T), -2, dtype=torch.long, device=device)  # -2: padding
-        source.scatter_(1, t, j.expand(len(start), -1))
-        end_t = torch.where(ends_after, t + 1, torch.full_like(t, T))  # T: nothing (dropped by the slice below)
-        source = torch.cat([source, torch.full_like(source[:, :1], -2)], 1).scatter(1, end_t, -1)[:, :T]
-        slots = torch.full_like(source, 0)
-        image_slot = self.prefix_len + p + p // w
-        slots.scatter_(1, t, image_slot)
-        end_slot = torch.cat([slots, slots[:, :1]], 1).scatter(1, end_t, image_slot + 1)[:, :T]
-        pad_slot = self.total_slots - 1 - torch.arange(T, device=device).expand_as(source)
-        slots = torch.where(source == -1, end_slot, torch.where(source == -2, pad_slot, slots))
-        return source, slots, out
-
-    @torch.no_grad()
-    def forward(self, tokens: torch.Tensor, start: torch.Tensor) -> ModelOutput:
-        mc = self.model.cfg
-        if self.cfg:
-            tokens, start = torch.cat([tokens, tokens]), torch.cat([start, start])
-        source, slots, out = self.layout(start, tokens.shape[1])
-        image = self.model.image_ids[tokens.gather(1, source.clamp(min=0))]
-        fill = torch.full_like(image, mc.row_end if self.rows_ends else mc.eoi)
-        ids = torch.where(source >= 0, image, torch.where(source == -1, fill, torch.full_like(image, mc.eoi)))
-        hidden = self._run(ids, slots.clamp(max=self.total_slots - 1))
-        return self._output(hidden.gather(1, out[..., None].expand(-1, -1, hidden.shape[-1])))
+        return LayoutSession(self, prefixes, len(prompts), cfg=cfg, max_window=max_window, hidden=hidden)
