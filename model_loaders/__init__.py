@@ -1,13 +1,15 @@
 """Model families: architectures and checkpoint readers. The front doors pick the loader from the keys."""
 from ..errors import FastARError
 from .chameleon import load_chameleon, load_vqgan
-from .checkpoint import AR_MODEL, IMAGE_DECODER, read_state_dict, require_family
+from .checkpoint import AR_MODEL, IMAGE_DECODER, detect_family, read_state_dict, require_family
 from .dd import load_dd_student
+from .janus import load_janus, vq_of_janus
 from .llamagen import load_llamagen, load_vq
 from .mar import load_kl_vae, load_mar
 
 LOADERS = {"llamagen-dd": load_dd_student, "llamagen-gpt": load_llamagen, "llamagen-gpt-hf": load_llamagen,
-           "mar": load_mar, "chameleon": load_chameleon, "chameleon-vqgan": load_vqgan, "llamagen-vq": load_vq, "kl-vae": load_kl_vae}
+           "mar": load_mar, "chameleon": load_chameleon, "janus": load_janus,
+           "llamagen-vq": load_vq, "kl-vae": load_kl_vae, "chameleon-vqgan": load_vqgan}
 
 
 def load_ar_model(path, **kw):
@@ -20,21 +22,23 @@ def load_image_decoder(path, **kw):
     """The image decoder (VQ tokenizer, KL autoencoder, VQGAN) in a checkpoint file or folder; a model folder
     whose weights include its VQ model (``model.vqmodel.*``) gives that."""
     sd, info = read_state_dict(path)
-    sd = embedded_image_decoder(sd, info.source)
+    sd = embedded_image_decoder(sd, info)
     return LOADERS[require_family(sd, info.source, IMAGE_DECODER)](sd, info=info, **kw)
 
 
 EMBEDDED_VQ = "model.vqmodel."
 
 
-def embedded_image_decoder(sd: dict, source: str) -> dict:
-    """The ``model.vqmodel.*`` weights of a converted model folder, renamed as a VQ file has them; other
-    state dicts as they are."""
+def embedded_image_decoder(sd: dict, info) -> dict:
+    """The VQ model inside a model folder (Janus's ``gen_vision_model.*``, converted ``model.vqmodel.*``),
+    renamed as a VQ file has it; other state dicts as they are."""
+    if detect_family(sd) == "janus":
+        return vq_of_janus(sd, converted=EMBEDDED_VQ + "decoder.conv_in.weight" in sd)
     inner = {k[len(EMBEDDED_VQ):]: v for k, v in sd.items() if k.startswith(EMBEDDED_VQ)}
     if not inner:
         return sd
     if not any(k.startswith("decoder.") for k in inner):
-        raise FastARError(f"{source} carries its VQ model without the decoder (transformers' Chameleon conversion "
+        raise FastARError(f"{info.source} carries its VQ model without the decoder (transformers' Chameleon conversion "
                           "keeps only the encoder): load Meta's vqgan.ckpt (Chameleon's release, with vqgan.yaml) "
                           "as the image decoder")
     return inner

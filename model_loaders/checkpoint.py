@@ -237,6 +237,8 @@ FAMILIES = (
            lambda sd: "tok_embeddings.weight" in sd and has_suffix(sd, ".attention.wqkv.weight")),
     Family("llamagen-gpt-hf", AR_MODEL, "a LlamaGen GPT",
            lambda sd: "model.embed_tokens.weight" in sd and has_prefix(sd, "model.cls_embedding.")),
+    Family("janus", AR_MODEL, "a Janus-Pro model",
+           lambda sd: "gen_head.vision_head.weight" in sd or "model.generation_head.vision_head.weight" in sd),
     Family("chameleon", AR_MODEL, "a Chameleon-family model (Lumina-mGPT, Anole)",
            lambda sd: "model.embed_tokens.weight" in sd and has_suffix(sd, ".self_attn.q_norm.weight")),
     Family("mar", AR_MODEL, "a MAR model",

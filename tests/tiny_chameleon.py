@@ -30,14 +30,25 @@ def vocabulary() -> dict[str, int]:
     return {name: i for i, name in enumerate(names)}
 
 
-def save_tokenizer(folder: Path, vocab: dict[str, int]) -> None:
+def save_tokenizer(folder: Path, vocab: dict[str, int], bos: str = "<s>", eos: str = "</s>", pad: str | None = None):
+    """A word-level tokenizer (specials: the entries in angle brackets) and its tokenizer_config.json."""
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace()])
     tokenizer.add_special_tokens([AddedToken(n, special=True) for n in vocab if n.startswith("<")])
     tokenizer.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    settings = {"bos_token": bos, "eos_token": eos, **({"pad_token": pad} if pad else {})}
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+
+
+def randomise_norms(model, seed: int) -> None:
+    """Norm weights and biases away from their neutral init, so that a misplaced norm shows."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.3 * torch.randn(p.shape, generator=generator))
 
 
 def hf_model(seed: int = 0, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 4):
@@ -52,11 +63,7 @@ def hf_model(seed: int = 0, hidden: int = 64, layers: int = 2, heads: int = 4, k
                        channel_multiplier=[1, 2], num_res_blocks=1, attn_resolutions=[]))
     torch.manual_seed(seed)
     model = ChameleonForConditionalGeneration(config).eval()
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:  # per-head QK norms and RMSNorms away from their neutral init
-                p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.3 * torch.randn(p.shape, generator=generator))
+    randomise_norms(model, seed)  # per-head QK norms and RMSNorms
     return model
 
 
