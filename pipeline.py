@@ -48,6 +48,17 @@ def class_conditioning(model, classes: list[int]) -> ClassConditioning:
     return ClassConditioning(torch.tensor(classes, dtype=torch.long, device=model.device))
 
 
+CONDITIONING_TYPES = {"class": "c2i", "caption": "t2i", "prompt": "prompt"}
+CONDITIONING_NAMES = {"c2i": "class-to-image", "t2i": "text-to-image (FLAN-T5 features)",
+                      "prompt": "text-to-image (own tokenizer)"}
+
+
+def conditioning_type(model) -> str:
+    """What a model is conditioned on: "c2i" (class labels), "t2i" (T5 caption features, LlamaGen t2i) or
+    "prompt" (prompt text it tokenises itself: Lumina-mGPT, Anole, Janus)."""
+    return CONDITIONING_TYPES[getattr(model, "conditioning_kind", "class")]
+
+
 def parse_class(value: str, class_names: list[str]) -> int:
     """A class given as an index or as one of the model's class names."""
     if value.strip().lstrip("-").isdigit():

@@ -109,7 +109,7 @@ def bos_token(folder: Path, tokenizer) -> int | None:
 
 
 def is_lumina(config: dict, folder: Path) -> bool:
-    return any("XLLMX" in a for a in config.get("architectures", [])) or "lumina" in folder.name.lower()
+    return any("XLLMX" in a for a in (config.get("architectures") or [])) or "lumina" in folder.name.lower()
 
 
 def chameleon_size(lumina: bool, image_size: int | None, folder: Path, source: str) -> int:

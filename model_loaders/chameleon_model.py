@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .llm_decoder import Backbone, DecoderConfig, ImageLayout, LayoutSession
+from .llm_decoder import Backbone, DecoderConfig, ImageLayout, LayoutSession, cache_slots
 
 
 @dataclass
@@ -122,7 +122,15 @@ class ChameleonGPT(nn.Module):
 
     def start_ids(self, prompts: list[list[int]], *, cfg: bool, max_window: int, hidden: bool = False):
         """A session for rows whose prompts are ``prompts`` (token ids, without the image prefix)."""
-        prefixes = [p + self.cfg.image_prefix for p in prompts]
-        if cfg:
-            prefixes += [self.cfg.image_prefix] * len(prompts)
-        return LayoutSession(self, prefixes, len(prompts), cfg=cfg, max_window=max_window, hidden=hidden)
+        return LayoutSession(self, self.prefixes(prompts, cfg), len(prompts), cfg=cfg, max_window=max_window,
+                             hidden=hidden)
+
+    def prefixes(self, prompts: list[list[int]], cfg: bool) -> list[list[int]]:
+        """Each row's tokens before its image: cond rows, then CFG's uncond rows (from boi)."""
+        rows = [p + self.cfg.image_prefix for p in prompts]
+        return rows + [self.cfg.image_prefix] * len(prompts) if cfg else rows
+
+    def cache_slots(self, conditioning, max_window: int) -> int:
+        """The KV cache length a session for ``conditioning`` allocates (for memory estimates)."""
+        longest = max(len(p) for p in self.prefixes(self.prompts.encode(conditioning), cfg=False))
+        return cache_slots(self.layout, longest, max_window)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .llm_decoder import Backbone, DecoderConfig, ImageLayout, LayoutSession
+from .llm_decoder import Backbone, DecoderConfig, ImageLayout, LayoutSession, cache_slots
 
 
 @dataclass
@@ -116,8 +116,15 @@ class JanusGPT(nn.Module):
 
     def start_ids(self, prompts: list[list[int]], *, cfg: bool, max_window: int, hidden: bool = False):
         """A session for rows whose prompts are ``prompts`` (token ids ending with ``<begin_of_image>``)."""
-        prefixes = [list(p) for p in prompts]
-        if cfg:
-            keep = {self.cfg.bos, self.cfg.boi}
-            prefixes += [[t if t in keep else self.cfg.pad for t in p] for p in prompts]
-        return LayoutSession(self, prefixes, len(prompts), cfg=cfg, max_window=max_window, hidden=hidden)
+        return LayoutSession(self, self.prefixes(prompts, cfg), len(prompts), cfg=cfg, max_window=max_window,
+                             hidden=hidden)
+
+    def prefixes(self, prompts: list[list[int]], cfg: bool) -> list[list[int]]:
+        """Cond rows, then CFG's uncond rows: the same length, all pad but bos and ``<begin_of_image>``."""
+        rows = [list(p) for p in prompts]
+        keep = {self.cfg.bos, self.cfg.boi}
+        return rows + [[t if t in keep else self.cfg.pad for t in p] for p in prompts] if cfg else rows
+
+    def cache_slots(self, conditioning, max_window: int) -> int:
+        """The KV cache length a session for ``conditioning`` allocates (for memory estimates)."""
+        return cache_slots(self.layout, max(map(len, self.prompts.encode(conditioning))), max_window)

@@ -222,6 +222,10 @@ class LlamaGenGPT(nn.Module):
     def grid(self) -> tuple[int, int]:
         return self.cfg.grid
 
+    def cache_slots(self, conditioning, max_window: int) -> int:
+        """The KV cache length a session allocates (for memory estimates)."""
+        return self.cfg.cls_token_num + self.cfg.num_tokens + max_window
+
     @property
     def conditioning_kind(self) -> str:
         """"class" (labels) or "caption" (T5 features of a prompt, computed outside the model)."""

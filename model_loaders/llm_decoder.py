@@ -45,6 +45,10 @@ class DecoderConfig:
     def head_dim(self) -> int:
         return self.hidden_size // self.n_head
 
+    @property
+    def dim(self) -> int:  # LlamaGen's name for the width, which memory estimates read
+        return self.hidden_size
+
 
 @dataclass
 class ImageLayout:
@@ -161,6 +165,16 @@ class Backbone(nn.Module):
         return self.norm(h)
 
 
+def window_slots(layout: ImageLayout, max_window: int) -> int:
+    """Sequence slots a window of ``max_window`` image tokens can take (row ends included)."""
+    return max_window + (max_window // layout.grid[1] + 1 if layout.row_end is not None else 0)
+
+
+def cache_slots(layout: ImageLayout, prefix_len: int, max_window: int) -> int:
+    """The session's cache length: prefix, image region, scratch slots for windows past the end."""
+    return prefix_len + layout.region + 2 * window_slots(layout, max_window) + 2
+
+
 class LayoutSession:
     """A prefilled generation; see ``TokenARSession``. Slots: the left-padded prefix, then the image
     region (image tokens and row ends), then scratch slots for windows past the last image token.
@@ -179,8 +193,8 @@ class LayoutSession:
         pad = torch.tensor([self.prefix_len - len(p) for p in prefixes], device=device)
         # positions from the first real token (RoPE is relative: this only keeps the rounding of an unpadded run)
         self.position_offset = pad
-        self.window_len = max_window + (max_window // self.width + 1 if self.rows_ends else 0)
-        self.total_slots = self.prefix_len + layout.region + 2 * self.window_len + 2
+        self.window_len = window_slots(layout, max_window)
+        self.total_slots = cache_slots(layout, self.prefix_len, max_window)
         self.valid = torch.arange(self.prefix_len, device=device)[None] >= pad[:, None]  # real prefix slots
         self.caches = [KVCache(rows, dc.n_kv_head, self.total_slots, dc.head_dim, model.dtype, device)
                        for _ in model.backbone.layers]

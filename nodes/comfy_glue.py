@@ -159,7 +159,7 @@ def partial_image(vq: torch.nn.Module, tokens: torch.Tensor, done: int, grid: tu
     codes = tokens[:1, : h * w].clone().clamp_(0, vq.cfg.codebook_size - 1)
     codes[:, done:] = 0
     with torch.no_grad():
-        pixels = vq.decode_codes(codes.view(1, h, w).to(vq.device)).float().clamp(-1, 1)[0]
+        pixels = vq.decode(codes.view(1, h, w).to(vq.device)).float().clamp(-1, 1)[0]
     image = ((pixels + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
     scale = image.shape[0] // h
     row, col = divmod(done, w)

@@ -109,7 +109,7 @@ def folder_kind(folder: Path) -> str | None:
     """AR for a model folder (config.json/index + weights of any supported suffix), T5 for a T5 encoder folder, DRAFTER for an
     EAGLE drafter folder (LANTERN's format keeps the base model's config.json with one layer), else None."""
     config = read_json(folder / "config.json") if (folder / "config.json").is_file() else None
-    if config is not None and (config.get("model_type") == "t5" or "T5" in " ".join(config.get("architectures", []))):
+    if config is not None and (config.get("model_type") == "t5" or "T5" in " ".join((config.get("architectures") or []))):
         return T5
     if (folder / "spiece.model").is_file():
         return T5
@@ -120,6 +120,13 @@ def folder_kind(folder: Path) -> str | None:
     if config is not None and any(p.is_file() and p.suffix.lower() in WEIGHT_SUFFIXES for p in folder.iterdir()):
         return AR  # config.json + a weights file of any name (my_gpt.pt), as the loader reads it
     return None
+
+
+def holds_image_decoder(folder: Path) -> bool:
+    """A model folder that carries its own image decoder (Janus: the VQ-16 inside the checkpoint)."""
+    config = read_json(folder / "config.json") if (folder / "config.json").is_file() else None
+    return config is not None and (config.get("model_type") in ("janus", "multi_modality")
+                                   or "MultiModalityCausalLM" in (config.get("architectures") or []))
 
 
 def file_kind(path: Path) -> str | None:
@@ -174,6 +181,9 @@ def choices(kind: str) -> list[str]:
         bundled = [DEMO_MAR_DRAFT.name] if folder_paths.get_full_path(FOLDER, DEMO_MAR_DRAFT.name) else []
         return unique(entries(DRAFTER_FOLDER, (DRAFTER, AR, "?"), (DRAFTER, AR)) + entries(FOLDER, (DRAFTER,), (DRAFTER,))
                       + bundled)
+    if kind == VQ:  # plus model folders that carry their image decoder
+        carriers = [name for name, path in model_folders(folder_roots((FOLDER,)), AR) if holds_image_decoder(path)]
+        return entries(FOLDER, (VQ, "?"), ()) + carriers
     return entries(FOLDER, (kind, "?"), (AR,) if kind == AR else ())
 
 

@@ -10,8 +10,8 @@ from comfy_api.latest import io
 
 from ..errors import FastARError
 from ..model_loaders.demo import DEMO_DRAFTER
-from ..model_loaders.protocol import ClassConditioning
-from ..pipeline import DTYPES, check_class_index
+from ..model_loaders.protocol import ClassConditioning, PromptConditioning
+from ..pipeline import DTYPES, check_class_index, conditioning_type
 from . import comfy_glue as glue
 from . import files
 from .values import (CONDITIONING_TYPE, DRAFTER_TYPE, MODEL_TYPE, VQ_TYPE, Conditioning, DrafterHandle,
@@ -23,6 +23,7 @@ FastARDrafter = io.Custom(DRAFTER_TYPE)
 FastARConditioning = io.Custom(CONDITIONING_TYPE)
 
 NOTHING_FOUND = "(none found: see the tooltip)"
+NO_T5 = "(none: the model reads the prompt itself)"
 DTYPE_TOOLTIP = ("Weights precision. auto: ComfyUI's choice for your device (bf16 or fp16 on GPUs, fp32 on CPU). "
                  "fp16/bf16 halve memory; fp32 is the reference.")
 
@@ -296,10 +297,10 @@ def widget_error(class_name: str, index: int) -> str | None:
 
 def resolve_class(model, class_name: str, index: int) -> tuple[int, str]:
     """The label for ``model`` and how to name it; FastARErrors say what to pick instead."""
+    if conditioning_type(model) != "c2i":
+        raise FastARError("this is a text-to-image model: use FastAR Text Conditioning, not FastAR Class Label")
     cfg = model.cfg
     names = list(cfg.class_names or [])
-    if cfg.model_type != "c2i":
-        raise FastARError("this is a text-to-image model: use FastAR Text Conditioning, not FastAR Class Label")
     if class_name == USE_INDEX:
         label = index
     else:
@@ -395,9 +396,9 @@ def check_class_labels(request: dict) -> dict:
                 continue  # the loader's own validation reports a missing file
             if info is None:
                 continue
-            cfg = SimpleNamespace(model_type=info["model_type"], num_classes=info["num_classes"],
-                                  class_names=info["class_names"])
-            resolve_class(SimpleNamespace(cfg=cfg), class_name, int(index))
+            cfg = SimpleNamespace(num_classes=info["num_classes"], class_names=info["class_names"])
+            kind = "caption" if info["model_type"] == "t2i" else "class"
+            resolve_class(SimpleNamespace(cfg=cfg, conditioning_kind=kind), class_name, int(index))
         except FastARError as e:
             inputs["class_name"] = f"{REFUSED}{e} (model: {model_name})"
         except Exception:  # noqa: BLE001 - never break a prompt over a pre-check; the run checks again
@@ -415,15 +416,16 @@ class TextConditioning(io.ComfyNode):
             node_id="FastARTextConditioning",
             display_name="FastAR Text Conditioning",
             category="FastAR/conditioning",
-            description="The prompt for text-to-image models (LlamaGen t2i), encoded by a local FLAN-T5-XL folder. "
-                        "Nothing is downloaded.",
+            description="The prompt for text-to-image models: Lumina-mGPT, Anole and Janus-Pro read it with their own "
+                        "tokenizer; LlamaGen t2i reads it through a local FLAN-T5-XL folder. Nothing is downloaded.",
             inputs=[
                 FastARModel.Input("model", tooltip="The text-to-image model the prompt is for."),
                 io.String.Input("prompt", multiline=True, default="a photo of a red apple on a wooden table",
                                 tooltip="What to draw. LlamaGen t2i reads up to 120 T5 tokens."),
-                io.Combo.Input("t5_folder", options=listed(files.t5_choices()),
-                               tooltip="The google/flan-t5-xl folder (config.json, tokenizer, weights) in "
-                                       "models/fastar or models/text_encoders."),
+                io.Combo.Input("t5_folder", options=[*files.t5_choices(), NO_T5],
+                               tooltip="LlamaGen t2i only: the google/flan-t5-xl folder (config.json, tokenizer, "
+                                       "weights) in models/fastar or models/text_encoders. Models with their own "
+                                       f"tokenizer (Lumina-mGPT, Anole, Janus-Pro) take '{NO_T5}'."),
             ],
             outputs=[FastARConditioning.Output("conditioning", display_name="conditioning",
                                                tooltip="Caption conditioning for a FastAR sampler.")],
@@ -431,19 +433,24 @@ class TextConditioning(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, prompt, t5_folder):
-        if not prompt.strip():
+        if not isinstance(prompt, str) or not prompt.strip():
             return "the prompt is empty: describe the image to draw"
-        if t5_folder == NOTHING_FOUND:
-            return ("no FLAN-T5 folder found: download google/flan-t5-xl as a folder into models/fastar or "
-                    "models/text_encoders and press R to refresh")
         return True
 
     @classmethod
     def execute(cls, model: ModelHandle, prompt, t5_folder) -> io.NodeOutput:
         from ..model_loaders.t5 import encode_captions, load_t5_encoder
 
-        if model.module.cfg.model_type != "t2i":
+        kind = conditioning_type(model.module)
+        short = prompt.strip().splitlines()[0][:60]
+        if kind == "prompt":
+            return io.NodeOutput(Conditioning("prompt", PromptConditioning([prompt]), f"text: {short}"))
+        if kind != "t2i":
             raise FastARError("this is a class-to-image model: use FastAR Class Label, not FastAR Text Conditioning")
+        if t5_folder == NO_T5:
+            raise FastARError("LlamaGen text-to-image models read the prompt through FLAN-T5-XL: download "
+                              "google/flan-t5-xl as a folder into models/fastar or models/text_encoders, press R and "
+                              "pick it as t5_folder")
         folder = files.resolve(t5_folder, "FLAN-T5 folder", folders=files.T5_FOLDERS)
         device = glue.load_device()
         # bf16 where ComfyUI would use it, else fp32: T5 overflows in fp16
@@ -457,5 +464,4 @@ class TextConditioning(io.ComfyNode):
             del encoder
             glue.free_cache()
         rows.embeddings, rows.mask = rows.embeddings.float().cpu(), rows.mask.cpu()
-        short = prompt.strip().splitlines()[0][:60]
         return io.NodeOutput(Conditioning("t2i", rows, f"text: {short}"))

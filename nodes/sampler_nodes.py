@@ -12,8 +12,8 @@ from comfy_api.latest import io
 
 from ..errors import FastARError, check_choice
 from ..model_loaders.eagle_drafter import EagleHead
-from ..model_loaders.protocol import CaptionConditioning, ClassConditioning
-from ..pipeline import class_conditioning
+from ..model_loaders.protocol import CaptionConditioning, ClassConditioning, PromptConditioning
+from ..pipeline import CONDITIONING_NAMES, class_conditioning, conditioning_type
 from ..samplers.acceptance import PROB_FILTERS
 from ..samplers.cspd import VERIFY_MODES, CSpDSettings
 from ..samplers.decoders import MASKED_AR, DecoderSpec, check_decoder, decode, decode_distilled, decode_masked
@@ -206,11 +206,11 @@ class SamplerBase(io.ComfyNode):
                 vq: ModelHandle | None = None, drafter: DrafterHandle | None = None,
                 **decoder_widgets) -> io.NodeOutput:
         ar = model.module
-        if conditioning.model_type != ar.cfg.model_type:
-            kind = {"c2i": "class-to-image", "t2i": "text-to-image"}
-            raise FastARError(f"the conditioning is for a {kind[conditioning.model_type]} model but {model.name} is "
-                              f"{kind.get(ar.cfg.model_type, ar.cfg.model_type)}: use "
-                              f"{'FastAR Class Label' if ar.cfg.model_type == 'c2i' else 'FastAR Text Conditioning'}")
+        wanted = conditioning_type(ar)
+        if conditioning.model_type != wanted:
+            raise FastARError(f"the conditioning is for a {CONDITIONING_NAMES[conditioning.model_type]} model but "
+                              f"{model.name} is {CONDITIONING_NAMES[wanted]}: connect "
+                              f"{'FastAR Class Label' if wanted == 'c2i' else 'FastAR Text Conditioning'} made for it")
         if drafter is not None and drafter.target is not ar:
             raise FastARError(f"the drafter {drafter.name} was loaded for another model than {model.name}: connect "
                               "the model that goes into this sampler to FastAR Load Drafter as well")
@@ -239,7 +239,7 @@ class SamplerBase(io.ComfyNode):
             shown = None  # FastAR Decode Image reports the mismatch
         patchers = ([model.patcher] + ([drafter.patcher] if drafter is not None else [])
                     + ([preview_vq.patcher] if shown is not None else []))
-        glue.load_for_inference(patchers, working_memory(ar, batch, sampling.use_cfg, spec, drafter))
+        glue.load_for_inference(patchers, working_memory(ar, conditioning.rows, batch, sampling.use_cfg, spec, drafter))
 
         total = ar.grid[0] * ar.grid[1]
         preview = (lambda tokens, done: glue.partial_image(shown, tokens, done, ar.grid)) if shown is not None else None
@@ -322,6 +322,8 @@ def repeat_rows(rows, batch: int):
         return ClassConditioning(rows.labels.repeat(batch))
     if isinstance(rows, CaptionConditioning):
         return CaptionConditioning(rows.embeddings.repeat(batch, 1, 1), rows.mask.repeat(batch, 1))
+    if isinstance(rows, PromptConditioning):
+        return PromptConditioning(rows.prompts * batch)
     raise FastARError("unknown conditioning: connect FastAR Class Label or FastAR Text Conditioning")
 
 
@@ -333,36 +335,42 @@ def cache_rows(batch: int, use_cfg: bool) -> int:
     return batch * (2 if use_cfg else 1)
 
 
-def kv_cache_bytes(ar, batch: int, use_cfg: bool, window: int) -> int:
-    """The static KV cache a decode allocates (what ``session.cache_bytes`` will say), known up front."""
-    cfg = ar.cfg
+def transformer_cfg(ar):
+    """The sizes memory estimates read (``n_layer``, ``n_kv_head``, ``head_dim``, ``dim``, ``ffn_hidden``)."""
+    return getattr(ar, "decoder_cfg", None) or ar.cfg
+
+
+def kv_cache_bytes(ar, rows, batch: int, use_cfg: bool, window: int) -> int:
+    """The static KV cache a decode of conditioning ``rows`` allocates (what ``session.cache_bytes`` will say),
+    known up front."""
+    cfg = transformer_cfg(ar)
     return kv_bytes(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, cache_rows(batch, use_cfg),
-                    cfg.cls_token_num + cfg.num_tokens + window, ar.dtype)
+                    ar.cache_slots(rows, window), ar.dtype)
 
 
-def drafter_cache_bytes(handle: DrafterHandle, ar, batch: int, use_cfg: bool, window: int) -> int:
+def drafter_cache_bytes(handle: DrafterHandle, ar, rows, batch: int, use_cfg: bool, window: int) -> int:
     """The drafter's own KV cache: a smaller AR model keeps one like the target's; an EAGLE head keeps one
     layer over at most the target's slots."""
     weights = handle.weights
     if not isinstance(weights, EagleHead):
-        return kv_cache_bytes(weights, batch, use_cfg, window)
-    cfg = ar.cfg
+        return kv_cache_bytes(weights, rows, batch, use_cfg, window)
     return kv_bytes(len(weights.layers), weights.cfg.num_key_value_heads, weights.cfg.head_dim,
-                    cache_rows(batch, use_cfg), cfg.cls_token_num + cfg.num_tokens + window, weights.fc.weight.dtype)
+                    cache_rows(batch, use_cfg), ar.cache_slots(rows, window), weights.fc.weight.dtype)
 
 
-def working_memory(ar, batch: int, use_cfg: bool, spec: DecoderSpec, drafter: DrafterHandle | None = None) -> int:
-    """Bytes a decode needs beyond the weights, asked of ComfyUI before loading: the KV caches (the
-    drafter's too) plus the per-forward activations and the processed distributions (fp32)."""
-    cfg = ar.cfg
+def working_memory(ar, rows, batch: int, use_cfg: bool, spec: DecoderSpec, drafter: DrafterHandle | None = None) -> int:
+    """Bytes a decode of conditioning ``rows`` (one image's) needs beyond the weights, asked of ComfyUI before
+    loading: the KV caches (the drafter's too) plus the activations of the longest forward (the prefill, or
+    a window) and the processed distributions (fp32)."""
+    cfg = transformer_cfg(ar)
     window = 1 if spec.decoder == "ar" else spec.gamma + 1 if drafter is not None else spec.window
-    window = min(window, cfg.num_tokens)
-    rows = cache_rows(batch, use_cfg)
+    window = min(window, ar.grid[0] * ar.grid[1])
+    longest = ar.cache_slots(rows, window) - ar.grid[0] * ar.grid[1]  # at least the prefill or a window
     element = torch.finfo(ar.dtype).bits // 8
-    activations = rows * (window + cfg.cls_token_num) * (cfg.dim * 4 + cfg.ffn_hidden * 3) * element * 2
-    distributions = 8 * batch * window * cfg.vocab_size * 4  # p, q, residuals, noise
-    drafted = drafter_cache_bytes(drafter, ar, batch, use_cfg, window) if drafter is not None else 0
-    return int(kv_cache_bytes(ar, batch, use_cfg, window) + drafted + activations + distributions)
+    activations = cache_rows(batch, use_cfg) * longest * (cfg.dim * 4 + cfg.ffn_hidden * 3) * element * 2
+    distributions = 8 * batch * window * ar.vocab_size * 4  # p, q, residuals, noise
+    drafted = drafter_cache_bytes(drafter, ar, rows, batch, use_cfg, window) if drafter is not None else 0
+    return int(kv_cache_bytes(ar, rows, batch, use_cfg, window) + drafted + activations + distributions)
 
 
 class SamplerAR(SamplerBase):

@@ -51,7 +51,7 @@ class Conditioning:
     """Conditioning for one image; the sampler repeats it over its batch. ``rows`` is a protocol
     conditioning (ClassConditioning or CaptionConditioning) with one row, on the CPU."""
 
-    model_type: str  # "c2i" or "t2i"
+    model_type: str  # pipeline.conditioning_type of the model it is for: "c2i", "t2i" or "prompt"
     rows: object
     label: str  # how the stats and messages name it ("class 3 (ring)", "text: a red cube")
 

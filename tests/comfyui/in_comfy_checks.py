@@ -59,9 +59,9 @@ def check_memory_request():
             m = model(model_type, dtype)
             for batch, cfg, window in ((1, True, 1), (3, False, 8), (2, True, 64)):
                 session = m.start(rows(m, batch), cfg=cfg, max_window=min(window, 24))
-                assert kv_cache_bytes(m, batch, cfg, min(window, 24)) == session.cache_bytes, (model_type, batch)
+                assert kv_cache_bytes(m, rows(m, 1), batch, cfg, min(window, 24)) == session.cache_bytes, (model_type, batch)
                 spec = DecoderSpec("ar" if window == 1 else "sjd", window=max(window, 2))
-                assert working_memory(m, batch, cfg, spec) > session.cache_bytes
+                assert working_memory(m, rows(m, 1), batch, cfg, spec) > session.cache_bytes
     print("ok memory request = KV cache size + working memory")
 
 
@@ -75,10 +75,10 @@ def check_drafter_memory_and_patcher():
             session = target.start(rows(target, batch), cfg=cfg, max_window=window, hidden=True)
             drafting = drafter.start(rows(target, batch), cfg=cfg, max_window=window, target_session=session)
             allocated = drafting.cache.nbytes() if isinstance(drafter, EagleDrafter) else drafting.session.cache_bytes
-            asked = drafter_cache_bytes(handle, target, batch, cfg, window)
+            asked = drafter_cache_bytes(handle, target, rows(target, 1), batch, cfg, window)
             assert allocated <= asked <= 1.2 * allocated, (drafter.name, allocated, asked)
         patchers = [glue.make_patcher(target), handle.patcher]
-        glue.load_for_inference(patchers, working_memory(target, 1, True, DecoderSpec("spec"), handle))
+        glue.load_for_inference(patchers, working_memory(target, rows(target, 1), 1, True, DecoderSpec("spec"), handle))
         assert all(any(loaded.model is p for loaded in mm.current_loaded_models) for p in patchers)
         mm.unload_all_models()
     print("ok drafter memory request covers its KV cache; target and drafter load together")
@@ -88,7 +88,7 @@ def check_patcher_load_offload():
     m = model()
     patcher = glue.make_patcher(m)
     assert patcher.model.inner is m and patcher.load_device == mm.get_torch_device()
-    glue.load_for_inference([patcher], working_memory(m, 1, True, DecoderSpec("sjd")))
+    glue.load_for_inference([patcher], working_memory(m, rows(m, 1), 1, True, DecoderSpec("sjd")))
     assert any(loaded.model is patcher for loaded in mm.current_loaded_models), "not registered with ComfyUI"
     assert all(p.device == patcher.load_device for p in m.parameters())
     mm.unload_all_models()

@@ -185,6 +185,23 @@ def write_mar(folder: Path) -> None:
     official_kl(folder / MAR_KL16, KL, 23)
 
 
+LUMINA_FOLDER, JANUS_FOLDER, CHAMELEON_VQGAN = "tiny-lumina-mgpt", "tiny-janus-pro", "vqgan.ckpt"
+
+
+def write_text_models(folder: Path) -> None:
+    """Tiny text-to-image models in their release layouts: a Lumina-mGPT folder (128 px, 8 x 8 tokens) with
+    Meta's VQGAN checkpoint layout beside it, and a Janus-Pro folder (its VQ inside)."""
+    from fastar.model_loaders.vqgan import VQGAN, VQGANConfig
+    from fastar.tests import tiny_chameleon, tiny_janus
+
+    tiny_chameleon.write_folder(folder / LUMINA_FOLDER, tiny_chameleon.hf_model(seed=3), lumina=True, image_size=128)
+    torch.manual_seed(4)
+    vqgan = VQGAN(VQGANConfig(codebook_size=tiny_chameleon.CODES, embed_dim=8, z_channels=32, ch=32, ch_mult=(1, 2, 2),
+                              num_res_blocks=1))
+    torch.save({"state_dict": vqgan.state_dict()}, folder / CHAMELEON_VQGAN)
+    tiny_janus.write_converted(folder / JANUS_FOLDER, tiny_janus.hf_model(seed=5))
+
+
 def write_slow(folder: Path) -> None:
     """A wider model on a 32x32 grid: an AR decode of it takes many seconds on a CPU (interrupt test)."""
     cfg = demo_config(dim=256, n_layer=6, n_head=8, grid=(32, 32), class_names=[])
@@ -216,6 +233,7 @@ def write_all(folder: Path, demo: bool, drafters: Path | None = None) -> None:
         write_drafters(drafters)
     write_llamagen(folder)
     write_mar(folder)
+    write_text_models(folder)
     write_hf_folder(folder)
     write_pt_folder(folder)
     write_slow(folder)

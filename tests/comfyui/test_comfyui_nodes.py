@@ -89,7 +89,8 @@ def test_model_lists_come_from_the_fastar_folders(object_info):
     assert "demo_vq.safetensors" in vqs and "demo_c2i.safetensors" not in vqs
     assert "c2i_L_256.pt" in models and "t2i_XL_stage1_256.pt" in models  # from extra_model_paths.yaml
     assert not any(name.startswith("flan-t5-xl") for name in models)  # a T5 folder is no AR model
-    assert inputs_of(object_info["FastARTextConditioning"])["t5_folder"][1]["options"] == ["flan-t5-xl/"]
+    t5 = inputs_of(object_info["FastARTextConditioning"])["t5_folder"][1]["options"]
+    assert t5 == ["flan-t5-xl/", "(none: the model reads the prompt itself)"]  # the default is the T5 folder
 
 
 def test_class_list_has_demo_and_imagenet_names(object_info):
