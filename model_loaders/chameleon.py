@@ -35,7 +35,7 @@ LUMINA_TEMPLATE = "Generate an image of {w}x{h} according to the following promp
 LUMINA_SIZES = (512, 768, 1024)  # the released models'
 LUMINA_DEFAULT_SIZE = 768
 PATCH = 32  # Lumina-mGPT's size tokens count 32-pixel units
-TOKEN = 16  # pixels per image token side (Chameleon's VQGAN)
+TOKEN = 16  # pixels per image token side of Chameleon's VQGAN (config.json's vq_config can say otherwise)
 ANOLE_SIZE = 512
 
 
@@ -108,6 +108,12 @@ def bos_token(folder: Path, tokenizer) -> int | None:
     return tokenizer.token_to_id(bos) if bos else None
 
 
+def token_pixels(config: dict) -> int:
+    """Pixels per image token side: the VQ model's downsampling (2 per level after the first)."""
+    levels = (config.get("vq_config") or {}).get("channel_multiplier")
+    return 2 ** (len(levels) - 1) if levels else TOKEN
+
+
 def is_lumina(config: dict, folder: Path) -> bool:
     return any("XLLMX" in a for a in (config.get("architectures") or [])) or "lumina" in folder.name.lower()
 
@@ -129,33 +135,36 @@ def chameleon_size(lumina: bool, image_size: int | None, folder: Path, source: s
 def load_chameleon(sd, *, info: CheckpointInfo, image_size: int | None = None, device="cpu",
                    dtype=torch.float32) -> ChameleonGPT:
     """A Lumina-mGPT or Anole model from an HF folder, with its tokenizer and layout."""
-    config, folder = info.config or {}, info.folder
-    if folder is None or not config:
+    if info.folder is None or not info.config:
         raise FastARError(f"{info.source}: a Chameleon-family model is read from its Hugging Face folder "
                           "(config.json, weights, tokenizer files): pick the folder, not a single file")
-    tokenizer = load_tokenizer(folder, info.source)
+    weights = {k: v for k, v in sd.items() if not k.startswith("model.vqmodel.")}  # its VQ loads on its own
+    with torch.device("meta"):
+        model = build_chameleon(info.folder, info.config, info.source, image_size)
+    load_weights(model, weights, info.source)
+    model.image_ids = torch.tensor(model.cfg.image_ids, dtype=torch.long)  # a buffer built on the meta device
+    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+def build_chameleon(folder: Path, config: dict, source: str, image_size: int | None = None) -> ChameleonGPT:
+    """The model a folder's config.json and tokenizer describe, with freshly initialised weights."""
+    tokenizer = load_tokenizer(folder, source)
     lumina = is_lumina(config, folder)
-    size = chameleon_size(lumina, image_size or config.get("image_size"), folder, info.source)
-    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    size = chameleon_size(lumina, image_size or config.get("image_size"), folder, source)
+    heads = config["num_attention_heads"]
     cfg = ChameleonConfig(
-        hidden_size=hidden, n_layer=config["num_hidden_layers"], n_head=heads,
+        hidden_size=config["hidden_size"], n_layer=config["num_hidden_layers"], n_head=heads,
         n_kv_head=config.get("num_key_value_heads") or heads, ffn_hidden=config["intermediate_size"],
-        vocab_size=config["vocab_size"], image_ids=image_codes(config.get("vocabulary_map", {}), info.source),
-        boi=token_id(tokenizer, BOI, info.source), eoi=token_id(tokenizer, EOI, info.source),
-        grid=(size // TOKEN, size // TOKEN),
-        row_end=token_id(tokenizer, ROW_END, info.source) if lumina else None,
-        size_ids=[token_id(tokenizer, size_token(size // PATCH), info.source)] * 2 if lumina else [],
+        vocab_size=config["vocab_size"], image_ids=image_codes(config.get("vocabulary_map", {}), source),
+        boi=token_id(tokenizer, BOI, source), eoi=token_id(tokenizer, EOI, source),
+        grid=(size // token_pixels(config), size // token_pixels(config)),
+        row_end=token_id(tokenizer, ROW_END, source) if lumina else None,
+        size_ids=[token_id(tokenizer, size_token(size // PATCH), source)] * 2 if lumina else [],
         rope_theta=float((config.get("rope_parameters") or {}).get("rope_theta", config.get("rope_theta", 10000.0))),
         rms_eps=config.get("rms_norm_eps", 1e-5), swin_norm=bool(config.get("swin_norm", False)))
     prompts = ChameleonPrompts(tokenizer, LUMINA_TEMPLATE if lumina else "{prompt}", bos_token(folder, tokenizer),
                                TURN_END if lumina else "", (size, size))
-    what = "a Lumina-mGPT model" if lumina else "an Anole (Chameleon) model"
-    weights = {k: v for k, v in sd.items() if not k.startswith("model.vqmodel.")}  # its VQ loads on its own
-    with torch.device("meta"):
-        model = ChameleonGPT(cfg, prompts, what)
-    load_weights(model, weights, info.source)
-    model.image_ids = torch.tensor(cfg.image_ids, dtype=torch.long)  # a buffer built on the meta device
-    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    return ChameleonGPT(cfg, prompts, "a Lumina-mGPT model" if lumina else "an Anole (Chameleon) model")
 
 
 def load_vqgan(sd, *, info: CheckpointInfo, device="cpu", dtype=torch.float32) -> VQGAN:

@@ -10,7 +10,8 @@ DEMO_KL = DEMO_DIR / "demo_kl_vae.safetensors"  # KL autoencoder (LDM format) fo
 DEMO_MAR = DEMO_DIR / "demo_mar.safetensors"  # MAR target on DEMO_KL's latents
 DEMO_MAR_DRAFT = DEMO_DIR / "demo_mar_draft.safetensors"  # smaller MAR on the same latents (CSpD's draft)
 DEMO_DD = DEMO_DIR / "demo_dd.safetensors"  # Distilled Decoding student of DEMO_AR (python -m fastar distill-dd)
-
+DEMO_TEXT = DEMO_DIR / "demo_text"  # text-to-image demo: a Lumina-mGPT-format HF folder with its own tokenizer
+DEMO_VQGAN = DEMO_DIR / "demo_vqgan.safetensors"  # its image decoder: DEMO_VQ converted to Chameleon's VQGAN format
 
 
 def is_demo_mar(path) -> bool:

@@ -106,7 +106,9 @@ class Attention(nn.Module):
             self.q_norm = HeadLayerNorm(cfg.n_head, cfg.head_dim)
             self.k_norm = HeadLayerNorm(cfg.n_kv_head, cfg.head_dim)
 
-    def forward(self, x, rope, mask, cache: KVCache, slots):
+    def forward(self, x, rope, mask, cache: KVCache | None = None, slots=None):
+        """Attention of ``x`` [B, T, D] over the cache (after writing its keys at ``slots``), or over ``x``
+        itself without a cache (training)."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_head, self.head_dim)
         k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim)
@@ -115,7 +117,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim)
         cos, sin = rope
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        keys, values = cache.write(k, v, slots)
+        keys, values = cache.write(k, v, slots) if cache is not None else (k.transpose(1, 2), v.transpose(1, 2))
         out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask,
                                              enable_gqa=self.n_head != self.n_kv_head)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
@@ -141,7 +143,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
 
-    def forward(self, x, rope, mask, cache, slots):
+    def forward(self, x, rope, mask, cache=None, slots=None):
         if self.swin:  # norm after each branch
             h = x + self.input_layernorm(self.self_attn(x, rope, mask, cache, slots))
             return h + self.post_attention_layernorm(self.mlp(h))
@@ -154,6 +156,7 @@ class Backbone(nn.Module):
 
     def __init__(self, cfg: DecoderConfig):
         super().__init__()
+        self.rope_theta = cfg.rope_theta
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layer))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
@@ -162,6 +165,17 @@ class Backbone(nn.Module):
         """Final-norm hidden states of embeddings ``h`` written to ``slots`` of ``caches``."""
         for layer, cache in zip(self.layers, caches):
             h = layer(h, rope, mask, cache, slots)
+        return self.norm(h)
+
+    def teacher_forced(self, h: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Final-norm hidden states of whole sequences ``h`` [B, T, D] without a cache (training): causal,
+        left padding (``valid`` [B, T] false) hidden, positions from each row's first real token."""
+        T = h.shape[1]
+        positions = (valid.cumsum(1) - 1).clamp(min=0)
+        mask = attention_mask(torch.arange(T, device=h.device).expand(h.shape[0], T), valid, T)
+        rope = rope_tables(positions, self.layers[0].self_attn.head_dim, self.rope_theta, h.dtype)
+        for layer in self.layers:
+            h = layer(h, rope, mask)
         return self.norm(h)
 
 

@@ -164,3 +164,20 @@ def test_the_command_line_draws_from_prompts_with_every_token_decoder(folder, tm
         assert (tmp_path / f"{decoder}_1.png").exists()
     r = fastar("--class", 3)
     assert r.returncode == 2 and "text-to-image model: give --prompt" in r.stderr
+
+
+def test_the_training_forward_equals_transformers(model, reference):
+    """Teacher forcing without a cache (what the text demo trains with): left-padded rows give the logits of
+    unpadded runs."""
+    N = model.grid[0] * model.grid[1]
+    codes = torch.randint(0, CODES, (2, N), generator=torch.Generator().manual_seed(4))
+    prompts = model.prompts.encode(PromptConditioning(PROMPTS))
+    rows = [written(model, p + model.cfg.image_prefix, c.tolist()) for p, c in zip(prompts, codes)]
+    width = max(map(len, rows))
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    valid = torch.arange(width)[None] >= torch.tensor([[width - len(r)] for r in rows])
+    with torch.no_grad():
+        hidden = model.backbone.teacher_forced(model.backbone.embed_tokens(ids), valid)
+        for b, r in enumerate(rows):
+            expected = reference.lm_head(reference.model(torch.tensor([r])).last_hidden_state)[0]
+            assert torch.allclose(model.lm_head(hidden[b, width - len(r):]), expected, atol=2e-5, rtol=1e-4)

@@ -60,7 +60,7 @@ def hf_model(seed: int = 0, hidden: int = 64, layers: int = 2, heads: int = 4, k
         vocab_size=len(vocab) + 4, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv_heads, vocabulary_map=vocab, bos_token_id=0,
         vq_config=dict(embed_dim=8, num_embeddings=CODES, latent_channels=8, resolution=32, base_channels=32,
-                       channel_multiplier=[1, 2], num_res_blocks=1, attn_resolutions=[]))
+                       channel_multiplier=[1, 1, 1, 1, 1], num_res_blocks=1, attn_resolutions=[]))  # 16-px tokens
     torch.manual_seed(seed)
     model = ChameleonForConditionalGeneration(config).eval()
     randomise_norms(model, seed)  # per-head QK norms and RMSNorms

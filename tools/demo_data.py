@@ -101,32 +101,51 @@ assert len(_DRAW) == len(CLASS_NAMES)
 LOW, HIGH = 0.1, 0.9
 
 
-def _colours(rng, n):
-    """Background and foreground colours: opposite corners of the RGB cube."""
-    bits = rng.integers(0, 2, (n, 3)).astype(np.float32)
-    return LOW + (HIGH - LOW) * bits, LOW + (HIGH - LOW) * (1 - bits)
+COLOUR_NAMES = {(0, 0, 0): "black", (0, 0, 1): "blue", (0, 1, 0): "green", (0, 1, 1): "cyan", (1, 0, 0): "red",
+                (1, 0, 1): "magenta", (1, 1, 0): "yellow", (1, 1, 1): "white"}  # RGB corner -> name
+
+
+def _colour_bits(rng, n):
+    """The background's RGB corner per image (the foreground is the opposite corner)."""
+    return rng.integers(0, 2, (n, 3)).astype(np.float32)
+
+
+def caption(label: int, background_bits) -> str:
+    """What an image shows, in words: "a red ring on a cyan background"."""
+    bg = tuple(int(b) for b in background_bits)
+    fg = tuple(1 - b for b in bg)
+    return f"a {COLOUR_NAMES[fg]} {CLASS_NAMES[label]} on a {COLOUR_NAMES[bg]} background"
 
 
 MAR_TOKEN = 16  # pixels per latent token of the MAR demo's KL autoencoder: its images are drawn for 16
 
 
 def make_batch(rng: np.random.Generator, n: int, classes=None, token: int = 8):
-    """``n`` images (uint8 [n, 128, 128, 3]) and their labels (int64 [n]).
+    """``n`` images (uint8 [n, 128, 128, 3]) and their labels (int64 [n]); see ``make_captioned_batch``."""
+    images, labels, _ = make_captioned_batch(rng, n, classes, token)
+    return images, labels
+
+
+def make_captioned_batch(rng: np.random.Generator, n: int, classes=None, token: int = 8, backgrounds=None):
+    """``n`` images (uint8 [n, 128, 128, 3]), their labels (int64 [n]) and captions (``caption``).
 
     ``token``: the pixels per token of the model the images are for. The smallest shapes, rings, arms and
     stripe periods grow with it so that every feature spans a token or more (8, the VQ's and the bundled
     models' data, is the default; the MAR demo's 16-pixel latents take 16).
 
-    ``classes``: labels to draw (array of length ``n``); default uniform over ``CLASS_NAMES``."""
+    ``classes``: labels to draw (array of length ``n``); default uniform over ``CLASS_NAMES``.
+    ``backgrounds``: background RGB corners ([n, 3] of 0/1) to draw instead of random ones."""
     labels = rng.integers(0, len(CLASS_NAMES), n) if classes is None else np.asarray(classes, dtype=np.int64)
     mask = np.empty((n, SIZE, SIZE), np.float32)
     for k, draw in enumerate(_DRAW):
         idx = np.flatnonzero(labels == k)
         if len(idx):
             mask[idx] = draw(rng, len(idx), token)
-    bg, fg = _colours(rng, n)
+    bits = _colour_bits(rng, n) if backgrounds is None else np.asarray(backgrounds, dtype=np.float32)
+    bg, fg = LOW + (HIGH - LOW) * bits, LOW + (HIGH - LOW) * (1 - bits)
     img = bg[:, None, None] * (1 - mask[..., None]) + fg[:, None, None] * mask[..., None]
-    return (img * 255 + 0.5).clip(0, 255).astype(np.uint8), labels.astype(np.int64)
+    captions = [caption(int(label), b) for label, b in zip(labels, bits)]
+    return (img * 255 + 0.5).clip(0, 255).astype(np.uint8), labels.astype(np.int64), captions
 
 
 def balanced_labels(n: int) -> np.ndarray:
