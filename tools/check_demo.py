@@ -2,8 +2,11 @@
 
     python -m fastar.tools.check_demo [--decoder ar|sjd|gsd] [--samples N] [--cfg 2.0] [--top-k 0]
     python -m fastar.tools.check_demo --mar [--decoder ar|cspd] [--num-iter 64] [--cfg-schedule linear]
+    python -m fastar.tools.check_demo --text [--decoder ar|sjd|gsd]   # the text demo, prompts with colours
 
-Agreement = share of samples whose requested class is the classifier's prediction (balanced classes).
+Agreement = share of samples whose requested class is the classifier's prediction (balanced classes); for
+the text demo, prompts name the shape and the colours ("a red ring on a cyan background", colours drawn at
+random), and colour agreement is the share of samples whose two most common RGB corners are the prompted pair.
 Also reports the Frechet distance to real images in classifier-feature space and writes a grid PNG
 (one row per class) under ``out/``.
 """
@@ -15,9 +18,9 @@ import numpy as np
 import torch
 
 from ..model_loaders import load_ar_model, load_image_decoder
-from ..model_loaders.demo import DEMO_AR, DEMO_CLASSIFIER, DEMO_KL, DEMO_MAR, DEMO_MAR_DRAFT, DEMO_VQ
+from ..model_loaders.demo import DEMO_AR, DEMO_CLASSIFIER, DEMO_KL, DEMO_MAR, DEMO_MAR_DRAFT, DEMO_TEXT, DEMO_VQ, DEMO_VQGAN
 from ..model_loaders.drafters import load_drafter
-from ..model_loaders.protocol import ClassConditioning
+from ..model_loaders.protocol import ClassConditioning, PromptConditioning
 from ..pipeline import outputs_to_images
 from ..samplers.cspd import CSpDSettings
 from ..samplers.decoders import DecoderSpec, decode, decode_masked
@@ -25,13 +28,14 @@ from ..samplers.masked import MaskedSettings
 from ..samplers.processing import SamplingSettings
 from .classifier import classify, frechet_distance, load_classifier
 from .demo_common import OUT_DIR, Timer, setup
-from .demo_data import CLASS_NAMES, MAR_TOKEN, balanced_labels, make_batch
+from .demo_data import CLASS_NAMES, MAR_TOKEN, balanced_labels, caption, make_batch
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--decoder", choices=("ar", "sjd", "gsd", "cspd"), default="ar", help="with its default settings")
     p.add_argument("--mar", action="store_true", help="check the demo MAR (KL autoencoder, MAR target and draft)")
+    p.add_argument("--text", action="store_true", help="check the text demo (Lumina-mGPT format, prompts)")
     p.add_argument("--num-iter", type=int, default=64, help="MAR steps")
     p.add_argument("--cfg-schedule", default="linear", help="MAR: linear or constant")
     p.add_argument("--diffusion-steps", type=int, default=100, help="MAR")
@@ -48,15 +52,22 @@ def main(argv=None):
 
     setup(args.seed)
     timer = Timer()
-    args.ar = args.ar or str(DEMO_MAR if args.mar else DEMO_AR)
-    args.vq = args.vq or str(DEMO_KL if args.mar else DEMO_VQ)
+    args.ar = args.ar or str(DEMO_MAR if args.mar else DEMO_TEXT if args.text else DEMO_AR)
+    args.vq = args.vq or str(DEMO_KL if args.mar else DEMO_VQGAN if args.text else DEMO_VQ)
     model, vq, clf = load_ar_model(args.ar), load_image_decoder(args.vq), load_classifier(args.classifier)
     labels = torch.from_numpy(balanced_labels(args.samples))
+    backgrounds = np.random.default_rng(30_000 + args.seed).integers(0, 2, (args.samples, 3))
+    captions = [caption(int(y), b) for y, b in zip(labels, backgrounds)]
     images = []
     for i, chunk in enumerate(labels.split(args.batch)):
-        outputs = sample(args, model, ClassConditioning(chunk), args.seed + i)
+        rows = (PromptConditioning(captions[i * args.batch: i * args.batch + len(chunk)]) if args.text
+                else ClassConditioning(chunk))
+        outputs = sample(args, model, rows, args.seed + i)
         images.append(outputs_to_images(vq, model, outputs))
     images = np.concatenate(images)
+    if args.text:
+        colours = np.mean([colour_pair(image) == {tuple(b), tuple(1 - b)} for image, b in zip(images, backgrounds)])
+        print(f"colour agreement {colours:.3f} (the two most common RGB corners are the prompted pair)")
     pred, feats = classify(clf, images)
     agree = pred == labels
     real, real_labels = make_batch(np.random.default_rng(20_000 + args.seed), args.samples, balanced_labels(args.samples),
@@ -75,10 +86,19 @@ def main(argv=None):
         OUT_DIR.mkdir(exist_ok=True)
         from PIL import Image
 
-        name = f"mar_{args.decoder}_iter{args.num_iter}_cfg{args.cfg}" if args.mar else f"{args.decoder}_cfg{args.cfg}_k{args.top_k}"
+        kind = "mar_" if args.mar else "text_" if args.text else ""
+        steps = f"_iter{args.num_iter}" if args.mar else ""
+        name = f"{kind}{args.decoder}{steps}_cfg{args.cfg}" + ("" if args.mar else f"_k{args.top_k}")
         path = OUT_DIR / f"demo_samples_{name}.png"
         Image.fromarray(np.concatenate(rows, 0)).save(path)
         print(f"grid: {path}")
+
+
+def colour_pair(image: np.ndarray) -> set:
+    """The two most common RGB corners (0/1 per channel) among an image's pixels."""
+    corners = (image.reshape(-1, 3) > 127).astype(int)
+    values, counts = np.unique(corners, axis=0, return_counts=True)
+    return {tuple(int(c) for c in values[i]) for i in np.argsort(-counts)[:2]}
 
 
 def sample(args, model, conditioning, seed: int):
