@@ -25,7 +25,7 @@ import torch
 
 from ..errors import FastARError
 from .chameleon_model import ChameleonConfig, ChameleonGPT
-from .checkpoint import IMAGE_DECODER, CheckpointInfo, load_weights, read_json, require_family
+from .checkpoint import IMAGE_DECODER, CheckpointInfo, load_weights, read_json, require_family, select
 from .protocol import PromptConditioning
 from .vqgan import VQGAN, VQGANConfig
 
@@ -138,10 +138,10 @@ def load_chameleon(sd, *, info: CheckpointInfo, image_size: int | None = None, d
     if info.folder is None or not info.config:
         raise FastARError(f"{info.source}: a Chameleon-family model is read from its Hugging Face folder "
                           "(config.json, weights, tokenizer files): pick the folder, not a single file")
-    weights = {k: v for k, v in sd.items() if not k.startswith("model.vqmodel.")}  # its VQ loads on its own
+    weights = select(sd, {k: k for k in sd if not k.startswith("model.vqmodel.")})  # its VQ loads on its own
     with torch.device("meta"):
         model = build_chameleon(info.folder, info.config, info.source, image_size)
-    load_weights(model, weights, info.source)
+    load_weights(model, weights, info.source, device, dtype)
     model.image_ids = torch.tensor(model.cfg.image_ids, dtype=torch.long)  # a buffer built on the meta device
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 

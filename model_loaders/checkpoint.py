@@ -131,12 +131,67 @@ def read_pickle(path: Path):
         raise FastARError(f"{path.name}: {CORRUPT_HINT} ({type(e).__name__}: {e})") from e
 
 
-def read_folder(folder: Path) -> tuple[dict[str, torch.Tensor], CheckpointInfo]:
+def read_folder(folder: Path) -> tuple[Mapping[str, torch.Tensor], CheckpointInfo]:
+    """A folder's weights; safetensors shards are not read until a tensor is asked for (``ShardedWeights``),
+    so that a model of many GB is loaded tensor by tensor, in its own dtype, where it goes."""
     info = CheckpointInfo(source=folder.name, config=read_json(folder / "config.json"), folder=folder)
+    files = folder_weight_files(folder)
+    if all(f.suffix.lower() == ".safetensors" for f in files):
+        weights = ShardedWeights(files, info.source)
+        info.metadata = weights.metadata
+        return weights.select(clean_names(weights, info.source)), info
     tensors: dict[str, torch.Tensor] = {}
-    for file in folder_weight_files(folder):
+    for file in files:
         tensors.update(read_weights_file(file, info))
     return clean_state_dict(tensors, info.source), info
+
+
+class ShardedWeights(Mapping):
+    """The tensors of safetensors shards, each read from disk when asked for. ``select`` gives a view with
+    some keys, renamed (``{new name: stored name}``)."""
+
+    def __init__(self, files: list[Path], source: str, names: dict[str, str] | None = None,
+                 where: dict[str, Path] | None = None):
+        self.source = source
+        self.metadata: dict[str, str] = {}
+        if where is None:
+            where = {}
+            for file in files:
+                try:
+                    with safe_open(str(file), framework="pt", device="cpu") as f:
+                        where.update(dict.fromkeys(f.keys(), file))
+                        self.metadata = self.metadata or dict(f.metadata() or {})
+                except SafetensorError as e:
+                    raise FastARError(f"{file.name}: {CORRUPT_HINT} ({e})") from e
+        self.where = where
+        self.names = names if names is not None else {k: k for k in where}
+
+    def select(self, names: dict[str, str]) -> "ShardedWeights":
+        view = ShardedWeights([], self.source, {new: self.names[old] for new, old in names.items()}, self.where)
+        view.metadata = self.metadata
+        return view
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        stored = self.names[key]
+        try:
+            with safe_open(str(self.where[stored]), framework="pt", device="cpu") as f:
+                return f.get_tensor(stored)
+        except SafetensorError as e:
+            raise FastARError(f"{self.where[stored].name}: {CORRUPT_HINT} ({e})") from e
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        stored = self.names[key]
+        with safe_open(str(self.where[stored]), framework="pt", device="cpu") as f:
+            return tuple(f.get_slice(stored).get_shape())
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __contains__(self, key) -> bool:
+        return key in self.names
 
 
 def folder_weight_files(folder: Path) -> list[Path]:
@@ -200,14 +255,21 @@ def nested(obj: Mapping, keys: tuple[str, ...]):
 
 def clean_state_dict(tensors: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
     """Strip wrapper prefixes, drop cache buffers; refuse a checkpoint without weights."""
+    return {new: tensors[old] for new, old in clean_names(tensors, source).items()}
+
+
+def clean_names(keys, source: str) -> dict[str, str]:
+    """``{clean name: stored name}``: wrapper prefixes stripped, cache buffers left out; a checkpoint without
+    weights refused."""
+    names = {k: k for k in keys}
     for prefix in KEY_PREFIXES:
-        if tensors and all(k.startswith(prefix) for k in tensors):
-            tensors = {k[len(prefix):]: v for k, v in tensors.items()}
-    tensors = {k: v for k, v in tensors.items() if not CACHE_BUFFER.search(k)}
-    if not tensors:
+        if names and all(k.startswith(prefix) for k in names):
+            names = {k[len(prefix):]: old for k, old in names.items()}
+    names = {k: old for k, old in names.items() if not CACHE_BUFFER.search(k)}
+    if not names:
         raise FastARError(f"{source} holds no weights (no tensors found): pick the model's weights file, or "
                           "re-download it if it is damaged")
-    return tensors
+    return names
 
 
 # -- families ------------------------------------------------------------------------------------
@@ -282,14 +344,25 @@ def sample_keys(keys, n: int = 4) -> str:
     return ", ".join(keys[:n]) + more
 
 
-def load_weights(model: nn.Module, sd: Mapping[str, torch.Tensor], source: str) -> None:
+def select(sd: Mapping, names: dict[str, str]) -> Mapping:
+    """``sd`` with the keys of ``names`` (``{new name: name in sd}``), without reading shards."""
+    return sd.select(names) if isinstance(sd, ShardedWeights) else {new: sd[old] for new, old in names.items()}
+
+
+def shape_of(sd: Mapping, key: str) -> tuple[int, ...]:
+    return sd.shape(key) if isinstance(sd, ShardedWeights) else tuple(sd[key].shape)
+
+
+def load_weights(model: nn.Module, sd: Mapping[str, torch.Tensor], source: str, device=None, dtype=None) -> None:
     """Put ``sd`` into ``model`` (built on the meta device) strictly: every key present, none extra, same
-    shapes; otherwise a FastARError naming a few keys and what they suggest."""
+    shapes; otherwise a FastARError naming a few keys and what they suggest. Shards (``ShardedWeights``) go
+    in tensor by tensor, each cast to ``dtype`` on ``device`` as it is read, so that host memory holds one
+    tensor beyond the model (none of it when ``device`` is a GPU)."""
     expected = model.state_dict()
     missing = [k for k in expected if k not in sd]
     unexpected = [k for k in sd if k not in expected]
-    wrong = [f"{k} {tuple(sd[k].shape)} vs {tuple(t.shape)}" for k, t in expected.items()
-             if k in sd and sd[k].shape != t.shape]
+    wrong = [f"{k} {shape_of(sd, k)} vs {tuple(t.shape)}" for k, t in expected.items()
+             if k in sd and shape_of(sd, k) != tuple(t.shape)]
     problems = []
     if missing:
         problems.append(f"missing {sample_keys(missing)} (an incomplete file, or a different model size)")
@@ -302,4 +375,10 @@ def load_weights(model: nn.Module, sd: Mapping[str, torch.Tensor], source: str) 
                         "the weights does not match them)")
     if problems:
         raise FastARError(f"{source} does not fit the model it describes: " + "; ".join(problems))
-    model.load_state_dict(sd, strict=True, assign=True)
+    if not isinstance(sd, ShardedWeights):
+        model.load_state_dict(sd, strict=True, assign=True)
+        return
+    for name in expected:
+        tensor = sd[name]
+        tensor = tensor.to(device=device, dtype=dtype if dtype is not None and tensor.is_floating_point() else None)
+        model.load_state_dict({name: tensor}, strict=False, assign=True)

@@ -15,7 +15,7 @@ import torch
 
 from ..errors import FastARError
 from .chameleon import load_tokenizer, token_id
-from .checkpoint import CheckpointInfo, load_weights, read_json
+from .checkpoint import CheckpointInfo, load_weights, read_json, select, shape_of
 from .janus_model import JanusConfig, JanusGPT
 from .llm_decoder import DecoderConfig
 from .protocol import PromptConditioning
@@ -45,16 +45,17 @@ def is_converted(sd) -> bool:
     return any(k.startswith("model.generation_head.") for k in sd)
 
 
-def renamed(sd: dict, rules) -> dict:
-    """``sd`` with the first matching rule applied to each key; a rule to None drops the key."""
-    out = {}
-    for key, value in sd.items():
+def renamed(sd, rules):
+    """``sd`` with the first matching rule applied to each key; a rule to None drops the key (shards are
+    not read: see ``checkpoint.select``)."""
+    names = {}
+    for key in sd:
         rule = next(((pattern, new) for pattern, new in rules if pattern.search(key)), None)
         if rule is None:
-            out[key] = value
+            names[key] = key
         elif rule[1] is not None:
-            out[rule[0].sub(rule[1], key, count=1)] = value
-    return out
+            names[rule[0].sub(rule[1], key, count=1)] = key
+    return select(sd, names)
 
 
 def internal_names(sd: dict) -> dict:
@@ -75,10 +76,9 @@ CONVERTED_VQ_NAMES = tuple((re.compile(p), r) for p, r in (
 def vq_of_janus(sd: dict, converted: bool) -> dict:
     """The VQ-16 decoder inside a Janus folder (``model.vqmodel.*`` converted, ``gen_vision_model.*``
     original), under LlamaGen's VQ key names."""
-    if converted:
-        return renamed({k[len("model.vqmodel."):]: v for k, v in sd.items() if k.startswith("model.vqmodel.")},
-                       CONVERTED_VQ_NAMES)
-    return {k[len("gen_vision_model."):]: v for k, v in sd.items() if k.startswith("gen_vision_model.")}
+    prefix = "model.vqmodel." if converted else "gen_vision_model."
+    inner = select(sd, {k[len(prefix):]: k for k in sd if k.startswith(prefix)})
+    return renamed(inner, CONVERTED_VQ_NAMES) if converted else inner
 
 
 def llm_settings(config: dict) -> dict:
@@ -127,12 +127,11 @@ def load_janus(sd, *, info: CheckpointInfo, image_size: int | None = None, devic
     layers = len({k.split(".")[2] for k in weights if k.startswith("language_model.layers.")})
     tokens = (config.get("vision_config") or {}).get("num_image_tokens", (IMAGE_SIZE // TOKEN) ** 2)
     side = int(round(tokens ** 0.5))
-    hidden = weights["language_model.embed_tokens.weight"].shape[1]
-    k_proj = weights["language_model.layers.0.self_attn.k_proj.weight"]
+    vocab, hidden = shape_of(weights, "language_model.embed_tokens.weight")
+    k_proj = shape_of(weights, "language_model.layers.0.self_attn.k_proj.weight")
     decoder = DecoderConfig(
-        hidden_size=hidden, n_layer=layers, n_head=heads, n_kv_head=k_proj.shape[0] // (hidden // heads),
-        ffn_hidden=weights["language_model.layers.0.mlp.gate_proj.weight"].shape[0],
-        vocab_size=weights["language_model.embed_tokens.weight"].shape[0],
+        hidden_size=hidden, n_layer=layers, n_head=heads, n_kv_head=k_proj[0] // (hidden // heads),
+        ffn_hidden=shape_of(weights, "language_model.layers.0.mlp.gate_proj.weight")[0], vocab_size=vocab,
         rope_theta=float((llm.get("rope_parameters") or {}).get("rope_theta", llm.get("rope_theta", 10000.0))),
         rms_eps=llm.get("rms_norm_eps", 1e-6))
     pad_name = special_token(folder, "pad_token", None)
@@ -142,11 +141,11 @@ def load_janus(sd, *, info: CheckpointInfo, image_size: int | None = None, devic
                           "unconditional prompt is made of: copy the model's tokenizer files into the folder")
     bos_name = special_token(folder, "bos_token", None)
     cfg = JanusConfig(
-        decoder=decoder, codes=weights["gen_embed.weight"].shape[0], code_width=weights["gen_embed.weight"].shape[1],
+        decoder=decoder, codes=shape_of(weights, "gen_embed.weight")[0], code_width=shape_of(weights, "gen_embed.weight")[1],
         aligner_layers=1 + len({k for k in weights if k.startswith("gen_aligner.hidden_layers.") and k.endswith(".weight")}),
-        head_width=weights["gen_head.proj_out.weight"].shape[0], grid=(side, side), pad=pad,
+        head_width=shape_of(weights, "gen_head.proj_out.weight")[0], grid=(side, side), pad=pad,
         bos=tokenizer.token_to_id(bos_name) if bos_name else None, boi=token_id(tokenizer, BOI, info.source))
     with torch.device("meta"):
         model = JanusGPT(cfg, JanusPrompts(tokenizer, cfg.bos, cfg.boi))
-    load_weights(model, weights, info.source)
+    load_weights(model, weights, info.source, device, dtype)
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
