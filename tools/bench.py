@@ -21,8 +21,8 @@ import torch
 from ..cli import sampling_from, spec_from
 from ..errors import FastARError
 from ..model_loaders.ar_drafter import SmallARDrafter
-from ..model_loaders.protocol import ClassConditioning
-from ..pipeline import class_conditioning, load_models, outputs_to_images
+from ..model_loaders.protocol import ClassConditioning, PromptConditioning
+from ..pipeline import class_conditioning, conditioning_type, load_models, outputs_to_images
 from ..samplers.decoders import DECODERS, LOSSLESS, NEEDS_DRAFTER, WITH_DRAFTER, DecoderSpec, decode
 from ..samplers.processing import SamplingSettings
 
@@ -67,6 +67,24 @@ def parse_entries(text: str, args) -> dict[str, Entry]:
     return entries
 
 
+def demo_rows(model, labels: list[int], first: int = 0):
+    """Conditioning for the demo classes ``labels``: the labels themselves for a class model; for a model that
+    reads prompts (the text demo), their captions, the colours varying with the sample's index ``first + i``."""
+    if conditioning_type(model) != "prompt":
+        return class_conditioning(model, labels)
+    from .demo_data import caption
+
+    bits = [[(i * 3 >> b) & 1 for b in (2, 1, 0)] for i in range(first, first + len(labels))]
+    return PromptConditioning([caption(label, b) for label, b in zip(labels, bits)])
+
+
+def demo_classes(model) -> int:
+    """How many demo classes the model draws (its classes, or the text demo's shapes)."""
+    from .demo_data import CLASS_NAMES
+
+    return model.cfg.num_classes if conditioning_type(model) == "c2i" else len(CLASS_NAMES)
+
+
 def run_decoder(models, cond, sampling, entry: Entry, seed: int):
     return decode(models.ar, cond, sampling, entry.spec, seed=seed, codebook=models.codebook(),
                   drafter=models.drafter if entry.drafted else None)
@@ -77,7 +95,7 @@ def sample_many(models, sampling, entry: Entry, labels: list[int], seed: int):
     run lengths and drafter forwards."""
     codes, row_forwards, accepted, drafter_forwards = [], [], [], 0
     for start in range(0, len(labels), CHUNK):
-        cond = class_conditioning(models.ar, labels[start : start + CHUNK])
+        cond = demo_rows(models.ar, labels[start : start + CHUNK], start)
         out, stats = run_decoder(models, cond, sampling, entry, seed + start)
         codes.append(out.cpu())
         row_forwards += stats.row_forwards
@@ -108,11 +126,11 @@ def timed_runs(models, sampling, entries: dict[str, Entry], runs: int, num_class
     drift hits every decoder alike. Medians per decoder."""
     times = {name: [] for name in entries}
     drafter_share = {name: [] for name in entries}
-    cond = class_conditioning(models.ar, [0])
+    cond = demo_rows(models.ar, [0])
     for entry in entries.values():  # warm-up
         run_decoder(models, cond, sampling, entry, seed)
     for r in range(runs):
-        cond = class_conditioning(models.ar, [r % num_classes])
+        cond = demo_rows(models.ar, [r % num_classes], r)
         for name, entry in entries.items():
             _, stats = run_decoder(models, cond, sampling, entry, seed + 1000 + r)
             times[name].append(stats.wall_time_s)
@@ -125,8 +143,7 @@ def timed_runs(models, sampling, entries: dict[str, Entry], runs: int, num_class
 def window_costs(model, cfg: bool, repeats: int = 20) -> dict:
     """c(W): time of one forward over W tokens / time of a single-token forward (cache half full)."""
     N = model.grid[0] * model.grid[1]
-    cond = ClassConditioning(torch.zeros(1, dtype=torch.long, device=model.device))
-    session = model.start(cond, cfg=cfg, max_window=max(WINDOW_COSTS))
+    session = model.start(demo_rows(model, [0]), cfg=cfg, max_window=max(WINDOW_COSTS))
     start = torch.full((1,), N // 2, dtype=torch.long, device=model.device)
     seconds = {}
     for width in WINDOW_COSTS:
@@ -227,7 +244,7 @@ def run_bench(args) -> dict:
                           "with Jacobi drafts (e.g. lantern-jacobi)")
     sampling = sampling_from(args)
     judge = load_classifier(device=models.ar.device)
-    num_classes = models.ar.cfg.num_classes
+    num_classes = demo_classes(models.ar)
     labels = [i % num_classes for i in range(args.samples)]
     real_images, _ = make_batch(np.random.default_rng(12345), REAL_IMAGES)
     reference_feats = classify(judge, real_images)[1]

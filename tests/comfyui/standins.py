@@ -185,12 +185,13 @@ def write_mar(folder: Path) -> None:
     official_kl(folder / MAR_KL16, KL, 23)
 
 
-LUMINA_FOLDER, JANUS_FOLDER, CHAMELEON_VQGAN = "tiny-lumina-mgpt", "tiny-janus-pro", "vqgan.ckpt"
+LUMINA_FOLDER, JANUS_FOLDER, CHAMELEON_VQGAN = "Lumina-mGPT-7B-768", "Janus-Pro-7B", "vqgan.ckpt"  # the releases
 
 
 def write_text_models(folder: Path) -> None:
-    """Tiny text-to-image models in their release layouts: a Lumina-mGPT folder (128 px, 8 x 8 tokens) with
-    Meta's VQGAN checkpoint layout beside it, and a Janus-Pro folder (its VQ inside)."""
+    """Tiny text-to-image models in their release layouts and names: a Lumina-mGPT folder (its config.json says
+    128 px, 8 x 8 tokens, over the 768 of its name) with Meta's VQGAN checkpoint layout beside it, and a Janus-Pro
+    folder (its VQ inside)."""
     from fastar.model_loaders.vqgan import VQGAN, VQGANConfig
     from fastar.tests import tiny_chameleon, tiny_janus
 

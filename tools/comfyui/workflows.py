@@ -32,6 +32,12 @@ MAR_KL16 = "kl16.ckpt"
 DEMO_MAR, DEMO_MAR_DRAFT, DEMO_KL = "demo_mar.safetensors", "demo_mar_draft.safetensors", "demo_kl_vae.safetensors"
 # The Distilled Decoding release (microsoft/distilled_decoding on Hugging Face: LlamaGen-DD/llamagen-B.pt, -L.pt)
 LLAMAGEN_DD_B = "llamagen-B.pt"
+# Text-to-image releases, as folders: Alpha-VLLM/Lumina-mGPT-7B-768, deepseek-ai/Janus-Pro-7B; Meta's Chameleon VQGAN
+LUMINA_768 = "Lumina-mGPT-7B-768/"
+JANUS_PRO_7B = "Janus-Pro-7B/"
+CHAMELEON_VQGAN = "vqgan.ckpt"
+DEMO_TEXT, DEMO_VQGAN = "demo_text/", "demo_vqgan.safetensors"
+NO_T5 = "(none: the model reads the prompt itself)"
 
 
 class Graph:
@@ -310,7 +316,7 @@ def drafter_columns(g: Graph, ar, decoder, conditioner, drafter, columns, decode
         image = g.node("PreviewImage", (x, decode_y + image_dy), [], title=f"Image: {title}", width=340)
         wire_sampler(g, ar, decoder, conditioner, sampler, decode, stats)
         g.connect(decode, "image", image, "images")
-        if has_input(sampler, "drafter"):
+        if drafter is not None and has_input(sampler, "drafter"):
             g.connect(drafter, "drafter", sampler, "drafter")
         if baseline is None:
             baseline = sampler
@@ -360,6 +366,68 @@ def llamagen_t2i_lantern(info) -> dict:
     return g.to_json()
 
 
+def text_inputs(g: Graph, model: str, decoder: str, prompt: str):
+    """Loaders and a prompt read by the model's own tokenizer (Lumina-mGPT, Anole, Janus-Pro)."""
+    ar, vq = loaders(g, model, decoder)
+    text = fed_by_model(g, ar, "FastARTextConditioning", (0, 290), [prompt, NO_T5], width=320)
+    return ar, vq, text
+
+
+def demo_text_compare(info) -> dict:
+    g = Graph(info)
+    ar, vq, text = text_inputs(g, DEMO_TEXT, DEMO_VQGAN, "a red ring on a cyan background")
+    g.note((0, 500), "Text-to-image on the bundled text demo (a tiny Lumina-mGPT-format model with its own "
+                     "tokenizer, no download): AR vs SJD vs GSD on the same prompt and seed.
+
+Prompts name a "
+                     "colour, a shape and the background colour: circle, square, triangle, stripes, checkerboard, "
+                     "ring, cross, blob; black, blue, green, cyan, red, magenta, yellow, white.
+
+SJD is lossless, "
+                     "GSD relaxed; their stats take AR's as baseline.", width=320, height=300)
+    columns = [("FastARSamplerAR", "AR (baseline)", []),
+               ("FastARSamplerSJD", "SJD (lossless)", [16, "random", "independent"]),
+               ("FastARSamplerGSD", "GSD (relaxed)", [16, "random", "independent", 10, 0.15, 0.5])]
+    drafter_columns(g, ar, vq, text, None, [(kind, title, sampler_widgets(seed=3, cfg=3.0) + extra)
+                                            for kind, title, extra in columns], decode_y=720, image_dy=360)
+    return g.to_json()
+
+
+def lumina_mgpt(info) -> dict:
+    g = Graph(info)
+    ar, vq, text = text_inputs(g, LUMINA_768, CHAMELEON_VQGAN,
+                               "A majestic lighthouse on a rocky cliff at sunset, waves crashing below.")
+    columns = [("FastARSamplerSJD", "SJD, gumbel coupling (lossless)", [32, "random", "gumbel"]),
+               ("FastARSamplerGSD", "GSD (relaxed)", [32, "random", "gumbel", 10, 0.15, 0.5])]
+    drafter_columns(g, ar, vq, text, None, [(kind, title, sampler_widgets(seed=42, cfg=3.0, top_k=2000) + extra)
+                                            for kind, title, extra in columns], decode_y=720, image_dy=360)
+    g.note((0, 500), f"Lumina-mGPT 7B at 768 px with SJD (gumbel coupling, the SCD paper's) and GSD.
+
+Download "
+                     f"Alpha-VLLM/Lumina-mGPT-7B-768 as a folder named {LUMINA_768.rstrip('/')} (config.json, the "
+                     "safetensors shards and their index, the tokenizer files) into ComfyUI/models/fastar/, and "
+                     f"Meta's Chameleon tokenizer/vqgan.ckpt (with vqgan.yaml) as models/fastar/{CHAMELEON_VQGAN}; "
+                     "then press R. The 512 and 1024 releases work the same (the size is read from the folder "
+                     "name). Official settings: cfg 3.0, top-k 2000.", width=320, height=330)
+    return g.to_json()
+
+
+def janus_pro(info) -> dict:
+    g = Graph(info)
+    ar, vq, text = text_inputs(g, JANUS_PRO_7B, JANUS_PRO_7B, "A cozy cabin in a snowy forest at dusk, warm light "
+                                                                "in the windows.")
+    single_sampler(g, ar, vq, text, "FastARSamplerSJD", sampler_widgets(seed=42, cfg=5.0) + [32, "random", "gumbel"],
+                   "FastAR_janus_pro")
+    g.note((0, 500), f"Janus-Pro 7B (384 px) with SJD.
+
+Download deepseek-ai/Janus-Pro-7B (or Janus-Pro-1B) as a "
+                     f"folder named {JANUS_PRO_7B.rstrip('/')} into ComfyUI/models/fastar/ (its VQ decoder is inside "
+                     "the checkpoint: pick the same folder in the image decoder loader); transformers' converted "
+                     "Janus folders work too. Then press R. Official settings: cfg 5, temperature 1, no top-k.",
+           width=320, height=260)
+    return g.to_json()
+
+
 WORKFLOWS = {
     "fastar_demo_sjd": demo_sjd,
     "fastar_compare_ar_sjd_gsd": compare,
@@ -370,6 +438,9 @@ WORKFLOWS = {
     "fastar_demo_mar_cspd": demo_mar_cspd,
     "fastar_mar_cspd": mar_official,
     "fastar_llamagen_dd": llamagen_dd,
+    "fastar_demo_text_compare": demo_text_compare,
+    "fastar_lumina_mgpt_768": lumina_mgpt,
+    "fastar_janus_pro": janus_pro,
 }
 
 
