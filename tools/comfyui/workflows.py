@@ -377,13 +377,9 @@ def demo_text_compare(info) -> dict:
     g = Graph(info)
     ar, vq, text = text_inputs(g, DEMO_TEXT, DEMO_VQGAN, "a red ring on a cyan background")
     g.note((0, 500), "Text-to-image on the bundled text demo (a tiny Lumina-mGPT-format model with its own "
-                     "tokenizer, no download): AR vs SJD vs GSD on the same prompt and seed.
-
-Prompts name a "
+                     "tokenizer, no download): AR vs SJD vs GSD on the same prompt and seed.\n\nPrompts name a "
                      "colour, a shape and the background colour: circle, square, triangle, stripes, checkerboard, "
-                     "ring, cross, blob; black, blue, green, cyan, red, magenta, yellow, white.
-
-SJD is lossless, "
+                     "ring, cross, blob; black, blue, green, cyan, red, magenta, yellow, white.\n\nSJD is lossless, "
                      "GSD relaxed; their stats take AR's as baseline.", width=320, height=300)
     columns = [("FastARSamplerAR", "AR (baseline)", []),
                ("FastARSamplerSJD", "SJD (lossless)", [16, "random", "independent"]),
@@ -401,9 +397,7 @@ def lumina_mgpt(info) -> dict:
                ("FastARSamplerGSD", "GSD (relaxed)", [32, "random", "gumbel", 10, 0.15, 0.5])]
     drafter_columns(g, ar, vq, text, None, [(kind, title, sampler_widgets(seed=42, cfg=3.0, top_k=2000) + extra)
                                             for kind, title, extra in columns], decode_y=720, image_dy=360)
-    g.note((0, 500), f"Lumina-mGPT 7B at 768 px with SJD (gumbel coupling, the SCD paper's) and GSD.
-
-Download "
+    g.note((0, 500), f"Lumina-mGPT 7B at 768 px with SJD (gumbel coupling, the SCD paper's) and GSD.\n\nDownload "
                      f"Alpha-VLLM/Lumina-mGPT-7B-768 as a folder named {LUMINA_768.rstrip('/')} (config.json, the "
                      "safetensors shards and their index, the tokenizer files) into ComfyUI/models/fastar/, and "
                      f"Meta's Chameleon tokenizer/vqgan.ckpt (with vqgan.yaml) as models/fastar/{CHAMELEON_VQGAN}; "
@@ -418,9 +412,7 @@ def janus_pro(info) -> dict:
                                                                 "in the windows.")
     single_sampler(g, ar, vq, text, "FastARSamplerSJD", sampler_widgets(seed=42, cfg=5.0) + [32, "random", "gumbel"],
                    "FastAR_janus_pro")
-    g.note((0, 500), f"Janus-Pro 7B (384 px) with SJD.
-
-Download deepseek-ai/Janus-Pro-7B (or Janus-Pro-1B) as a "
+    g.note((0, 500), f"Janus-Pro 7B (384 px) with SJD.\n\nDownload deepseek-ai/Janus-Pro-7B (or Janus-Pro-1B) as a "
                      f"folder named {JANUS_PRO_7B.rstrip('/')} into ComfyUI/models/fastar/ (its VQ decoder is inside "
                      "the checkpoint: pick the same folder in the image decoder loader); transformers' converted "
                      "Janus folders work too. Then press R. Official settings: cfg 5, temperature 1, no top-k.",
