@@ -17,7 +17,8 @@ from ..errors import FastARError
 from . import LOADERS
 from .ar_drafter import SmallARDrafter
 from .checkpoint import AR_MODEL, FAMILY_KIND, FAMILY_WHAT, CheckpointInfo, detect_family, read_json, read_state_dict, sample_keys
-from .eagle_drafter import EagleConfig, EagleDrafter, EagleHead
+from .chameleon_model import ChameleonGPT
+from .eagle_drafter import EagleConfig, EagleDrafter, EagleHead, LayoutEagleDrafter
 from .llamagen import build_and_load, weight_shape
 from .demo import DEMO_DRAFTER, DEMO_MAR_DRAFT
 from .llamagen_gpt import LlamaGenGPT
@@ -43,6 +44,9 @@ def load_drafter(path, target: LlamaGenGPT, *, device=None, dtype=None):
         what = f"{FAMILY_WHAT[family]} ({family})" if family else f"no model FastAR knows (keys {sample_keys(sd)})"
         raise FastARError(f"{info.source} is {what}, not a drafter: pick an EAGLE drafter folder (config.json + "
                           "fc/embed_tokens weights) or a smaller LlamaGen GPT trained on the target's VQ codes")
+    if not isinstance(target, LlamaGenGPT):
+        raise FastARError(f"{info.source} is {FAMILY_WHAT[family]}: small-model drafters serve LlamaGen targets; "
+                          f"for {target.what} pick its EAGLE drafter (LANTERN's release), or decode with sjd or gsd")
     model = LOADERS[family](sd, info=info, device=device, dtype=dtype)
     check_ar_drafter(model, target, info.source)
     return SmallARDrafter(model)
@@ -52,26 +56,42 @@ def load_eagle(sd, info: CheckpointInfo, path: Path, target, device, dtype) -> E
     config = info.config if info.config is not None or path.is_dir() else read_json(path.parent / "config.json")
     cfg = EagleConfig.from_json(config, info.source)
     check_eagle(cfg, sd, target, info.source)
-    return EagleDrafter(build_and_load(EagleHead, cfg, sd, info.source, device, dtype), target)
+    kind = LayoutEagleDrafter if cfg.family == "chameleon" else EagleDrafter
+    return kind(build_and_load(EagleHead, cfg, sd, info.source, device, dtype), target)
 
 
 def check_eagle(cfg: EagleConfig, sd, target, source: str) -> None:
-    if not isinstance(target, LlamaGenGPT):
-        raise FastARError(f"{source} is an EAGLE drafter for LlamaGen models; the target is not one: "
-                          "pick a drafter made for the target's family")
-    tc = target.cfg
+    serves = {"llama": (LlamaGenGPT, "LlamaGen models"), "chameleon": (ChameleonGPT, "Chameleon-family models (Anole)")}
+    model_class, models = serves[cfg.family]
+    if not isinstance(target, model_class):
+        raise FastARError(f"{source} is an EAGLE drafter for {models}; the target is {target.what}: pick a "
+                          "drafter made for the target's family")
     vocab, width = weight_shape(sd, "embed_tokens.weight", source)
-    if vocab != tc.vocab_size:
-        raise FastARError(f"{source} drafts over {vocab} codes but the target model has {tc.vocab_size} (a "
-                          f"different VQ tokenizer): {RETRAIN_HINT}")
+    if isinstance(target, ChameleonGPT):
+        check_layout_eagle(target, vocab, source)
+        dim = target.cfg.hidden_size
+    else:
+        dim = target.cfg.dim
+        if vocab != target.cfg.vocab_size:
+            raise FastARError(f"{source} drafts over {vocab} codes but the target model has {target.cfg.vocab_size} "
+                              f"(a different VQ tokenizer): {RETRAIN_HINT}")
+        check_kind(cfg.model_type, target.cfg.model_type, source)
     reads = weight_shape(sd, "fc.weight", source)[1]
-    if reads != 2 * tc.dim or width != tc.dim:
+    if reads != 2 * dim or width != dim:
         raise FastARError(f"{source} reads hidden states of width {reads // 2} (embedding width {width}) but the "
-                          f"target model is {tc.dim} wide: it belongs to another model size; {RETRAIN_HINT}")
-    check_kind(cfg.model_type, tc.model_type, source)
-    if cfg.grid is not None and tuple(cfg.grid) != tuple(tc.grid):
+                          f"target model is {dim} wide: it belongs to another model size; {RETRAIN_HINT}")
+    if cfg.grid is not None and tuple(cfg.grid) != tuple(target.grid):
         raise FastARError(f"{source} was trained for a {grid_text(cfg.grid)} token grid but the target runs "
-                          f"{grid_text(tc.grid)}: load the target at the drafter's resolution, or {RETRAIN_HINT}")
+                          f"{grid_text(target.grid)}: load the target at the drafter's resolution, or {RETRAIN_HINT}")
+
+
+def check_layout_eagle(target: ChameleonGPT, vocab: int, source: str) -> None:
+    if vocab != target.cfg.vocab_size:
+        raise FastARError(f"{source} embeds a vocabulary of {vocab} tokens but {target.what} has "
+                          f"{target.cfg.vocab_size}: pick the drafter released for this model")
+    if target.cfg.row_end is not None:
+        raise FastARError(f"{source}: EAGLE drafters for layouts with row-end tokens (Lumina-mGPT) are not "
+                          "supported yet; draft this model with sjd or gsd, or use the drafter with Anole")
 
 
 def check_ar_drafter(model: LlamaGenGPT, target, source: str) -> None:

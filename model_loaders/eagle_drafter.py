@@ -1,5 +1,5 @@
 """EAGLE-style drafter: one decoder layer that reads the target's hidden states (LANTERN's format),
-bound to its LlamaGen target.
+bound to its LlamaGen or Chameleon-family target.
 
 Facts of the released format (jadohu/LANTERN: models/drafters/cnets_llamagen.py, models/ea_model_llamagen.py,
 entrypoints/train_drafter/data_utils.py), each pinned by a test:
@@ -13,6 +13,13 @@ entrypoints/train_drafter/data_utils.py), each pinned by a test:
 - RoPE: LlamaGen's interleaved 2-D table, zero on the replayed conditioning rows, image row p at grid
   position p (the released code hard-codes a grid per ``input_type``; we use the target's grid).
 - Attention is causal over all rows; padded caption rows are not hidden (the release trains without a mask).
+
+The Anole drafter (models/drafters/cnets_anole.py, data/configs/anole_config.json: a Chameleon config of
+one layer, ``model_type`` "chameleon"): the same ``fc`` (bias) over concat(embedding of the vocabulary id,
+target hidden), then a whole Chameleon decoder layer (input RMSNorm, per-head QK LayerNorm with per-head
+weight and bias, 1-D rotate_half RoPE at the sequence position, unconditional rows shifted to count from
+their first real token); logits from the target's output head over image tokens only. Its rows replay
+the prompt: row t pairs the target's hidden at slot t with the token at slot t+1.
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ from torch import nn
 
 from ..errors import FastARError
 from .llamagen_gpt import KVCache, LlamaGenGPT, RMSNorm, attention_mask, rope_2d_table, rope_attention
+from .llm_decoder import DecoderConfig, DecoderLayer, rope_tables
 from .protocol import ModelOutput
 
 CONFIG_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
@@ -42,6 +50,8 @@ class EagleConfig:
     rope_theta: float = 10000.0
     input_type: str | None = None  # "c2i", "t2i", "t2i2" (the released names)
     grid: tuple[int, int] | None = None  # recorded by FastAR's trainer; the release implies it by input_type
+    family: str = "llama"  # config.json's model_type: "llama" (LlamaGen targets) or "chameleon" (Anole)
+    swin_norm: bool = False  # chameleon: norm after each branch
 
     @property
     def head_dim(self) -> int:
@@ -74,6 +84,8 @@ class EagleConfig:
             bias=bool(config.get("bias", True)), qkv_bias=bool(config.get("qkv_bias", False)),
             rope_theta=float(config.get("rope_theta") or 10000.0), input_type=config.get("input_type"),
             grid=tuple(fastar["grid"]) if fastar.get("grid") else None,
+            family="chameleon" if config.get("model_type") == "chameleon" else "llama",
+            swin_norm=bool(config.get("swin_norm", False)),
         )
 
     def to_json(self) -> dict:
@@ -136,15 +148,22 @@ class EagleLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
+def chameleon_layer(cfg: EagleConfig) -> nn.Module:
+    """A whole Chameleon decoder layer (input norm, per-head QK norm), as LANTERN's Anole drafter has."""
+    return DecoderLayer(DecoderConfig(cfg.hidden_size, 1, cfg.num_attention_heads, cfg.num_key_value_heads,
+                                      cfg.intermediate_size, cfg.vocab_size, cfg.rope_theta, cfg.rms_norm_eps,
+                                      qk_norm=True, swin_norm=cfg.swin_norm))
+
+
 class EagleHead(nn.Module):
-    """The drafter's weights, under the released key names."""
+    """The drafter's weights, under the released key names; its layer is the target family's."""
 
     def __init__(self, cfg: EagleConfig):
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=cfg.bias)
-        self.layers = nn.ModuleList([EagleLayer(cfg)])
+        self.layers = nn.ModuleList([chameleon_layer(cfg) if cfg.family == "chameleon" else EagleLayer(cfg)])
 
     def forward(self, tokens, hidden, rope, mask, cache=None, slots=None):
         """Features ``[R, T, D]`` of rows pairing ``tokens`` [R, T] with target ``hidden`` [R, T, D]."""
@@ -154,21 +173,38 @@ class EagleHead(nn.Module):
 
 class EagleDrafter:
     """A ``Drafter``: the head bound to the target whose hidden states it reads and whose output head
-    turns its features into logits."""
+    turns its features into logits. Subclasses for other target families say how the target's prefix is
+    replayed, where each row sits (RoPE), and how image codes map to the head's token ids."""
 
     name = "eagle"
     needs_target_hidden = True
 
-    def __init__(self, head: EagleHead, target: LlamaGenGPT):
+    def __init__(self, head: nn.Module, target):
         self.head, self.target = head, target
-
-    def rope(self, prefix_rows: int, extra: int) -> torch.Tensor:
-        cfg = self.head.cfg
-        return rope_2d_table(self.target.grid, cfg.head_dim, prefix_rows, extra, cfg.rope_theta).to(self.target.device)
 
     @torch.no_grad()
     def start(self, conditioning, *, cfg: bool, max_window: int, target_session) -> "EagleSession":
         return EagleSession(self, target_session, batch=conditioning.batch, cfg=cfg, max_window=max_window)
+
+    # -- the target family's geometry (LlamaGen) ---------------------------------------------------
+    def replayed_prefix(self, target_session, rows: int, offset: int):
+        """Token ids of the rows replaying the target's prefix slots 0..offset-1 and which of those slots
+        are real ([R, offset] or [R, 0] when none is padding). LlamaGen: the conditioning slots, token 0."""
+        device = self.target.device
+        return (torch.zeros(rows, offset, dtype=torch.long, device=device),
+                torch.ones(rows, 0, dtype=torch.bool, device=device))
+
+    def rope_for(self, target_session, offset: int, max_window: int):
+        """slots [R, T] -> the rotary table of those rows (LlamaGen's 2-D table, zero on the prefix)."""
+        cfg = self.head.cfg
+        table = rope_2d_table(self.target.grid, cfg.head_dim, offset, max_window, cfg.rope_theta).to(self.target.device)
+        return lambda slots: table[slots]
+
+    def token_ids(self, codes: torch.Tensor) -> torch.Tensor:
+        return codes
+
+    def logits(self, feature: torch.Tensor) -> torch.Tensor:
+        return self.target.output(feature).float()
 
     def training_features(self, target_hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Teacher-forced features ``[B, N-1, D]`` of image rows 0..N-2 (no cache; for training): row p
@@ -180,12 +216,13 @@ class EagleDrafter:
         T = ids.shape[1]
         rows = torch.arange(T, device=tokens.device).expand(B, T)
         mask = attention_mask(rows, torch.ones(B, 0, dtype=torch.bool, device=tokens.device), T)
-        return self.head(ids, target_hidden[:, :-1], self.rope(prefix, 0)[rows], mask)[:, prefix:]
+        return self.head(ids, target_hidden[:, :-1], self.rope_for(None, prefix, 0)(rows), mask)[:, prefix:]
 
 
 class EagleSession:
-    """One generation's drafter state: a static cache over [replayed conditioning rows | image rows |
-    scratch], one row per target row (cond rows, then uncond rows under CFG)."""
+    """One generation's drafter state: a static cache over [replayed prefix rows | image rows | scratch],
+    one row per target row (cond rows, then uncond rows under CFG). Row slot s pairs the target's hidden
+    state at its slot s with the token that follows it, so it sits where that hidden state sits."""
 
     def __init__(self, drafter: EagleDrafter, target_session, *, batch: int, cfg: bool, max_window: int):
         prefix = getattr(target_session, "prefix_hidden", None)
@@ -193,17 +230,16 @@ class EagleSession:
             raise FastARError("the EAGLE drafter reads the target's hidden states: start the target session "
                               "with hidden=True")
         head, target = drafter.head, drafter.target
-        self.head, self.target, self.batch, self.cfg = head, target, batch, cfg
+        self.drafter, self.head, self.batch, self.cfg = drafter, head, batch, cfg
         rows, self.offset = prefix.shape[0], prefix.shape[1] - 1
         N = target.grid[0] * target.grid[1]
         self.total_slots = self.offset + N + max_window  # scratch absorbs windows that run past the end
-        self.rope = drafter.rope(self.offset, max_window)
+        self.rope = drafter.rope_for(target_session, self.offset, max_window)
         self.cache = KVCache(rows, head.cfg.num_key_value_heads, self.total_slots, head.cfg.head_dim,
                              head.fc.weight.dtype, target.device)
-        self.no_padding = torch.ones(rows, 0, dtype=torch.bool, device=target.device)
+        tokens, self.prefix_valid = drafter.replayed_prefix(target_session, rows, self.offset)
         self.feature = None  # the last row's output, the next step's input feature
         if self.offset:
-            tokens = torch.zeros(rows, self.offset, dtype=torch.long, device=target.device)
             self._run(tokens, prefix[:, :-1], torch.arange(self.offset, device=target.device).expand(rows, -1))
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
@@ -211,11 +247,11 @@ class EagleSession:
 
     def _run(self, tokens, hidden, slots):
         slots = slots.clamp(max=self.total_slots - 1)
-        mask = attention_mask(slots, self.no_padding, self.total_slots)
-        return self.head(tokens, hidden, self.rope[slots], mask, self.cache, slots)
+        mask = attention_mask(slots, self.prefix_valid, self.total_slots)
+        return self.head(tokens, hidden, self.rope(slots), mask, self.cache, slots)
 
     def _output(self, feature) -> ModelOutput:
-        logits = self.target.output(feature).float()
+        logits = self.drafter.logits(feature)
         if self.cfg:
             return ModelOutput(cond=logits[: self.batch], uncond=logits[self.batch :])
         return ModelOutput(cond=logits)
@@ -224,8 +260,9 @@ class EagleSession:
     def catch_up(self, seq, n, target: ModelOutput, target_start) -> ModelOutput:
         width = target.hidden.shape[1]
         positions = target_start.unsqueeze(1) + 1 + torch.arange(width, device=seq.device)
-        tokens = seq.gather(1, positions.clamp(max=seq.shape[1] - 1))  # past the buffer: garbage rows
-        features = self._run(self._rows(tokens), target.hidden, self._rows(positions) + self.offset)
+        codes = seq.gather(1, positions.clamp(max=seq.shape[1] - 1))  # past the buffer: garbage rows
+        tokens = self.drafter.token_ids(self._rows(codes))
+        features = self._run(tokens, target.hidden, self._rows(positions) + self.offset)
         last = self._rows((n - target_start - 2).clamp(0, width - 1))  # row n-1 predicts token n
         self.feature = features.gather(1, last.view(-1, 1, 1).expand(-1, 1, features.shape[-1]))
         return self._output(self.feature)
@@ -233,5 +270,28 @@ class EagleSession:
     @torch.no_grad()
     def step(self, tokens, position) -> ModelOutput:
         slots = self._rows(position.unsqueeze(1)) + self.offset
-        self.feature = self._run(self._rows(tokens), self.feature, slots)
+        self.feature = self._run(self.drafter.token_ids(self._rows(tokens)), self.feature, slots)
         return self._output(self.feature)
+
+
+class LayoutEagleDrafter(EagleDrafter):
+    """An EAGLE drafter for a target behind ``llm_decoder.LayoutSession`` (Chameleon family: LANTERN's Anole
+    drafter). Its rows replay the prompt (row t: the target's hidden at slot t with the prompt token at
+    t+1), padded slots hidden as the target hides them, 1-D RoPE at the target's positions (each row's
+    from its first real token, as LANTERN shifts the unconditional rows), vocabulary ids in, the target's
+    image-code logits out. Layouts with row-end tokens (Lumina-mGPT) are refused at loading."""
+
+    def replayed_prefix(self, target_session, rows: int, offset: int):
+        return target_session.prefix_ids[:, 1:], target_session.valid[:, :-1]
+
+    def rope_for(self, target_session, offset: int, max_window: int):
+        cfg, shift = self.head.cfg, target_session.position_offset[:, None]
+        dtype = self.head.fc.weight.dtype
+        return lambda slots: rope_tables(slots - shift, cfg.head_dim, cfg.rope_theta, dtype)
+
+    def token_ids(self, codes: torch.Tensor) -> torch.Tensor:
+        return self.target.image_ids[codes]
+
+    def logits(self, feature: torch.Tensor) -> torch.Tensor:
+        return self.target.image_logits(feature)
+

@@ -214,6 +214,7 @@ class LayoutSession:
                        for _ in model.backbone.layers]
         ids = torch.tensor([[layout.filler] * (self.prefix_len - len(p)) + p for p in prefixes], device=device)
         slots = torch.arange(self.prefix_len, device=device).expand(rows, -1)
+        self.prefix_ids = ids  # an EAGLE drafter replays them
         prefix = self._run(model.backbone.embed_tokens(ids), slots)
         self.prefix_hidden = prefix if hidden else None
         self.first = self._output(prefix[:, -1:])

@@ -209,7 +209,8 @@ class LoadDrafter(CheckpointLoader):
             display_name="FastAR Load Drafter",
             category="FastAR/loaders",
             description="Loads a drafter for speculative decoding, bound to the AR model it drafts for: a "
-                        "LANTERN/EAGLE drafter folder (config.json + weights, e.g. LANTERN's llamagen_drafter) or a "
+                        "LANTERN/EAGLE drafter folder (config.json + weights: LANTERN's llamagen_drafter for LlamaGen, "
+                        "anole_drafter for Anole) or a "
                         "smaller LlamaGen model trained on the same VQ codes; for a MAR model, a smaller MAR on the "
                         "same autoencoder (MAR-B for MAR-L/H). A "
                         "drafter made for another model (other codebook, width or kind) is refused with the reason.",

@@ -1,6 +1,7 @@
 """Tiny Chameleon-family folders for tests: a random transformers ChameleonForConditionalGeneration saved as a
 Hugging Face folder (config.json with its vocabulary map, safetensors, a word-level tokenizer made with the
-``tokenizers`` library), in the Lumina-mGPT layout or Anole's."""
+``tokenizers`` library), in the Lumina-mGPT layout or Anole's; and an EAGLE drafter folder for it in LANTERN's
+Anole drafter layout."""
 from __future__ import annotations
 
 import json
@@ -78,3 +79,28 @@ def write_folder(folder: Path, model, *, lumina: bool = True, image_size: int | 
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
     save_tokenizer(folder, vocabulary())
     return folder
+
+
+def write_anole_drafter(folder: Path, reference, seed: int):
+    """A LANTERN-layout Anole drafter folder for ``reference``'s sizes: its Chameleon config of one layer and
+    ``embed_tokens``, ``fc`` (with bias), ``layers.0.*`` (a transformers ChameleonDecoderLayer, norms
+    randomised). Returns (weights, the layer, its rotary embedding) for reference computations."""
+    from transformers import ChameleonConfig
+    from transformers.models.chameleon.modeling_chameleon import ChameleonDecoderLayer, ChameleonRotaryEmbedding
+
+    config = ChameleonConfig(**{**reference.config.to_dict(), "num_hidden_layers": 1})
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    layer = ChameleonDecoderLayer(config, 0).eval()
+    randomise_norms(layer, seed)  # input norm, per-head QK norms: a misplaced one shows
+    D, V = config.hidden_size, config.vocab_size
+    generator = torch.Generator().manual_seed(seed + 1)
+    weights = {"embed_tokens.weight": torch.randn(V, D, generator=generator),
+               "fc.weight": torch.randn(D, 2 * D, generator=generator) / (2 * D) ** 0.5,
+               "fc.bias": 0.1 * torch.randn(D, generator=generator),
+               **{f"layers.0.{k}": v for k, v in layer.state_dict().items()}}
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(config.to_dict()))
+    return weights, layer, ChameleonRotaryEmbedding(config)
+

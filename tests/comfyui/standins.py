@@ -1,8 +1,10 @@
 """Tiny stand-in checkpoints for the ComfyUI tests, written in the formats of the real ones:
 a demo-like c2i model (FastAR safetensors with class names) and its VQ, an official-format LlamaGen c2i
 ``.pt`` (1000 classes) and its ``vq_ds16``-style ``.pt``, a t2i model with a tiny FLAN-T5 folder, a slow
-model for the interrupt test, a tiny Distilled Decoding student in the released layout, and a corrupt file. Drafters: an EAGLE drafter folder for the t2i model in
-LANTERN's released layout, one for another vocabulary, and a demo drafter while the bundled one is missing.
+model for the interrupt test, a tiny Distilled Decoding student in the released layout, Lumina-mGPT, Anole and
+Janus-Pro folders in their release layouts, and a corrupt file. Drafters: EAGLE drafter folders for the t2i model
+and the Anole folder in LANTERN's released layouts, one for another vocabulary, and a demo drafter while the
+bundled one is missing.
 Random weights: the images are noise, the plumbing is real.
 
 Run as a script to write them into a folder: ``python tests/comfyui/standins.py DIR [--demo]``.
@@ -27,8 +29,9 @@ from fastar.model_loaders.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
 from fastar.model_loaders.vq import VQConfig, VQModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "comfyui"))
-from workflows import (DEMO_DRAFTER as DEMO_DRAFTER_NAME, FLAN_T5, LANTERN_DRAFTER_T2I, LLAMAGEN_C2I,  # noqa: E402
-                       LLAMAGEN_DD_B, LLAMAGEN_T2I, LLAMAGEN_VQ_C2I, LLAMAGEN_VQ_T2I, MAR_BASE, MAR_HUGE, MAR_KL16)
+from workflows import (ANOLE_7B, CHAMELEON_VQGAN, DEMO_DRAFTER as DEMO_DRAFTER_NAME, FLAN_T5,  # noqa: E402
+                       JANUS_PRO_7B, LANTERN_DRAFTER_ANOLE, LANTERN_DRAFTER_T2I, LLAMAGEN_C2I, LLAMAGEN_DD_B,
+                       LLAMAGEN_T2I, LLAMAGEN_VQ_C2I, LLAMAGEN_VQ_T2I, LUMINA_768, MAR_BASE, MAR_HUGE, MAR_KL16)
 
 DEMO_CLASSES = ["circle", "square", "triangle", "stripes", "checkerboard", "ring", "cross", "blob"]
 VQ_CONFIG = VQConfig(codebook_size=512, embed_dim=8, z_channels=64, ch=32, ch_mult=(1, 1, 2, 2), num_res_blocks=1,
@@ -156,9 +159,13 @@ def write_eagle(folder: Path, cfg: EagleConfig, seed: int, pickled: bool = True)
 
 
 def write_drafters(folder: Path) -> None:
-    """For a ``fastar_drafters`` folder: LANTERN's drafter for the t2i stand-in, one for another vocabulary
-    (a mismatch the loader must name), and the MAR release's MAR-B (MAR-H's draft)."""
+    """For a ``fastar_drafters`` folder: LANTERN's drafters for the t2i stand-in and for the Anole stand-in, one
+    for another vocabulary (a mismatch the loader must name), and the MAR release's MAR-B (MAR-H's draft)."""
+    from fastar.tests import tiny_chameleon
+
     write_eagle(folder / LANTERN_DRAFTER_T2I.rstrip("/"), eagle_config(t2i_config()), 9)
+    tiny_chameleon.write_anole_drafter(folder / LANTERN_DRAFTER_ANOLE.rstrip("/"),
+                                       tiny_chameleon.hf_model(seed=ANOLE_SEED), seed=7)
     write_eagle(folder / OTHER_VOCAB_DRAFTER.rstrip("/"), eagle_config(t2i_config(), vocab_size=1024), 10)
     official_mar(folder / MAR_BASE, dataclasses.replace(OFFICIAL_MAR, dim=16, decoder_dim=16), 22, num_heads=2)
 
@@ -185,22 +192,25 @@ def write_mar(folder: Path) -> None:
     official_kl(folder / MAR_KL16, KL, 23)
 
 
-LUMINA_FOLDER, JANUS_FOLDER, CHAMELEON_VQGAN = "Lumina-mGPT-7B-768", "Janus-Pro-7B", "vqgan.ckpt"  # the releases
+ANOLE_SEED = 6
 
 
 def write_text_models(folder: Path) -> None:
     """Tiny text-to-image models in their release layouts and names: a Lumina-mGPT folder (its config.json says
-    128 px, 8 x 8 tokens, over the 768 of its name) with Meta's VQGAN checkpoint layout beside it, and a Janus-Pro
-    folder (its VQ inside)."""
+    128 px, 8 x 8 tokens, over the 768 of its name) with Meta's VQGAN checkpoint layout beside it, an Anole
+    folder (transformers' layout), and a Janus-Pro folder (its VQ inside)."""
     from fastar.model_loaders.vqgan import VQGAN, VQGANConfig
     from fastar.tests import tiny_chameleon, tiny_janus
 
-    tiny_chameleon.write_folder(folder / LUMINA_FOLDER, tiny_chameleon.hf_model(seed=3), lumina=True, image_size=128)
+    tiny_chameleon.write_folder(folder / LUMINA_768.rstrip("/"), tiny_chameleon.hf_model(seed=3), lumina=True,
+                                image_size=128)
+    tiny_chameleon.write_folder(folder / ANOLE_7B.rstrip("/"), tiny_chameleon.hf_model(seed=ANOLE_SEED), lumina=False,
+                                image_size=None)
     torch.manual_seed(4)
     vqgan = VQGAN(VQGANConfig(codebook_size=tiny_chameleon.CODES, embed_dim=8, z_channels=32, ch=32, ch_mult=(1, 2, 2),
                               num_res_blocks=1))
     torch.save({"state_dict": vqgan.state_dict()}, folder / CHAMELEON_VQGAN)
-    tiny_janus.write_converted(folder / JANUS_FOLDER, tiny_janus.hf_model(seed=5))
+    tiny_janus.write_converted(folder / JANUS_PRO_7B.rstrip("/"), tiny_janus.hf_model(seed=5))
 
 
 def write_slow(folder: Path) -> None:

@@ -1,9 +1,9 @@
-"""Lumina-mGPT and Janus-Pro in the real ComfyUI (tiny stand-ins in their release layouts): Load AR Model lists
+"""Lumina-mGPT, Anole and Janus-Pro in the real ComfyUI (tiny stand-ins in their release layouts): Load AR Model lists
 the folders, Load Image Decoder lists Meta's VQGAN file and the Janus folder (its VQ inside), Text Conditioning
 reads the prompt with the model's own tokenizer (no T5), the token samplers run, and the mix-ups say what to
-do (a class label for a prompt model, no T5 for LlamaGen t2i)."""
+do (a class label for a prompt model, no T5 for LlamaGen t2i); Anole drafts with LANTERN's Anole drafter."""
 from comfyui_helpers import node_of, workflow_prompt
-from standins import CHAMELEON_VQGAN, JANUS_FOLDER, LUMINA_FOLDER
+from standins import CHAMELEON_VQGAN, JANUS_PRO_7B, LANTERN_DRAFTER_ANOLE, LUMINA_768
 from test_comfyui_mar import options, succeeded
 from test_comfyui_runs import images_of
 
@@ -26,12 +26,12 @@ def text_prompt(object_info, model: str, decoder: str, sampler: str = "FastARSam
 def test_loaders_list_the_text_model_folders_and_their_decoders(object_info):
     models = options(object_info, "FastARLoadModel", "model_name")["options"]
     decoders = options(object_info, "FastARLoadVQ", "vq_name")["options"]
-    assert {f"{LUMINA_FOLDER}/", f"{JANUS_FOLDER}/"} <= set(models)
-    assert {CHAMELEON_VQGAN, f"{JANUS_FOLDER}/"} <= set(decoders) and f"{LUMINA_FOLDER}/" not in decoders
+    assert {LUMINA_768, JANUS_PRO_7B} <= set(models)
+    assert {CHAMELEON_VQGAN, JANUS_PRO_7B} <= set(decoders) and LUMINA_768 not in decoders
 
 
 def test_lumina_mgpt_draws_from_a_prompt_with_sjd(comfy, object_info):
-    entry = comfy.run(text_prompt(object_info, f"{LUMINA_FOLDER}/", CHAMELEON_VQGAN))
+    entry = comfy.run(text_prompt(object_info, LUMINA_768, CHAMELEON_VQGAN))
     succeeded(entry)
     images = images_of(comfy, entry)
     assert len(images) == 2 and all(image.shape == (32, 32, 3) for image in images)  # 8 x 8 codes, VQGAN stride 4
@@ -40,13 +40,13 @@ def test_lumina_mgpt_draws_from_a_prompt_with_sjd(comfy, object_info):
 
 
 def test_janus_pro_draws_with_the_vq_inside_its_folder(comfy, object_info):
-    entry = comfy.run(text_prompt(object_info, f"{JANUS_FOLDER}/", f"{JANUS_FOLDER}/", "FastARSamplerAR"))
+    entry = comfy.run(text_prompt(object_info, JANUS_PRO_7B, JANUS_PRO_7B, "FastARSamplerAR"))
     succeeded(entry)
     assert [image.shape for image in images_of(comfy, entry)] == [(12, 12, 3)] * 2  # 6 x 6 codes, VQ stride 2
 
 
 def test_mix_ups_say_what_to_do(comfy, object_info):
-    prompt = text_prompt(object_info, f"{LUMINA_FOLDER}/", CHAMELEON_VQGAN)
+    prompt = text_prompt(object_info, LUMINA_768, CHAMELEON_VQGAN)
     conditioning = next(k for k, n in prompt.items() if n["class_type"] == "FastARTextConditioning")
     model = next(k for k, n in prompt.items() if n["class_type"] == "FastARLoadModel")
     prompt[conditioning] = {"class_type": "FastARClassLabel",
@@ -57,3 +57,18 @@ def test_mix_ups_say_what_to_do(comfy, object_info):
     node_of(llamagen, "FastARTextConditioning")["inputs"]["t5_folder"] = NO_T5
     error = harness.execution_error(comfy.run(llamagen))
     assert "read the prompt through FLAN-T5-XL" in error["exception_message"]
+
+
+def test_anole_workflow_drafts_with_lanterns_anole_drafter(comfy, object_info):
+    entry = comfy.run(workflow_prompt("fastar_anole_lantern", object_info))
+    succeeded(entry)
+    assert [image.shape for image in images_of(comfy, entry)] == [(128, 128, 3)]  # 32 x 32 codes, VQGAN stride 4
+    stats = next(out["text"][0] for out in entry["outputs"].values() if "text" in out)
+    assert f"drafter {LANTERN_DRAFTER_ANOLE}:" in stats and "tokens: 1 x 1024 (32x32)" in stats
+
+
+def test_the_anole_drafter_on_lumina_mgpt_says_what_to_do(comfy, object_info):
+    prompt = workflow_prompt("fastar_anole_lantern", object_info)
+    node_of(prompt, "FastARLoadModel")["inputs"]["model_name"] = LUMINA_768
+    error = harness.execution_error(comfy.run(prompt))
+    assert "row-end tokens (Lumina-mGPT) are not supported yet" in error["exception_message"]

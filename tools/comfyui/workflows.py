@@ -34,6 +34,8 @@ DEMO_MAR, DEMO_MAR_DRAFT, DEMO_KL = "demo_mar.safetensors", "demo_mar_draft.safe
 LLAMAGEN_DD_B = "llamagen-B.pt"
 # Text-to-image releases, as folders: Alpha-VLLM/Lumina-mGPT-7B-768, deepseek-ai/Janus-Pro-7B; Meta's Chameleon VQGAN
 LUMINA_768 = "Lumina-mGPT-7B-768/"
+ANOLE_7B = "Anole-7b-v0.1-hf/"  # leloy/Anole-7b-v0.1-hf: GAIR's Anole converted to transformers' layout
+LANTERN_DRAFTER_ANOLE = "anole_drafter/"  # LANTERN's released drafter for Anole (jadohu/anole_drafter)
 JANUS_PRO_7B = "Janus-Pro-7B/"
 CHAMELEON_VQGAN = "vqgan.ckpt"
 DEMO_TEXT, DEMO_VQGAN = "demo_text/", "demo_vqgan.safetensors"
@@ -406,6 +408,26 @@ def lumina_mgpt(info) -> dict:
     return g.to_json()
 
 
+def anole_lantern(info) -> dict:
+    g = Graph(info)
+    ar, vq, text = text_inputs(g, ANOLE_7B, CHAMELEON_VQGAN, "A red fox curled up asleep in fresh snow, soft morning light.")
+    drafter = fed_by_model(g, ar, "FastARLoadDrafter", (0, 430), [LANTERN_DRAFTER_ANOLE, "auto"])
+    sampler = single_sampler(g, ar, vq, text, "FastARSamplerLANTERN",
+                             sampler_widgets(seed=42, cfg=3.0, top_k=2000) + [*LANTERN.values(), *SJD.values()],
+                             "FastAR_anole_lantern")
+    g.connect(drafter, "drafter", sampler, "drafter")
+    g.note((0, 560), f"Anole 7B (512 px, 32 x 32 tokens) with LANTERN and LANTERN's released Anole drafter.\n\n"
+                     f"Download leloy/Anole-7b-v0.1-hf (GAIR's Anole in transformers' layout: config.json, the "
+                     f"safetensors shards and their index, the tokenizer files) as a folder named "
+                     f"{ANOLE_7B.rstrip('/')} into ComfyUI/models/fastar/, and Anole's (Chameleon's) "
+                     f"tokenizer/vqgan.ckpt with vqgan.yaml as models/fastar/{CHAMELEON_VQGAN}.\nDownload the drafter "
+                     f"jadohu/anole_drafter as a folder named {LANTERN_DRAFTER_ANOLE.rstrip('/')} (config.json + "
+                     "weights) into ComfyUI/models/fastar_drafters/, then press R.\n\nLANTERN is relaxed: delta "
+                     "trades fidelity for speed (0 = exact speculative decoding). Settings: cfg 3, top-k 2000, "
+                     "k 1000, delta 0.1.", width=320, height=360)
+    return g.to_json()
+
+
 def janus_pro(info) -> dict:
     g = Graph(info)
     ar, vq, text = text_inputs(g, JANUS_PRO_7B, JANUS_PRO_7B, "A cozy cabin in a snowy forest at dusk, warm light "
@@ -433,6 +455,7 @@ WORKFLOWS = {
     "fastar_demo_text_compare": demo_text_compare,
     "fastar_lumina_mgpt_768": lumina_mgpt,
     "fastar_janus_pro": janus_pro,
+    "fastar_anole_lantern": anole_lantern,
 }
 
 
