@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import FastARError
-from .llamagen_gpt import KVCache, LlamaGenGPT, RMSNorm, attention_mask, rope_2d_table, rope_attention
+from .llamagen_gpt import KVCache, RMSNorm, attention_mask, rope_2d_table, rope_attention
 from .llm_decoder import DecoderConfig, DecoderLayer, rope_tables
 from .protocol import ModelOutput
 

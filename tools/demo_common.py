@@ -1,6 +1,7 @@
 """Helpers shared by the demo training tools: tensors <-> images, fp16 safetensors with config, schedules."""
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import asdict
@@ -66,3 +67,32 @@ class Timer:
 
     def __str__(self):
         return f"{time.time() - self.start:.0f}s"
+
+
+@torch.no_grad()
+def tokenised(name: str, vq_path, n: int, seed: int, draw) -> tuple:
+    """(codes int16 [n, h*w], *extras) of ``n`` procedural images drawn by ``draw(rng, count)`` -> (images
+    uint8, labels array, *more), encoded with the VQ at ``vq_path``; cached under ``.data/`` per name, VQ
+    file, seed and n. Arrays are concatenated into tensors, lists (captions) into one list."""
+    from ..model_loaders import load_image_decoder
+
+    digest = hashlib.sha1(open(vq_path, "rb").read()).hexdigest()[:12]
+    cache = DATA_DIR / f"{name}_tokens_{digest}_s{seed}_n{n}.pt"
+    if cache.exists():
+        return torch.load(cache)
+    vq = load_image_decoder(vq_path)
+    rng = np.random.default_rng(seed)
+    codes, extras = [], []
+    for start in range(0, n, 64):
+        images, *more = draw(rng, min(64, n - start))
+        codes.append(vq.encode(to_tensor(images)).flatten(1).to(torch.int16))
+        extras.append(more)
+        if start % 1024 == 0:
+            print(f"tokenised {start}/{n}", flush=True)
+    joined = [torch.cat([torch.from_numpy(x) for x in column]) if isinstance(column[0], np.ndarray)
+              else [item for x in column for item in x] for column in zip(*extras)]
+    data = (torch.cat(codes), *joined)
+    DATA_DIR.mkdir(exist_ok=True)
+    torch.save(data, cache)
+    return data
+

@@ -9,7 +9,6 @@ null class with probability 0.1 so that classifier-free guidance works at sampli
 from __future__ import annotations
 
 import argparse
-import hashlib
 from dataclasses import asdict
 
 import numpy as np
@@ -21,7 +20,7 @@ from ..model_loaders.demo import DEMO_AR, DEMO_VQ
 from ..model_loaders.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
 from ..model_loaders.protocol import ClassConditioning
 from ..model_loaders import load_ar_model, load_image_decoder
-from .demo_common import DATA_DIR, Timer, cosine_lr, save_fp16, setup, to_tensor
+from .demo_common import Timer, cosine_lr, save_fp16, setup, tokenised
 from .demo_data import CLASS_NAMES, make_batch
 
 
@@ -38,28 +37,6 @@ def init_weights(model: nn.Module) -> None:
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, 0.0, 0.02)
     nn.init.zeros_(model.output.weight)
-
-
-@torch.no_grad()
-def tokenise(vq_path, n: int, seed: int):
-    """(tokens int16 [n, 256], labels [n]) of ``n`` procedural images, cached per VQ file and seed."""
-    digest = hashlib.sha1(open(vq_path, "rb").read()).hexdigest()[:12]
-    cache = DATA_DIR / f"ar_tokens_{digest}_s{seed}_n{n}.pt"
-    if cache.exists():
-        return torch.load(cache)
-    vq = load_image_decoder(vq_path)
-    rng = np.random.default_rng(seed)
-    tokens, labels = [], []
-    for start in range(0, n, 64):
-        images, y = make_batch(rng, min(64, n - start))
-        tokens.append(vq.encode(to_tensor(images)).flatten(1).to(torch.int16))
-        labels.append(torch.from_numpy(y))
-        if start % 1024 == 0:
-            print(f"tokenised {start}/{n}", flush=True)
-    data = torch.cat(tokens), torch.cat(labels)
-    DATA_DIR.mkdir(exist_ok=True)
-    torch.save(data, cache)
-    return data
 
 
 @torch.no_grad()
@@ -87,8 +64,8 @@ def main(argv=None):
 
     gen = setup(args.seed)
     timer = Timer()
-    tokens, labels = tokenise(args.vq, args.images, args.seed)
-    val_tokens, val_labels = tokenise(args.vq, args.val_images, 10_000 + args.seed)
+    tokens, labels = tokenised("ar", args.vq, args.images, args.seed, make_batch)
+    val_tokens, val_labels = tokenised("ar", args.vq, args.val_images, 10_000 + args.seed, make_batch)
     print(f"{len(tokens)} training images tokenised [{timer}]")
 
     cfg = model_config(int(load_image_decoder(args.vq).cfg.codebook_size))

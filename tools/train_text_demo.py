@@ -19,7 +19,6 @@ procedural demo images from captions ("a red ring on a cyan background"), and it
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -35,7 +34,7 @@ from ..model_loaders.chameleon import BOI, EOI, LUMINA_TEMPLATE, ROW_END, TURN_E
 from ..model_loaders.demo import DEMO_AR, DEMO_TEXT, DEMO_VQ, DEMO_VQGAN
 from ..model_loaders.protocol import PromptConditioning
 from ..model_loaders.vq import VQModel
-from .demo_common import DATA_DIR, Timer, cosine_lr, setup, to_tensor
+from .demo_common import Timer, cosine_lr, setup, tokenised
 from .demo_data import CLASS_NAMES, COLOUR_NAMES, SIZE, make_captioned_batch
 
 IMAGE_SIZE = SIZE  # 128 px
@@ -107,29 +106,6 @@ def hf_config(vocab: dict[str, int], vq: VQModel, dim: int, layers: int, heads: 
 # -- data and model --------------------------------------------------------------------------------
 
 
-@torch.no_grad()
-def tokenise(vq_path, n: int, seed: int):
-    """(codes int16 [n, 256], labels [n], captions) of ``n`` captioned procedural images, cached."""
-    digest = hashlib.sha1(open(vq_path, "rb").read()).hexdigest()[:12]
-    cache = DATA_DIR / f"text_tokens_{digest}_s{seed}_n{n}.pt"
-    if cache.exists():
-        return torch.load(cache)
-    vq = load_image_decoder(vq_path)
-    rng = np.random.default_rng(seed)
-    codes, labels, captions = [], [], []
-    for start in range(0, n, 64):
-        images, y, text = make_captioned_batch(rng, min(64, n - start))
-        codes.append(vq.encode(to_tensor(images)).flatten(1).to(torch.int16))
-        labels.append(torch.from_numpy(y))
-        captions += text
-        if start % 1024 == 0:
-            print(f"tokenised {start}/{n}", flush=True)
-    data = torch.cat(codes), torch.cat(labels), captions
-    DATA_DIR.mkdir(exist_ok=True)
-    torch.save(data, cache)
-    return data
-
-
 def warm_start(model, gpt) -> None:
     """The demo GPT's weights where the shapes match: image code embeddings and output rows, the blocks
     (fused q|k|v split), the norms. Text and layout embeddings keep their random init."""
@@ -198,8 +174,8 @@ def main(argv=None):
     timer = Timer()
     vq = load_image_decoder(args.vq)
     save_file(convert_vq(vq), args.vqgan_out)
-    codes, labels, captions = tokenise(args.vq, args.images, args.seed)
-    val_codes, _, val_captions = tokenise(args.vq, args.val_images, 10_000 + args.seed)
+    codes, labels, captions = tokenised("text", args.vq, args.images, args.seed, make_captioned_batch)
+    val_codes, _, val_captions = tokenised("text", args.vq, args.val_images, 10_000 + args.seed, make_captioned_batch)
     print(f"{len(codes)} captioned images tokenised [{timer}]")
 
     gpt = load_ar_model(args.start)
