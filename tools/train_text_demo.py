@@ -62,7 +62,9 @@ def convert_vq(vq: VQModel) -> dict[str, torch.Tensor]:
         for old, new in renames.items():
             key = key.replace(old, new) if key.startswith(old) else key
         sd[f"decoder.{key}"] = value
-    return {k: v.detach().contiguous() for k, v in sd.items()}
+    # fp16 as the demo VQ stores them (lossless); the normalised codebook stays fp32 (rounding it moves codes)
+    return {k: v.detach().to(torch.float32 if k.startswith("quantize.") else torch.float16).contiguous()
+            for k, v in sd.items()}
 
 
 # -- the tokenizer ----------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 the folders, Load Image Decoder lists Meta's VQGAN file and the Janus folder (its VQ inside), Text Conditioning
 reads the prompt with the model's own tokenizer (no T5), the token samplers run, and the mix-ups say what to
 do (a class label for a prompt model, no T5 for LlamaGen t2i); Anole drafts with LANTERN's Anole drafter."""
+import numpy as np
 from comfyui_helpers import node_of, workflow_prompt
 from standins import CHAMELEON_VQGAN, JANUS_PRO_7B, LANTERN_DRAFTER_ANOLE, LUMINA_768
 from test_comfyui_mar import options, succeeded
@@ -72,3 +73,15 @@ def test_the_anole_drafter_on_lumina_mgpt_says_what_to_do(comfy, object_info):
     node_of(prompt, "FastARLoadModel")["inputs"]["model_name"] = LUMINA_768
     error = harness.execution_error(comfy.run(prompt))
     assert "row-end tokens (Lumina-mGPT) are not supported yet" in error["exception_message"]
+
+
+def test_the_bundled_text_demo_workflow_follows_its_prompt(comfy, object_info):
+    """AR, SJD and GSD on the bundled text demo: each image shows the prompt's colours (a red ring on cyan)."""
+    entry = comfy.run(workflow_prompt("fastar_demo_text_compare", object_info))
+    succeeded(entry)
+    images = images_of(comfy, entry)
+    assert len(images) == 3 and all(image.shape == (128, 128, 3) for image in images)
+    for image in images:
+        corners = (image.reshape(-1, 3) > 127).astype(int)
+        values, counts = np.unique(corners, axis=0, return_counts=True)
+        assert {tuple(values[i]) for i in np.argsort(-counts)[:2]} == {(1, 0, 0), (0, 1, 1)}

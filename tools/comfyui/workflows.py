@@ -349,14 +349,19 @@ def demo_lantern_compare(info) -> dict:
     return g.to_json()
 
 
+def lantern_with_drafter(g: Graph, ar, vq, conditioner, drafter_name: str, drafter_y: int, widgets, prefix: str):
+    """One LANTERN sampler (``widgets``: the common sampler widgets) fed by a Load Drafter of ``drafter_name``."""
+    drafter = fed_by_model(g, ar, "FastARLoadDrafter", (0, drafter_y), [drafter_name, "auto"])
+    sampler = single_sampler(g, ar, vq, conditioner, "FastARSamplerLANTERN",
+                             widgets + [*LANTERN.values(), *SJD.values()], prefix)
+    g.connect(drafter, "drafter", sampler, "drafter")
+
+
 def llamagen_t2i_lantern(info) -> dict:
     g = Graph(info)
     ar, vq, text = t2i_inputs(g)
-    drafter = fed_by_model(g, ar, "FastARLoadDrafter", (0, 500), [LANTERN_DRAFTER_T2I, "auto"])
-    sampler = single_sampler(g, ar, vq, text, "FastARSamplerLANTERN",
-                             sampler_widgets(seed=42, cfg=7.5, top_k=1000) + [*LANTERN.values(), *SJD.values()],
-                             "FastAR_llamagen_t2i_lantern")
-    g.connect(drafter, "drafter", sampler, "drafter")
+    lantern_with_drafter(g, ar, vq, text, LANTERN_DRAFTER_T2I, 500, sampler_widgets(seed=42, cfg=7.5, top_k=1000),
+                         "FastAR_llamagen_t2i_lantern")
     g.note((0, 630), f"LlamaGen text-to-image with LANTERN and LANTERN's released drafter.\n\nDownload into "
                      f"ComfyUI/models/fastar/: {LLAMAGEN_T2I} and {LLAMAGEN_VQ_T2I} from the LlamaGen release "
                      "(FoundationVision/LlamaGen on Hugging Face; the HF folder LlamaGen-T2I works too), and "
@@ -386,7 +391,7 @@ def demo_text_compare(info) -> dict:
     columns = [("FastARSamplerAR", "AR (baseline)", []),
                ("FastARSamplerSJD", "SJD (lossless)", [16, "random", "independent"]),
                ("FastARSamplerGSD", "GSD (relaxed)", [16, "random", "independent", 10, 0.15, 0.5])]
-    drafter_columns(g, ar, vq, text, None, [(kind, title, sampler_widgets(seed=3, cfg=3.0) + extra)
+    drafter_columns(g, ar, vq, text, None, [(kind, title, sampler_widgets(seed=3, cfg=2.0) + extra)
                                             for kind, title, extra in columns], decode_y=720, image_dy=360)
     return g.to_json()
 
@@ -411,12 +416,9 @@ def lumina_mgpt(info) -> dict:
 def anole_lantern(info) -> dict:
     g = Graph(info)
     ar, vq, text = text_inputs(g, ANOLE_7B, CHAMELEON_VQGAN, "A red fox curled up asleep in fresh snow, soft morning light.")
-    drafter = fed_by_model(g, ar, "FastARLoadDrafter", (0, 430), [LANTERN_DRAFTER_ANOLE, "auto"])
-    sampler = single_sampler(g, ar, vq, text, "FastARSamplerLANTERN",
-                             sampler_widgets(seed=42, cfg=3.0, top_k=2000) + [*LANTERN.values(), *SJD.values()],
-                             "FastAR_anole_lantern")
-    g.connect(drafter, "drafter", sampler, "drafter")
-    g.note((0, 560), f"Anole 7B (512 px, 32 x 32 tokens) with LANTERN and LANTERN's released Anole drafter.\n\n"
+    lantern_with_drafter(g, ar, vq, text, LANTERN_DRAFTER_ANOLE, 480, sampler_widgets(seed=42, cfg=3.0, top_k=2000),
+                         "FastAR_anole_lantern")
+    g.note((0, 610), f"Anole 7B (512 px, 32 x 32 tokens) with LANTERN and LANTERN's released Anole drafter.\n\n"
                      f"Download leloy/Anole-7b-v0.1-hf (GAIR's Anole in transformers' layout: config.json, the "
                      f"safetensors shards and their index, the tokenizer files) as a folder named "
                      f"{ANOLE_7B.rstrip('/')} into ComfyUI/models/fastar/, and Anole's (Chameleon's) "
