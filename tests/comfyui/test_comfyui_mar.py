@@ -107,7 +107,7 @@ def test_mar_progress_and_live_previews(comfy, object_info, events):
     time.sleep(0.5)
     sampler = next(k for k, n in prompt.items() if n["class_type"] == "FastARSamplerAR")
     progress = [d for _, d in events.of("progress", answer["prompt_id"]) if d["node"] == sampler]
-    assert progress and progress[-1]["value"] == progress[-1]["max"] == 256  # tokens fixed of 256
+    assert progress and progress[-1]["value"] == progress[-1]["max"] == 64  # tokens fixed of the 8 x 8 latents
     assert events.of("preview"), "no live preview image was sent"
 
 
@@ -117,7 +117,7 @@ def test_mar_progress_and_live_previews(comfy, object_info, events):
     (lambda p: node_of(p, "FastARSamplerAR")["inputs"].update(top_k=100), "FastARSamplerAR",
      "is a MAR model, which samples continuous tokens"),
     (lambda p: node_of(p, "FastARSamplerAR")["inputs"].update(num_iter=300), "FastARSamplerAR",
-     "num_iter 300: MAR fixes at least one token per step, so choose 1 to 256 steps"),
+     "num_iter 300: MAR fixes at least one token per step, so choose 1 to 64 steps for this model's 64 tokens"),
     (lambda p: node_of(p, "FastARLoadDrafter")["inputs"].update(drafter_name="demo_drafter/"), "FastARLoadDrafter",
      "demo_drafter"),
 ])
