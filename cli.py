@@ -152,6 +152,19 @@ def build_parser() -> argparse.ArgumentParser:
     drafter = sub.add_parser("train-drafter", help="train a drafter (EAGLE head or small AR) on a target's samples")
     add_drafter_training_args(drafter)
 
+    prof = sub.add_parser("profile", help="ms per target forward and decoder iteration against the memory-bandwidth "
+                                          "floor, on a random-weight model of a real shape")
+    prof.add_argument("--shape", default="demo", help="tiny, demo, llamagen-b/-l/-xl/-xxl, lumina-mgpt-7b-768, anole-7b")
+    prof.add_argument("--device", help="cuda or cpu (default: cuda when there is one)")
+    prof.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), help="default: bf16 on cuda, fp32 on cpu")
+    prof.add_argument("--windows", default="1,2,4,8,16,32,64", help="window widths W whose forward is timed")
+    prof.add_argument("--batches", type=lambda s: [int(b) for b in s.split(",")], default=[1, 2],
+                      help="images per call (each with its CFG row)")
+    prof.add_argument("--repeats", type=int, default=10, help="timed repeats per measurement (medians)")
+    prof.add_argument("--no-decoders", action="store_true", help="skip the whole-image ar/sjd/gsd runs")
+    prof.add_argument("--out", help="write the report as JSON")
+    prof.add_argument("--threads", type=int, help="CPU threads")
+
     distill = sub.add_parser("distill-dd", help="distil a LlamaGen-format model into a one/two-step DD student")
     add_distill_args(distill)
     return parser
@@ -418,6 +431,13 @@ def command_bench(args) -> int:
     return 0
 
 
+def command_profile(args) -> int:
+    from .tools.speed_profile import run_profile
+
+    run_profile(args)
+    return 0
+
+
 def command_train_drafter(args) -> int:
     from .tools.train_drafter import train
 
@@ -456,7 +476,8 @@ def main(argv=None) -> int:
     try:
         set_threads(getattr(args, "threads", None))
         commands = {"generate": command_generate, "decode": command_decode, "bench": command_bench,
-                    "train-drafter": command_train_drafter, "distill-dd": command_distill_dd}
+                    "train-drafter": command_train_drafter, "distill-dd": command_distill_dd,
+                    "profile": command_profile}
         return commands[args.command](args)
     except FastARError as e:
         print(f"error: {e}", file=sys.stderr)

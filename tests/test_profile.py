@@ -1,0 +1,41 @@
+"""``python -m fastar profile`` on the CPU (the smoke run CI can do; the GPU figures need a GPU): the report's
+floor is the bytes a forward must read over the measured bandwidth, every window and decoder is timed, and a
+shape it does not know is refused with the list."""
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import torch
+
+from fastar.tools.speed_profile import build, kv_bytes_read, run_profile, weight_bytes_read
+
+
+def test_the_floor_counts_the_weights_and_the_filled_cache():
+    model = build("tiny", torch.device("cpu"), torch.float16)
+    params = sum(p.numel() for p in model.parameters())
+    embedding = model.tok_embeddings.weight.numel()
+    assert weight_bytes_read(model) == 2 * (params - embedding - model.cls_embedding.embedding_table.weight.numel())
+    cfg = model.cfg
+    assert kv_bytes_read(model, rows=4, filled=10) == 4 * cfg.n_layer * 2 * cfg.n_kv_head * cfg.head_dim * 10 * 2
+
+
+def test_a_cpu_profile_times_every_window_and_decoder(tmp_path):
+    out = tmp_path / "profile.json"
+    args = SimpleNamespace(shape="tiny", device="cpu", dtype=None, windows="1,4,16", batches=[1, 2], repeats=2,
+                           no_decoders=False, out=str(out))
+    report = run_profile(args)
+    assert json.loads(out.read_text()) == json.loads(json.dumps(report))
+    assert report["dtype"] == "fp32" and report["bandwidth_gb_s"] > 0
+    for batch in ("1", "2"):
+        entry = report["batches"][batch]
+        assert set(entry["forward_ms"]) == {"1", "4", "16"} and entry["window_cost"]["1"] == 1.0
+        assert entry["floor_ms"] > 0 and entry["forward_over_floor"] == entry["forward_ms"]["1"] / entry["floor_ms"]
+        assert entry["decoders"]["ar"]["target_forwards"] == 63  # 8 x 8 tokens, the first from the prefill
+        assert entry["decoders"]["sjd"]["target_forwards"] < 63 and entry["decoders"]["gsd"]["over_floor"] > 0
+
+
+def test_an_unknown_shape_is_refused_with_the_choices():
+    r = subprocess.run([sys.executable, "-m", "fastar", "profile", "--shape", "gpt-5"], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 2 and "--shape gpt-5: choose one of tiny, demo, llamagen-b" in r.stderr
