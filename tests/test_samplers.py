@@ -10,6 +10,24 @@ from fastar.samplers.processing import SamplingSettings, probabilities
 from tiny_llamagen import tiny_conditioning, tiny_model
 
 
+def test_sampling_draws_each_code_with_its_mass_and_never_a_code_without():
+    from fastar.samplers import processing
+
+    dist = torch.tensor([[0.0, 0.2, 0.0, 0.0, 0.5, 0.3, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]])
+    rows = 40000
+    draws = processing.sample(dist.repeat(rows, 1).view(rows, 2, 7), torch.Generator().manual_seed(0))
+    freq = torch.stack([torch.bincount(draws[:, r], minlength=7) / rows for r in range(2)])
+    assert (freq[dist == 0] == 0).all() and (freq - dist).abs().max() < 0.01  # 4 standard errors at 0.5
+    for edge in (0.0, 1.0 - 2 ** -24):  # the ends of torch.rand's range
+        original = processing.uniform
+        processing.uniform = lambda shape, generator: torch.full(shape, edge)
+        try:
+            picked = processing.sample(dist, torch.Generator())
+        finally:
+            processing.uniform = original
+        assert dist[torch.arange(2), picked].gt(0).all(), (edge, picked)
+
+
 def test_cfg_temperature_topk_topp_follow_the_official_order():
     cond = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0]])
     uncond = torch.tensor([[1.0, 1.0, 1.0, 1.0, 1.0]])
