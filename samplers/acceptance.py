@@ -90,12 +90,7 @@ class GroupedRule(ExactRule):
         half = self.group // 2
         if half == 0:
             return super().accept_probability(p, q, x)
-        order = p.argsort(-1, descending=True)
-        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(p.shape[-1], device=p.device).expand_as(order))
-        offsets = torch.arange(-half, half + 1, device=p.device)
-        ranks = at(rank, x).unsqueeze(-1) + offsets  # [B, L, G']
-        in_range = (ranks >= 0) & (ranks < p.shape[-1])
-        members = order.gather(-1, ranks.clamp(0, p.shape[-1] - 1))
+        members, in_range = rank_neighbours(p, x, half)
         p_members, q_members = p.gather(-1, members), q.gather(-1, members)
         p_x = at(p, x).unsqueeze(-1)
         scale = torch.maximum(p_members, p_x) if self.prob_filter == "relative" else 1.0
@@ -108,6 +103,21 @@ class GroupedRule(ExactRule):
         ratio = (p_group / q_group.clamp_min(_TINY)).clamp(max=1.0)
         # a code that top-k/top-p removed from the target is never accepted, whatever its group
         return torch.where(at(p, x) > 0, ratio, torch.zeros_like(ratio))
+
+
+def rank_neighbours(p, x, half: int):
+    """x and the ``half`` codes ranked just above it and just below it by p ([..., 2 * half + 1] codes), and
+    which of them exist (x near the top or the bottom has fewer). Two top-k selections instead of sorting
+    the codebook: a sort of 16384 codes per draft was a third of GSD's time on a CPU."""
+    p_x = at(p, x).unsqueeze(-1)
+    k = min(half, p.shape[-1])
+    nothing = torch.tensor(float("-inf"), device=p.device)
+    above = torch.topk(torch.where(p > p_x, -p, nothing), k, dim=-1)  # the least likely of the likelier codes
+    below = torch.topk(torch.where(p < p_x, p, nothing), k, dim=-1)  # the likeliest of the less likely codes
+    members = torch.cat([above.indices.flip(-1), x.unsqueeze(-1), below.indices], dim=-1)
+    exists = torch.cat([above.values.flip(-1) > nothing, torch.ones_like(p_x, dtype=torch.bool),
+                        below.values > nothing], dim=-1)
+    return members, exists
 
 
 def without_a(p, members, mass, in_a):

@@ -274,3 +274,22 @@ def test_rows_of_a_batch_advance_independently():
         assert stats.row_forwards[i] == solo_stats.target_forwards
     assert stats.row_forwards[0] != stats.row_forwards[1]
     assert stats.target_forwards == max(stats.row_forwards)
+
+
+@pytest.mark.parametrize("vocab, half", [(512, 5), (8, 10), (64, 1)])
+def test_gsd_clusters_are_the_codes_ranked_around_the_draft(vocab, half):
+    """The cluster by two top-k selections equals the definition by sorting: x and the codes at ranks
+    rank(x) - half .. rank(x) + half of p, those that exist, in rank order."""
+    from fastar.samplers.acceptance import rank_neighbours
+
+    generator = torch.Generator().manual_seed(vocab)
+    p = torch.randn(3, 7, vocab, generator=generator).softmax(-1)
+    x = torch.randint(0, vocab, (3, 7), generator=generator)
+    x[0, 0], x[0, 1] = p[0, 0].argmax(), p[0, 1].argmin()  # the ends of the ranking
+    members, exists = rank_neighbours(p, x, half)
+    order = p.argsort(-1, descending=True)
+    for b in range(3):
+        for j in range(7):
+            rank = int((order[b, j] == x[b, j]).nonzero())
+            expected = [int(order[b, j, r]) for r in range(rank - half, rank + half + 1) if 0 <= r < vocab]
+            assert members[b, j][exists[b, j]].tolist() == expected
