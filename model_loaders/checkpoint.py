@@ -293,6 +293,8 @@ def has_prefix(sd, prefix: str) -> bool:
 
 # First match wins: put more specific families above the ones they resemble.
 FAMILIES = (
+    Family("var", AR_MODEL, "a VAR model",
+           lambda sd: "lvl_embed.weight" in sd and "n_d_embed.weight" not in sd and has_suffix(sd, ".ada_lin.1.weight")),
     Family("llamagen-dd", AR_MODEL, "a Distilled Decoding student",
            lambda sd: "n_d_embed.weight" in sd and has_prefix(sd, "final_layer_conti.")),
     Family("llamagen-gpt", AR_MODEL, "a LlamaGen GPT",
@@ -305,6 +307,8 @@ FAMILIES = (
            lambda sd: "model.embed_tokens.weight" in sd and has_suffix(sd, ".self_attn.q_norm.weight")),
     Family("mar", AR_MODEL, "a MAR model",
            lambda sd: "z_proj.weight" in sd and has_prefix(sd, "diffloss.net.")),
+    Family("var-vqvae", IMAGE_DECODER, "a multi-scale VQVAE (VAR)",
+           lambda sd: "quantize.embedding.weight" in sd and has_prefix(sd, "quantize.quant_resi.")),
     Family("llamagen-vq", IMAGE_DECODER, "a VQ tokenizer",
            lambda sd: "quantize.embedding.weight" in sd and has_prefix(sd, "decoder.conv_blocks.")),
     Family("chameleon-vqgan", IMAGE_DECODER, "a Chameleon VQGAN",

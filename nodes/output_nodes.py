@@ -116,6 +116,11 @@ def summary(stats: DecodeStats, baseline: DecodeStats | None = None) -> str:
     ]
     if not stats.accepted_per_iteration:  # DD: no iterations of accepted tokens to report
         del lines[4]
+    if stats.decoder == "dd":
+        dd = stats.settings
+        lines.insert(3, f"DD steps: {dd['steps']} (t2 {dd['t2']}, split {dd['split']})" if dd["regenerate"] is None else
+                     f"DD steps: 2 + {dd['teacher_forwards']} teacher forwards (the teacher resampled tokens "
+                     f"{dd['regenerate']}..{dd['t2'] - 1})")
     if stats.drafter_forwards:
         drafter = stats.settings.get("drafter_file") or stats.settings.get("drafter", "drafter")
         lines.append(f"drafter {drafter}: {stats.drafter_forwards} forwards, {stats.drafter_time_s:.2f} s"

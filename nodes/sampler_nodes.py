@@ -49,9 +49,9 @@ LANTERN_NOTE = ("Relaxed: trades fidelity for speed (also accepts a draft when c
                 "different image than plain AR sampling.")
 
 
-def slider(id, default, lo, hi, step, tooltip):
+def slider(id, default, lo, hi, step, tooltip, optional=False):
     return io.Float.Input(id, default=default, min=lo, max=hi, step=step, display_mode=io.NumberDisplay.slider,
-                          tooltip=tooltip)
+                          tooltip=tooltip, optional=optional)
 
 
 def preview_vq_input():
@@ -586,6 +586,19 @@ class SamplerDD(io.ComfyNode):
                 io.Int.Input("split", default=-1, min=-1, max=65536,
                              tooltip="Tokens before it take the logits' most likely code, later ones the "
                                      "continuous output (-1 = the student's own: released B 80, L 130)."),
+                # optional: the hybrid (the DD paper's Alg. 4), and prompts saved before it existed stay valid
+                FastARModel.Input("teacher", optional=True,
+                                  tooltip="Optional: the student's teacher (its AR model). Between the two steps it "
+                                          "resamples tokens regenerate..t2-1 itself: t2 - regenerate teacher "
+                                          "forwards buy quality back."),
+                io.Int.Input("regenerate", default=-1, min=-1, max=65536, optional=True,
+                             tooltip="With a teacher: the first token it resamples; it keeps the earlier ones of "
+                                     "DD's first step (-1 = t2 / 2; smaller is slower and closer to the teacher)."),
+                slider("teacher_cfg", SAMPLING.cfg_scale, 1.0, 20.0, 0.1,
+                       "With a teacher: its classifier-free guidance (the demo student's pairs used 2.0).",
+                       optional=True),
+                io.Int.Input("teacher_top_k", default=SAMPLING.top_k, min=0, max=1_000_000, optional=True,
+                             tooltip="With a teacher: sample only among its k most likely codes (0 = off)."),
             ],
             outputs=[
                 FastARTokens.Output("tokens", display_name="tokens",
@@ -598,7 +611,8 @@ class SamplerDD(io.ComfyNode):
 
     @classmethod
     def execute(cls, model: ModelHandle, conditioning: Conditioning, vq: ModelHandle, seed, batch, steps, t2,
-                split) -> io.NodeOutput:
+                split, teacher: ModelHandle | None = None, regenerate=-1, teacher_cfg=SAMPLING.cfg_scale,
+                teacher_top_k=SAMPLING.top_k) -> io.NodeOutput:
         student = model.module
         check_decoder("dd", student, None)
         if conditioning.model_type != "c2i":
@@ -606,14 +620,26 @@ class SamplerDD(io.ComfyNode):
         check_fits(student, conditioning.rows)
         rows = repeat_rows(conditioning.rows, batch)
         settings = DDSettings(steps=steps, t2=t2 or None, split=None if split < 0 else split)
+        patchers, working = [model.patcher, vq.patcher], 0
+        sampling = SamplingSettings(teacher_cfg, SAMPLING.temperature, teacher_top_k).validate()
+        if teacher is not None:
+            if steps != 2:
+                raise FastARError("the teacher regenerates tokens between DD's two steps: set steps to 2, or "
+                                  "disconnect the teacher")
+            settings = settings.hybrid(student, None if regenerate < 0 else regenerate)
+            patchers.append(teacher.patcher)
+            working = working_memory(teacher.module, conditioning.rows, batch, sampling.use_cfg, DecoderSpec("ar"))
         cfg, n = student.cfg, student.grid[0] * student.grid[1]
         activations = batch * (n + 1) * (cfg.dim * 12 + cfg.vocab_size) * 4
-        glue.load_for_inference([model.patcher, vq.patcher], activations)
+        glue.load_for_inference(patchers, activations + working)
         progress = glue.DecodeProgress(cls.hidden.unique_id, n, "DD")
         try:
             latents, stats = decode_distilled(student, rows, settings, seed=seed, codebook=vq.module.codebook(),
-                                              on_iteration=lambda step, total, x: progress(n * step // total, n, x))
+                                              on_iteration=lambda step, total, x: progress(n * step // total, n, x),
+                                              teacher=None if teacher is None else teacher.module, sampling=sampling)
         finally:
             glue.free_cache()
         stats.settings = {**stats.settings, "seed": seed, "conditioning": conditioning.label, "model": model.name}
+        if teacher is not None:
+            stats.settings.update(teacher=teacher.name, teacher_cfg=teacher_cfg, teacher_top_k=teacher_top_k)
         return io.NodeOutput(Latents(student.decoder_input(latents).cpu(), source="dd"), stats)

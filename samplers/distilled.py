@@ -10,7 +10,7 @@ noise and the class. The hybrid (``Hybrid``) lets the teacher resample part of t
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -47,6 +47,12 @@ class DDSettings:
             raise FastARError(f"the teacher regenerates positions s..t2-1 between two DD steps: give 2 steps and s in "
                               f"0..{resolved.t2 - 1} (got {resolved.steps} steps, s = {resolved.regenerate})")
         return resolved
+
+    def hybrid(self, student, regenerate: Optional[int] = None) -> "DDSettings":
+        """Two steps between which the teacher regenerates from ``regenerate`` (None: t2 // 2, the paper's
+        middle ground), resolved against ``student``."""
+        two = replace(self, steps=2, regenerate=None).resolve(student)
+        return replace(two, regenerate=two.t2 // 2 if regenerate is None else regenerate).resolve(student)
 
     @property
     def schedule(self) -> tuple[int, ...]:

@@ -279,3 +279,11 @@ def test_hybrid_lets_the_teacher_fill_positions_s_to_t2_between_the_steps():
     with pytest.raises(FastARError, match="give 2 steps and s in 0..4"):
         decode_distilled(student, conditioning, DDSettings(steps=2, regenerate=5), seed=0, codebook=book,
                          teacher=teacher)
+
+
+def test_hybrid_settings_default_to_half_of_t2_and_are_checked():
+    student = tiny_student(split=6, t2=5)
+    assert DDSettings(steps=1).hybrid(student) == DDSettings(steps=2, t2=5, split=6, regenerate=2)
+    assert DDSettings(t2=9, split=3).hybrid(student, 7) == DDSettings(steps=2, t2=9, split=3, regenerate=7)
+    with pytest.raises(FastARError, match="s in 0..4"):
+        DDSettings().hybrid(student, 5)

@@ -44,9 +44,7 @@ ROWS = (Row("ar", 0), Row("fm", 0, "fm"), Row("dd-1", 1, "dd"), Row("dd-2", 2, "
 
 def dd_settings(args, student) -> DDSettings:
     """The DD rows' settings from the command line; the hybrid's regenerate position defaults to t2 // 2."""
-    settings = DDSettings(steps=2, t2=args.dd_t2, split=args.dd_split).resolve(student)
-    regenerate = settings.t2 // 2 if args.dd_regenerate is None else args.dd_regenerate
-    return replace(settings, regenerate=regenerate).resolve(student)
+    return DDSettings(t2=args.dd_t2, split=args.dd_split).hybrid(student, args.dd_regenerate)
 
 
 def run_row(teacher: LoadedModels, student: LoadedModels, row: Row, labels: list[int], seed: int,

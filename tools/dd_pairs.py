@@ -39,6 +39,11 @@ class PairSettings:
     shard_size: int = 256
     seed: int = 0
 
+    def tag(self) -> str:
+        """The settings that decide the pairs, for a folder name (``per_class`` and shards only add pairs)."""
+        return (f"cfg{self.cfg_scale:g}_t{self.temperature:g}_k{self.top_k}_p{self.top_p:g}_f{self.flow_steps}"
+                f"_s{self.seed}")
+
     def sampling(self) -> SamplingSettings:
         return SamplingSettings(self.cfg_scale, self.temperature, self.top_k, self.top_p).validate()
 

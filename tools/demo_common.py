@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -49,7 +50,9 @@ def save_fp16(module: torch.nn.Module, cfg, path, keep_fp32: tuple[str, ...] = (
     sd = {k: (v.half() if v.is_floating_point() and not k.startswith(keep_fp32) else v).detach().contiguous()
           for k, v in module.state_dict().items()}
     meta = asdict(cfg) if not isinstance(cfg, dict) else cfg
-    save_file(sd, str(path), metadata={"fastar_config": json.dumps(meta)})
+    partial = path.with_name(path.name + ".partial")  # then renamed: an interrupted save never leaves half a file
+    save_file(sd, str(partial), metadata={"fastar_config": json.dumps(meta)})
+    os.replace(partial, path)
     print(f"saved {path.name}: {path.stat().st_size / 1e6:.2f} MB")
 
 

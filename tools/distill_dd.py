@@ -103,7 +103,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--teacher", default=str(DEMO_AR), help="LlamaGen-format c2i teacher (default: the demo model)")
     p.add_argument("--vq", default=None, help="the teacher's VQ decoder (default: the demo VQ for the demo teacher)")
     p.add_argument("--out", help=f"student .safetensors (default: {DEMO_DD.name} beside the demo model)")
-    p.add_argument("--data", help="folder for the noise/code pairs (default: .data/dd_pairs_<teacher fingerprint>)")
+    p.add_argument("--data", help="folder for the noise/code pairs (default: .data/dd_pairs_<teacher fingerprint>_<settings>)")
     p.add_argument("--per-class", type=int, default=PairSettings.per_class, help="pairs per class")
     p.add_argument("--classes", help="comma-separated class indices (default: all)")
     p.add_argument("--cfg", type=float, default=PairSettings.cfg_scale, help="the teacher's guidance for the pairs")
@@ -119,6 +119,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (the paper: 1e-4 at batch 256)")
     p.add_argument("--ema", type=float, default=0.999)
+    p.add_argument("--bf16", action="store_true",
+                   help="train under bfloat16 autocast (weights stay fp32): faster on GPUs and AVX-512 BF16 CPUs")
     p.add_argument("--embedding-loss", choices=("pixels", "codes"), default="pixels",
                    help="distance of the continuous output: MSE of the decoded images, or of the code vectors")
     p.add_argument("--logit-weight", type=float, default=LOGIT_WEIGHT)
@@ -128,6 +130,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--save-every", type=int, default=500,
+                   help="write the student (EMA weights) every N steps, so an interrupted run keeps its progress")
 
 
 def distill(args) -> dict:
@@ -149,7 +153,7 @@ def distill(args) -> dict:
     classes = [int(c) for c in args.classes.split(",")] if args.classes else list(range(teacher.cfg.num_classes))
     settings = PairSettings(args.cfg, args.temperature, args.top_k, args.top_p, args.flow_steps, args.per_class,
                             args.shard_size, args.seed)
-    data = Path(args.data) if args.data else DATA_DIR / f"dd_pairs_{model_fingerprint(teacher)}"
+    data = Path(args.data) if args.data else DATA_DIR / f"dd_pairs_{model_fingerprint(teacher)}_{settings.tag()}"
     make_pairs(teacher, codebook, data, classes, settings)
     print(f"pairs in {data} [{timer}]", flush=True)
     if args.pairs_only:
@@ -171,6 +175,7 @@ def distill(args) -> dict:
     del teacher
     print(f"student {sum(p.numel() for p in student.parameters()) / 1e6:.2f}M params, {len(train['tokens'])} "
           f"training and {held} held-out pairs, split {student.cfg.split}, t2 {student.cfg.t2} [{timer}]", flush=True)
+    out = Path(args.out) if args.out else DEMO_DD
     ema = copy.deepcopy(student).eval().requires_grad_(False)
     opt = torch.optim.AdamW(student.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     decoder = vq if args.embedding_loss == "pixels" else None
@@ -180,8 +185,9 @@ def distill(args) -> dict:
         t = ts[torch.randint(0, len(ts), (args.batch,), generator=gen).to(device)]
         for group in opt.param_groups:
             group["lr"] = cosine_lr(step, args.steps, args.lr, warmup=min(200, args.steps // 10 + 1))
-        loss, ce, distance = dd_loss(student, train["noise"][idx], train["tokens"][idx], train["labels"][idx], t,
-                                     codebook, decoder, args.logit_weight, args.embedding_weight)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
+            loss, ce, distance = dd_loss(student, train["noise"][idx], train["tokens"][idx], train["labels"][idx], t,
+                                         codebook, decoder, args.logit_weight, args.embedding_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(student.parameters(), 1.0)
@@ -193,8 +199,8 @@ def distill(args) -> dict:
         if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
             print(f"step {step + 1}/{args.steps} loss {loss.item():.4f} (ce {ce.item():.3f}, distance "
                   f"{distance.item():.4f}) [{timer}]", flush=True)
-    out = Path(args.out) if args.out else DEMO_DD
-    save_fp16(ema, ema.cfg, out)
+        if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
+            save_fp16(ema, ema.cfg, out)
     saved = load_ar_model(out, device=device)
     scores = held_out_scores(saved.float(), val, codebook, (0, saved.cfg.t2))
     for t, (accuracy, rms) in scores.items():

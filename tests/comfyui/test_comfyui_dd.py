@@ -63,3 +63,26 @@ def test_dd_mix_ups_give_fastar_messages(comfy):
     assert error["node_type"] == "FastARVQDecode"
     assert "Distilled Decoding student's 8-wide code vectors, but demo_kl_vae.safetensors is a KL autoencoder" in \
         error["exception_message"]
+
+
+def hybrid_prompt(teacher="demo_c2i.safetensors", steps=2, regenerate=40) -> dict:
+    """The bundled demo student with its teacher resampling tokens between the two steps."""
+    prompt = dd_prompt(model="demo_dd.safetensors", batch=1, steps=steps)
+    prompt["8"] = {"class_type": "FastARLoadModel", "inputs": {"model_name": teacher, "dtype": "auto"}}
+    prompt["4"]["inputs"] |= {"teacher": ["8", 0], "regenerate": regenerate, "teacher_cfg": 2.0, "teacher_top_k": 8}
+    return prompt
+
+
+def test_dd_hybrid_lets_the_teacher_resample_between_the_steps(comfy):
+    plain, _ = executed(comfy, dd_prompt(model="demo_dd.safetensors", batch=1))
+    hybrid, text = executed(comfy, hybrid_prompt())
+    assert "DD steps: 2 + 40 teacher forwards (the teacher resampled tokens 40..79)" in text
+    assert "model forwards: 42 (AR needs 255)" in text
+    assert not np.array_equal(plain[0], hybrid[0])  # the teacher's tokens 40..79 change the image
+    error = failed(comfy, hybrid_prompt(steps=1))
+    assert "set steps to 2, or disconnect the teacher" in error["exception_message"]
+    error = failed(comfy, hybrid_prompt(regenerate=80))
+    assert "give 2 steps and s in 0..79" in error["exception_message"]
+    error = failed(comfy, hybrid_prompt(teacher="demo_text/"))
+    assert "the teacher regenerates tokens: it must be a token model" in error["exception_message"] or \
+        "this teacher is not the student's" in error["exception_message"]

@@ -30,6 +30,7 @@ MAR_HUGE = "mar_huge.pth"
 MAR_BASE = "mar_base.pth"
 MAR_KL16 = "kl16.ckpt"
 DEMO_MAR, DEMO_MAR_DRAFT, DEMO_KL = "demo_mar.safetensors", "demo_mar_draft.safetensors", "demo_kl_vae.safetensors"
+DEMO_DD = "demo_dd.safetensors"
 # The Distilled Decoding release (microsoft/distilled_decoding on Hugging Face: LlamaGen-DD/llamagen-B.pt, -L.pt)
 LLAMAGEN_DD_B = "llamagen-B.pt"
 # Text-to-image releases, as folders: Alpha-VLLM/Lumina-mGPT-7B-768, deepseek-ai/Janus-Pro-7B; Meta's Chameleon VQGAN
@@ -215,17 +216,45 @@ def llamagen_c2i(info) -> dict:
     return g.to_json()
 
 
+def dd_widgets(seed=7, batch=1, steps=2, t2=0, split=-1, regenerate=-1, teacher_cfg=2.0, teacher_top_k=0):
+    return [seed, "fixed", batch, steps, t2, split, regenerate, teacher_cfg, teacher_top_k]
+
+
 def llamagen_dd(info) -> dict:
     g = Graph(info)
     ar, vq = loaders(g, LLAMAGEN_DD_B, LLAMAGEN_VQ_C2I)
     label = fed_by_model(g, ar, "FastARClassLabel", (0, 290), ["golden retriever (207)", -1])
-    single_sampler(g, ar, vq, label, "FastARSamplerDD", [42, "fixed", 1, 2, 0, -1], "FastAR_llamagen_dd")
+    single_sampler(g, ar, vq, label, "FastARSamplerDD", dd_widgets(seed=42), "FastAR_llamagen_dd")
     g.note((0, 430), f"Distilled Decoding: a LlamaGen-L-sized image in 2 model forwards instead of 256.\n\nDownload "
                      f"into ComfyUI/models/fastar/:\n- {LLAMAGEN_DD_B} (or llamagen-L.pt) from the Distilled Decoding "
                      f"release (microsoft/distilled_decoding on Hugging Face, folder LlamaGen-DD)\n- {LLAMAGEN_VQ_C2I} "
                      "from the LlamaGen release (FoundationVision/LlamaGen)\nthen press R and pick them in the "
                      "loaders. steps 1 is faster, 2 is better; the same seed gives the same image.",
            width=320, height=260)
+    return g.to_json()
+
+
+def demo_dd_compare(info) -> dict:
+    g = Graph(info)
+    teacher, vq = loaders(g, "demo_c2i.safetensors", "demo_vq.safetensors")
+    student = g.node("FastARLoadModel", (0, 290), [DEMO_DD, "auto"], title="Load DD student")
+    labels = [fed_by_model(g, model, "FastARClassLabel", (0, y), ["ring (demo 5)", -1])
+              for model, y in ((teacher, 430), (student, 570))]
+    g.note((0, 710), "Distilled Decoding (DD) on the bundled demo model and its bundled DD student, same class "
+                     "in every column.\n\nAR samples one token per forward (256 forwards). The student maps "
+                     "one seeded noise image to all tokens in 1 forward, or 2 (better); the same seed gives "
+                     "the same image. The hybrid lets the teacher resample tokens regenerate..t2-1 between the "
+                     "two steps (more forwards, closer to the teacher).\n\nDD is relaxed: a fast "
+                     "approximation of the teacher's samples. Each Stats node takes the AR stats as baseline "
+                     "and shows the measured speed-up.", width=320, height=330)
+    ar = drafter_columns(g, teacher, vq, labels[0], None, [("FastARSamplerAR", "AR (teacher)", sampler_widgets(seed=3))],
+                         decode_y=760, image_dy=360)[0]
+    dd = [("FastARSamplerDD", title, dd_widgets(seed=3, steps=steps, regenerate=regenerate))
+          for title, steps, regenerate in (("DD, 1 step", 1, -1), ("DD, 2 steps", 2, -1),
+                                           ("DD hybrid (teacher resamples 40..79)", 2, 40))]
+    hybrid = drafter_columns(g, student, vq, labels[1], None, dd, decode_y=760, image_dy=360, baseline=ar,
+                             first_column=1)[-1]
+    g.connect(teacher, "model", hybrid, "teacher")
     return g.to_json()
 
 
@@ -305,12 +334,13 @@ def mar_official(info) -> dict:
     return g.to_json()
 
 
-def drafter_columns(g: Graph, ar, decoder, conditioner, drafter, columns, decode_y: int, image_dy: int) -> None:
+def drafter_columns(g: Graph, ar, decoder, conditioner, drafter, columns, decode_y: int, image_dy: int,
+                    baseline=None, first_column: int = 0) -> list:
     """One column per ``(sampler kind, title, widgets)``: sampler, decode, stats and image, the drafter into
-    the samplers that take one, and the first column's stats as every other column's baseline.
-    ``decode_y`` clears the tallest sampler and its live preview."""
-    baseline = None
-    for i, (kind, title, widgets) in enumerate(columns):
+    the samplers that take one, and the ``baseline`` sampler's stats (default: the first column's) as every
+    other column's baseline. ``decode_y`` clears the tallest sampler and its live preview. The samplers."""
+    samplers = []
+    for i, (kind, title, widgets) in enumerate(columns, start=first_column):
         x = 360 + i * 380
         sampler = g.node(kind, (x, 0), widgets, title=f"Sampler: {title}", width=340)
         decode = g.node("FastARVQDecode", (x, decode_y), [], width=340)
@@ -325,6 +355,8 @@ def drafter_columns(g: Graph, ar, decoder, conditioner, drafter, columns, decode
         else:
             g.connect(baseline, "stats", stats, "ar_baseline")
         g.group(title, (x - 10, -40, 360, 1500))
+        samplers.append(sampler)
+    return samplers
 
 
 def demo_lantern_compare(info) -> dict:
@@ -454,6 +486,7 @@ WORKFLOWS = {
     "fastar_demo_mar_cspd": demo_mar_cspd,
     "fastar_mar_cspd": mar_official,
     "fastar_llamagen_dd": llamagen_dd,
+    "fastar_demo_dd_compare": demo_dd_compare,
     "fastar_demo_text_compare": demo_text_compare,
     "fastar_lumina_mgpt_768": lumina_mgpt,
     "fastar_janus_pro": janus_pro,

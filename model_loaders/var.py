@@ -1,0 +1,81 @@
+"""Loading VAR models (``var_d{16,20,24,30}.pth``: raw state dicts) and VAR's multi-scale VQVAE
+(``vae_ch160v4096z32.pth``), and the files FastAR writes in the same layouts (plus its ``fastar_config``).
+
+Sizes come from the weights: width and code width from ``word_embed``, depth from the blocks, heads from
+``scale_mul_1H11``, classes from ``class_emb`` (minus the null class). The scales (``patch_nums``) are the
+release's 256 px ones when the sequence has their 680 slots; other files need them in ``fastar_config`` or a
+config.json / NAME.json (``patch_nums``). The block-causal mask and level ids are rebuilt when a file lacks
+them (they follow from the scales).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..errors import FastARError
+from .checkpoint import CheckpointInfo, has_prefix
+from .llamagen import build_and_load, checkpoint_of, config_from_metadata, first_setting, weight_shape
+from .var_model import VAR, VARConfig, block_causal_mask
+from .var_vqvae import VAR_PATCH_NUMS, MultiScaleVQVAE, VQVAEConfig, split_fused_attention
+
+TRAINING_STATE = ("quantize.ema_vocab_hit_SV",)  # the VQVAE's codebook-usage statistics: training only
+
+
+def load_var(path_or_state_dict, *, device="cpu", dtype=torch.float32, info: CheckpointInfo | None = None) -> VAR:
+    """A VAR model in eval mode without gradients."""
+    sd, info = checkpoint_of(path_or_state_dict, info)
+    cfg = var_config(sd, info)
+    return build_and_load(VAR, cfg, {**rebuilt_buffers(cfg), **sd}, info.source, device, dtype)
+
+
+def var_config(sd, info: CheckpointInfo) -> VARConfig:
+    saved = info.fastar_config()
+    if saved is not None:
+        return config_from_metadata(VARConfig, saved, info.source)
+    source = info.source
+    if "shared_ada_lin.1.weight" in sd:
+        raise FastARError(f"{source} uses shared AdaLN (VAR-d36, 512 px), which FastAR does not run yet: use "
+                          "var_d16/d20/d24/d30")
+    dim, channels = weight_shape(sd, "word_embed.weight", source)
+    seq_len = weight_shape(sd, "pos_1LC", source)[1]
+    scales = weight_shape(sd, "lvl_embed.weight", source)[0]
+    return VARConfig(
+        depth=1 + max(int(k.split(".")[1]) for k in sd if k.startswith("blocks.")),
+        dim=dim, n_head=weight_shape(sd, "blocks.0.attn.scale_mul_1H11", source)[1],
+        mlp_ratio=weight_shape(sd, "blocks.0.ffn.fc1.weight", source)[0] / dim,
+        vocab_size=weight_shape(sd, "head.weight", source)[0], channels=channels,
+        num_classes=weight_shape(sd, "class_emb.weight", source)[0] - 1,
+        patch_nums=patch_nums_of(info.settings(), seq_len, scales, source),
+    )
+
+
+def patch_nums_of(settings: dict, seq_len: int, scales: int, source: str) -> tuple[int, ...]:
+    said = first_setting(settings, ("patch_nums", "pn"), None)
+    if said is None and seq_len == sum(p * p for p in VAR_PATCH_NUMS) and scales == len(VAR_PATCH_NUMS):
+        said = VAR_PATCH_NUMS
+    if said is None:
+        raise FastARError(f"{source}: a VAR model of {scales} scales and {seq_len} tokens is not the release's 256 px "
+                          "layout; put its patch_nums in a config.json beside it (e.g. {\"patch_nums\": [1, 2, 3, 4]})")
+    patch_nums = tuple(int(p) for p in said)
+    if len(patch_nums) != scales or sum(p * p for p in patch_nums) != seq_len:
+        raise FastARError(f"{source}: patch_nums {list(patch_nums)} give {len(patch_nums)} scales and "
+                          f"{sum(p * p for p in patch_nums)} tokens but the weights have {scales} and {seq_len}")
+    return patch_nums
+
+
+def rebuilt_buffers(cfg: VARConfig) -> dict[str, torch.Tensor]:
+    """The buffers that follow from the config, for files that do not carry them."""
+    L = cfg.seq_len
+    mask = block_causal_mask(cfg.patch_nums)
+    buffers = {"lvl_1L": torch.cat([torch.full((p * p,), i) for i, p in enumerate(cfg.patch_nums)]).view(1, L),
+               "attn_bias_for_masking": torch.zeros(L, L).masked_fill(~mask, float("-inf")).view(1, 1, L, L)}
+    buffers.update({f"blocks.{i}.attn.zero_k_bias": torch.zeros(cfg.dim) for i in range(cfg.depth)})
+    return buffers
+
+
+def load_var_vqvae(sd, *, info: CheckpointInfo, device="cpu", dtype=torch.float32) -> MultiScaleVQVAE:
+    """VAR's VQVAE in eval mode (decoder and quantiser, plus the encoder when the file has it)."""
+    sd = split_fused_attention({k: v for k, v in sd.items() if k not in TRAINING_STATE})
+    saved = info.fastar_config()
+    cfg = config_from_metadata(VQVAEConfig, saved, info.source) if saved else VQVAEConfig.from_state_dict(sd, info.source)
+    cfg.with_encoder = has_prefix(sd, "encoder.")
+    return build_and_load(MultiScaleVQVAE, cfg, sd, info.source, device, dtype)

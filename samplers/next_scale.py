@@ -1,0 +1,56 @@
+"""VAR's sampler (``--decoder ar`` on a next-scale model): one forward per scale, every token of a scale drawn
+in parallel given the earlier scales.
+
+Guidance ramps over the scales as in the release: at scale k of S, ``t = cfg * k / (S - 1)`` and the logits
+are ``(1 + t) cond - t uncond``, i.e. the shared pipeline's guidance scale ``1 + t`` (``cfg`` 0 turns guidance
+off; the release evaluates at 1.5). Temperature, top-k and top-p then go through the same processing as every
+other decoder. Each scale's codes are added to the VQVAE's running f_hat, whose area-downsampled copy is the
+next scale's input; the result is f_hat, the VQVAE decoder's input.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+from typing import Optional
+
+import torch
+
+from ..errors import FastARError
+from .processing import SamplingSettings, probabilities, sample
+from .stats import DecodeStats, Stopwatch
+from .verifier import ProgressFn
+
+
+def scale_sampling(sampling: SamplingSettings, scale: int, scales: int) -> SamplingSettings:
+    """The pipeline's settings at one scale: guidance ``1 + cfg * scale / (scales - 1)``."""
+    return replace(sampling, cfg_scale=1.0 + sampling.cfg_scale * scale / max(scales - 1, 1))
+
+
+@torch.no_grad()
+def next_scale_decode(model, vqvae, conditioning, sampling: SamplingSettings, *, generator: torch.Generator,
+                      on_iteration: Optional[ProgressFn] = None, watch: Optional[Stopwatch] = None):
+    """f_hat ``[B, C, h, w]`` (the VQVAE decoder's input) and its DecodeStats (one forward per scale)."""
+    watch = watch or Stopwatch(model.device)
+    patch_nums = model.cfg.patch_nums
+    if vqvae.cfg.codebook_size != model.vocab_size or vqvae.cfg.z_channels != model.cfg.channels:
+        raise FastARError(f"the VQVAE has {vqvae.cfg.codebook_size} codes of width {vqvae.cfg.z_channels} but the VAR "
+                          f"model predicts {model.vocab_size} of width {model.cfg.channels}: load the VQVAE it was "
+                          "trained with")
+    B, S, total = conditioning.batch, len(patch_nums), model.cfg.seq_len
+    session = model.start(conditioning, cfg=sampling.cfg_scale != 0.0)
+    f_hat = torch.zeros(B, model.cfg.channels, *model.grid, device=model.device)
+    inputs, done = None, 0
+    stats = DecodeStats(decoder="ar", grid=tuple(model.grid), batch=B,
+                        settings={"model_kind": model.kind, "patch_nums": list(patch_nums), **asdict(sampling)})
+    for scale, pn in enumerate(patch_nums):
+        out = session.forward(scale, inputs)
+        codes = sample(probabilities(out, scale_sampling(sampling, scale, S)), generator).view(B, pn, pn)
+        f_hat, inputs = vqvae.next_input(f_hat, codes.to(vqvae.device), scale, patch_nums)
+        stats.target_forwards += 1
+        stats.accepted_per_iteration.append([pn * pn] * B)
+        done += pn * pn
+        watch.lap("forward")
+        if on_iteration is not None:
+            on_iteration(done, total, f_hat)
+    stats.fixed_at = [[S] * stats.num_tokens for _ in range(B)]  # every final-grid token is settled by the last scale
+    stats.wall_time_s, stats.forward_time_s = watch.elapsed(), watch.totals.get("forward", 0.0)
+    return f_hat, stats

@@ -1,0 +1,213 @@
+"""VAR (next-scale prediction) and its multi-scale VQVAE (models.md, "VAR"): the release's math pinned on tiny
+random models by formulas written out here, files in the release's layouts load, and the sampler follows the
+release's scale-by-scale rules (per-scale guidance ramp, f_hat accumulation, area-downsampled next inputs)."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fastar.errors import FastARError
+from fastar.model_loaders import load_ar_model, load_image_decoder
+from fastar.model_loaders.protocol import ClassConditioning
+from fastar.model_loaders.var_model import VAR, VARConfig
+from fastar.model_loaders.var_vqvae import MultiScaleVQVAE, VQVAEConfig, fuse_attention, phi_index
+from fastar.samplers.next_scale import next_scale_decode, scale_sampling
+from fastar.samplers.processing import SamplingSettings
+
+PATCH_NUMS = (1, 2, 3, 4)
+
+
+def randomised(module: torch.nn.Module, seed: int, scale: float = 0.3) -> torch.nn.Module:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in module.named_parameters():
+            tensor.copy_(torch.randn(tensor.shape, generator=g) * scale)
+    return module.eval()
+
+
+def tiny_var(seed=0, patch_nums=PATCH_NUMS, classes=5) -> VAR:
+    cfg = VARConfig(depth=2, dim=32, n_head=2, vocab_size=16, channels=4, num_classes=classes, patch_nums=patch_nums)
+    return randomised(VAR(cfg), seed)
+
+
+def tiny_vqvae(seed=1) -> MultiScaleVQVAE:
+    cfg = VQVAEConfig(codebook_size=16, z_channels=4, ch=32, ch_mult=(1, 2, 2), num_res_blocks=1,
+                      encoder_attn_levels=(2,), decoder_attn_levels=(2,))
+    return randomised(MultiScaleVQVAE(cfg), seed, 0.1)
+
+
+def test_scales_use_the_release_phi_convs():
+    assert [phi_index(k, 10, 4) for k in range(10)] == [0, 0, 1, 1, 1, 2, 2, 3, 3, 3]
+    assert [phi_index(k, 11, 4) for k in range(11)] == [0, 0, 0, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert [phi_index(k, 4, 2) for k in range(4)] == [0, 0, 1, 1]  # linspace(1/4, 3/4) for other counts
+
+
+def reference_block(block, x, cond, mask):
+    """One AdaLN block written out from the release's rules (independent of the module's forward)."""
+    C, H = x.shape[-1], block.attn.heads
+    mod = block.ada_lin[1](F.silu(cond))
+    gamma1, gamma2, scale1, scale2, shift1, shift2 = (mod[:, i * C : (i + 1) * C][:, None] for i in range(6))
+    ln = lambda t: F.layer_norm(t, (C,), eps=1e-6)  # noqa: E731
+    a = ln(x) * (1 + scale1) + shift1
+    qkv = a @ block.attn.mat_qkv.weight.T
+    q, k, v = (qkv[..., i * C : (i + 1) * C] for i in range(3))
+    q, v = q + block.attn.q_bias, v + block.attn.v_bias
+    heads = lambda t: t.view(*t.shape[:2], H, C // H).transpose(1, 2)  # noqa: E731
+    q, k, v = heads(q), heads(k), heads(v)
+    cos = (q / q.norm(dim=-1, keepdim=True)) @ (k / k.norm(dim=-1, keepdim=True)).transpose(-1, -2)
+    logits = cos * torch.exp(torch.clamp(block.attn.scale_mul_1H11, max=math.log(100)))
+    attn = logits.masked_fill(~mask, float("-inf")).softmax(-1) @ v
+    x = x + block.attn.proj(attn.transpose(1, 2).reshape(x.shape)) * gamma1
+    f = ln(x) * (1 + scale2) + shift2
+    return x + block.ffn.fc2(F.gelu(block.ffn.fc1(f), approximate="tanh")) * gamma2
+
+
+def test_block_follows_the_release_math():
+    model = tiny_var()
+    block = model.blocks[0]
+    with torch.no_grad():
+        block.attn.scale_mul_1H11[0, 1] = 7.0  # above ln 100: the clamp must hold it there
+        g = torch.Generator().manual_seed(0)
+        x, cond = torch.randn(3, 30, 32, generator=g), torch.randn(3, 32, generator=g)
+        mask = model.attn_bias_for_masking[0, 0] == 0
+        # fp32 rounding of the cosines, times 100: about 3e-5 between two correct computations
+        torch.testing.assert_close(block(x, cond, mask), reference_block(block, x, cond, mask), rtol=1e-3, atol=1e-4)
+
+
+def test_mask_is_block_causal_by_scale():
+    model = tiny_var()
+    mask = model.attn_bias_for_masking[0, 0] == 0
+    levels = model.lvl_1L[0]
+    assert mask.shape == (30, 30) and levels.tolist() == [0] + [1] * 4 + [2] * 9 + [3] * 16
+    assert mask[1, 4] and mask[4, 1] and not mask[4, 5] and mask[29, 0] and not mask[0, 1]
+
+
+def test_teacher_forcing_equals_the_cached_scale_by_scale_session():
+    model, vqvae = tiny_var(), tiny_vqvae()
+    labels = torch.tensor([1, 3])
+    codes = [torch.randint(0, 16, (2, p, p), generator=torch.Generator().manual_seed(p)) for p in PATCH_NUMS]
+    inputs, _ = vqvae.teacher_inputs(codes, PATCH_NUMS)
+    with torch.no_grad():
+        full = model(labels, inputs)
+        session = model.start(ClassConditioning(labels), cfg=True)
+        bounds = model.cfg.scale_bounds()
+        for scale, (begin, end) in enumerate(bounds):
+            out = session.forward(scale, None if scale == 0 else inputs[:, begin - 1 : end - 1])
+            torch.testing.assert_close(out.cond, full[:, begin:end], rtol=1e-4, atol=1e-5)
+            null = model(torch.full_like(labels, 5), inputs)  # the null class is row num_classes
+            torch.testing.assert_close(out.uncond, null[:, begin:end], rtol=1e-4, atol=1e-5)
+
+
+def test_head_scales_before_it_shifts_and_the_first_slot_reads_the_class_twice():
+    model = tiny_var()
+    labels = torch.tensor([2])
+    with torch.no_grad():
+        cond = model.class_emb(labels)
+        mod = model.head_nm.ada_lin[1](F.silu(cond))
+        scale, shift = mod[:, :32], mod[:, 32:]
+        x = cond[:, None] + model.pos_start + model.lvl_embed.weight[0] + model.pos_1LC[:, :1]
+        for block in model.blocks:
+            x = block(x, cond)
+        expected = model.head(F.layer_norm(x, (32,), eps=1e-6) * (1 + scale) + shift)
+        got = model.start(ClassConditioning(labels), cfg=False).forward(0).cond
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_f_hat_adds_each_scale_through_its_phi_and_the_next_input_is_area_downsampled():
+    vqvae = tiny_vqvae()
+    phis = vqvae.quantize.quant_resi.qresi_ls
+    codes = [torch.randint(0, 16, (2, p, p), generator=torch.Generator().manual_seed(10 + p)) for p in PATCH_NUMS]
+    with torch.no_grad():
+        f_hat = torch.zeros(2, 4, 4, 4)
+        expected_inputs = []
+        for k, c in enumerate(codes):
+            h = vqvae.quantize.embedding.weight[c].permute(0, 3, 1, 2)
+            h = F.interpolate(h, size=(4, 4), mode="bicubic") if k < 3 else h
+            phi = phis[phi_index(k, 4, 4)]
+            f_hat = f_hat + 0.5 * h + 0.5 * F.conv2d(h, phi.weight, phi.bias, padding=1)
+            if k < 3:
+                n = PATCH_NUMS[k + 1]
+                expected_inputs.append(F.adaptive_avg_pool2d(f_hat, n).flatten(2).transpose(1, 2))
+        inputs, got = vqvae.teacher_inputs(codes, PATCH_NUMS)
+    torch.testing.assert_close(got, f_hat, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(inputs, torch.cat(expected_inputs, dim=1), rtol=1e-5, atol=1e-5)
+
+
+def test_encoding_by_scales_reproduces_its_own_f_hat_and_decodes():
+    vqvae = tiny_vqvae()
+    images = torch.rand(2, 3, 16, 16) * 2 - 1
+    with torch.no_grad():
+        codes = vqvae.encode_scales(images, PATCH_NUMS)
+        _, f_hat = vqvae.teacher_inputs(codes, PATCH_NUMS)
+        assert [tuple(c.shape) for c in codes] == [(2, p, p) for p in PATCH_NUMS]
+        assert vqvae.decode(f_hat).shape == (2, 3, 16, 16)
+
+
+def test_guidance_ramps_from_none_at_the_first_scale_to_cfg_at_the_last():
+    base = SamplingSettings(cfg_scale=1.5, top_k=900, top_p=0.96)
+    assert [scale_sampling(base, k, 4).cfg_scale for k in range(4)] == [1.0, 1.5, 2.0, 2.5]
+    assert scale_sampling(base, 3, 4).top_k == 900 and scale_sampling(base, 3, 4).top_p == 0.96
+
+
+def test_sampler_is_seeded_and_equals_the_ramped_pipeline_scale_by_scale():
+    model, vqvae = tiny_var(), tiny_vqvae()
+    conditioning = ClassConditioning(torch.tensor([0, 4]))
+    sampling = SamplingSettings(cfg_scale=2.0, temperature=0.0)  # greedy: each scale is the argmax of its ramp
+    f_hat, stats = next_scale_decode(model, vqvae, conditioning, sampling, generator=torch.Generator().manual_seed(0))
+    assert stats.target_forwards == 4 and f_hat.shape == (2, 4, 4, 4)
+    with torch.no_grad():
+        session = model.start(conditioning, cfg=True)
+        expected, inputs = torch.zeros(2, 4, 4, 4), None
+        for k, p in enumerate(PATCH_NUMS):
+            out = session.forward(k, inputs)
+            t = 2.0 * k / 3
+            codes = ((1 + t) * out.cond - t * out.uncond).argmax(-1).view(2, p, p)
+            expected, inputs = vqvae.next_input(expected, codes, k, PATCH_NUMS)
+    torch.testing.assert_close(f_hat, expected)
+    seeded = SamplingSettings(cfg_scale=1.5, top_k=8, top_p=0.9)
+    a, _ = next_scale_decode(model, vqvae, conditioning, seeded, generator=torch.Generator().manual_seed(3))
+    b, _ = next_scale_decode(model, vqvae, conditioning, seeded, generator=torch.Generator().manual_seed(3))
+    c, _ = next_scale_decode(model, vqvae, conditioning, seeded, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def release_var_state_dict(model: VAR) -> dict:
+    """A ``var_d*.pth`` as the release saves it: the raw state dict, buffers included."""
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def release_vqvae_state_dict(vqvae: MultiScaleVQVAE, scales: int) -> dict:
+    """``vae_ch160v4096z32.pth``'s layout: fused attention, the codebook-usage buffer."""
+    sd = fuse_attention(vqvae.state_dict())
+    sd["quantize.ema_vocab_hit_SV"] = torch.zeros(scales, vqvae.cfg.codebook_size)
+    return sd
+
+
+def test_release_layout_files_load(tmp_path):
+    model, vqvae = tiny_var(), tiny_vqvae()
+    (tmp_path / "var_tiny.json").write_text('{"patch_nums": [1, 2, 3, 4]}')
+    torch.save(release_var_state_dict(model), tmp_path / "var_tiny.pth")
+    sd = release_vqvae_state_dict(vqvae, 4)
+    assert "decoder.mid.attn_1.qkv.weight" in sd and "decoder.mid.attn_1.q.weight" not in sd
+    torch.save(sd, tmp_path / "vae_tiny.pth")
+    loaded = load_ar_model(tmp_path / "var_tiny.pth")
+    decoder = load_image_decoder(tmp_path / "vae_tiny.pth")
+    assert isinstance(loaded, VAR) and loaded.cfg.patch_nums == PATCH_NUMS and loaded.cfg.n_head == 2
+    assert isinstance(decoder, MultiScaleVQVAE) and decoder.cfg.phis == 4 and decoder.cfg.with_encoder
+    for a, b in ((model, loaded), (vqvae, decoder)):
+        for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+            torch.testing.assert_close(x, y, msg=name)
+    without_buffers = {k: v for k, v in release_var_state_dict(model).items()
+                       if k not in ("lvl_1L", "attn_bias_for_masking") and "zero_k_bias" not in k}
+    torch.save(without_buffers, tmp_path / "var_tiny.pth")
+    assert torch.equal(load_ar_model(tmp_path / "var_tiny.pth").attn_bias_for_masking, model.attn_bias_for_masking)
+
+
+def test_a_var_file_of_unknown_scales_says_what_to_add(tmp_path):
+    torch.save(release_var_state_dict(tiny_var()), tmp_path / "var_tiny.pth")
+    with pytest.raises(FastARError, match="put its patch_nums in a config.json"):
+        load_ar_model(tmp_path / "var_tiny.pth")
+    (tmp_path / "var_tiny.json").write_text('{"patch_nums": [1, 2, 5]}')
+    with pytest.raises(FastARError, match=r"patch_nums \[1, 2, 5\] give 3 scales and 30 tokens but the weights have 4"):
+        load_ar_model(tmp_path / "var_tiny.pth")
