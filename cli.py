@@ -11,16 +11,17 @@ from pathlib import Path
 from .errors import FastARError, FastARWarning
 from .samplers.acceptance import PROB_FILTERS
 from .samplers.cspd import VERIFY_MODES, CSpDSettings
-from .samplers.decoders import DECODERS, LOSSLESS, NEEDS_DRAFTER, DecoderSpec
+from .samplers.decoders import DECODERS, LOSSLESS, NEEDS_DRAFTER, DecoderSpec, check_decoder
 from .samplers.distilled import DDSettings
 from .samplers.drafts import COUPLINGS, INIT_STRATEGIES
 from .samplers.masked import CFG_SCHEDULES, MaskedSettings
+from .samplers.next_scale import VAR_SAMPLING
 from .samplers.processing import SamplingSettings
 from .tools.distill_dd import add_arguments as add_distill_args
 from .tools.train_drafter import add_arguments as add_drafter_training_args
 
 SPEC_DEFAULTS = DecoderSpec()
-DEFAULT_DECODER = {"token-ar": "sjd", "masked-ar": "ar", "few-step": "dd"}
+DEFAULT_DECODER = {"token-ar": "sjd", "masked-ar": "ar", "few-step": "dd", "next-scale": "ar"}
 SAMPLING_DEFAULTS = SamplingSettings()
 MASKED_DEFAULTS = MaskedSettings()
 CSPD_DEFAULTS = CSpDSettings()
@@ -248,6 +249,8 @@ def command_generate(args) -> int:
         outputs, stats = generate_masked(args, models, conditioning, progress)
     elif models.ar.kind == "few-step":
         outputs, stats = generate_distilled(args, models, conditioning, progress)
+    elif models.ar.kind == "next-scale":
+        outputs, stats = generate_next_scale(args, models, conditioning, progress)
     else:
         outputs, stats = generate_tokens(args, models, conditioning, progress)
     write_outputs(args, models, outputs, stats)
@@ -281,6 +284,24 @@ def generate_masked(args, models, conditioning, progress):
                  f"{stats.resample_tries} residual proposals ({stats.resample_fallbacks} fell back)")
     print(f"{line}, {stats.wall_time_s:.2f} s")
     return tokens, stats
+
+
+def generate_next_scale(args, models, conditioning, progress):
+    from .samplers.decoders import decode_next_scale
+
+    if args.tokens_out:
+        raise FastARError("--tokens-out is for raster token models; a VAR model writes the VQVAE's f_hat: use "
+                          "--latents-out")
+    check_decoder(args.decoder, models.ar, None)
+    sampling = SamplingSettings(cfg_scale=VAR_SAMPLING.cfg_scale if args.cfg is None else args.cfg,
+                                temperature=args.temperature, top_k=args.top_k or VAR_SAMPLING.top_k,
+                                top_p=VAR_SAMPLING.top_p if args.top_p == 1.0 else args.top_p)
+    f_hat, stats = decode_next_scale(models.ar, conditioning, sampling, seed=args.seed, vqvae=models.vq,
+                                     on_iteration=progress)
+    print(f"{stats.decoder}: {len(models.ar.cfg.patch_nums)} scales ({models.ar.cfg.seq_len} tokens) x {stats.batch} in "
+          f"{stats.target_forwards} forwards, cfg {sampling.cfg_scale} ramped over the scales, top-k {sampling.top_k}, "
+          f"top-p {sampling.top_p}, {stats.wall_time_s:.2f} s")
+    return f_hat, stats
 
 
 def generate_distilled(args, models, conditioning, progress):
@@ -332,7 +353,7 @@ def write_outputs(args, models, outputs, stats) -> None:
     tokens_out, latents_out = args.tokens_out, args.latents_out
     if args.out and models.vq is None and not tokens_out and not latents_out:
         # no images without an image decoder: keep the model's output instead
-        if models.ar.kind == "masked-ar":
+        if models.ar.kind in ("masked-ar", "next-scale"):
             latents_out = str(Path(args.out).with_suffix(".latents.npy"))
         else:
             tokens_out = str(Path(args.out).with_suffix(".tokens.json"))

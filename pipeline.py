@@ -97,6 +97,15 @@ def check_image_decoder(model, decoder) -> None:
             raise FastARError(f"the KL autoencoder has {decoder.cfg.embed_dim} latent channels but the MAR model writes "
                               f"{model.cfg.token_dim}: pick the autoencoder the model was trained with")
         return
+    if getattr(model, "kind", "token-ar") == "next-scale":
+        if decoder.input_kind != "multi-scale":
+            raise FastARError(f"a VAR model writes the token maps of its scales: its image decoder is its multi-scale "
+                              f"VQVAE (vae_ch160v4096z32.pth for the release), not {decoder.what}")
+        if (decoder.cfg.codebook_size, decoder.cfg.z_channels) != (model.vocab_size, model.cfg.channels):
+            raise FastARError(f"the VQVAE has {decoder.cfg.codebook_size} codes of width {decoder.cfg.z_channels} but "
+                              f"the VAR model predicts {model.vocab_size} of width {model.cfg.channels}: pick the VQVAE "
+                              "it was trained with")
+        return
     if decoder.input_kind != "codes":
         raise FastARError(f"{model.what} writes VQ codes: its image decoder is its VQ tokenizer, not {decoder.what}")
     if decoder.cfg.codebook_size != model.vocab_size:

@@ -20,9 +20,12 @@ from .var_vqvae import VAR_PATCH_NUMS, MultiScaleVQVAE, VQVAEConfig, split_fused
 TRAINING_STATE = ("quantize.ema_vocab_hit_SV",)  # the VQVAE's codebook-usage statistics: training only
 
 
-def load_var(path_or_state_dict, *, device="cpu", dtype=torch.float32, info: CheckpointInfo | None = None) -> VAR:
+def load_var(path_or_state_dict, *, device="cpu", dtype=torch.float32, info: CheckpointInfo | None = None,
+             image_size: int | None = None) -> VAR:
     """A VAR model in eval mode without gradients."""
     sd, info = checkpoint_of(path_or_state_dict, info)
+    if image_size is not None:
+        raise FastARError("a VAR model's image size follows its scales (patch_nums): leave the image size unset")
     cfg = var_config(sd, info)
     return build_and_load(VAR, cfg, {**rebuilt_buffers(cfg), **sd}, info.source, device, dtype)
 

@@ -5,7 +5,7 @@ the nodes.
 a drafter; the CLI choices, the bench rows and the checks below read it. A token-AR decoder is an
 acceptance rule plus a draft source: Jacobi self-drafts (the window of the previous iteration's samples)
 or a drafter model (a chain of gamma drafts per target forward). ``ar`` is every kind's own baseline
-sampler (raster AR for token models, MAR's masked schedule for MAR).
+sampler (raster AR for token models, MAR's masked schedule for MAR, VAR's scales for next-scale models).
 """
 from __future__ import annotations
 
@@ -23,12 +23,14 @@ from .cspd import CSpDSettings, cspd_decode
 from .distilled import DDSettings, Hybrid, dd_decode
 from .flow_map import FlowMapSettings, NoiseToCode, token_noise
 from .masked import MaskedSettings, masked_decode
+from .next_scale import next_scale_decode
 from .speculative import speculative_decode
 from .stats import Stopwatch
 from .verifier import ProgressFn
 
-TOKEN_AR, MASKED_AR, FEW_STEP = "token-ar", "masked-ar", "few-step"
-KIND_NAMES = {TOKEN_AR: "a token model (LlamaGen)", MASKED_AR: "a MAR model", FEW_STEP: "a Distilled Decoding student"}
+TOKEN_AR, MASKED_AR, FEW_STEP, NEXT_SCALE = "token-ar", "masked-ar", "few-step", "next-scale"
+KIND_NAMES = {TOKEN_AR: "a token model (LlamaGen)", MASKED_AR: "a MAR model", FEW_STEP: "a Distilled Decoding student",
+              NEXT_SCALE: "a VAR model"}
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class Decoder:
 
 
 DECODER_TABLE = (
-    Decoder("ar", (TOKEN_AR, MASKED_AR), lossless=True, drafter="no"),
+    Decoder("ar", (TOKEN_AR, MASKED_AR, NEXT_SCALE), lossless=True, drafter="no"),
     Decoder("sjd", (TOKEN_AR,), lossless=True, drafter="no"),
     Decoder("gsd", (TOKEN_AR,), lossless=False, drafter="optional"),
     Decoder("spec", (TOKEN_AR,), lossless=True, drafter="required"),
@@ -190,6 +192,18 @@ def decode_masked(model, conditioning, settings: MaskedSettings, decoder: str = 
         return cspd_decode(model, drafter, conditioning, settings, cspd, generator=generator,
                            on_iteration=on_iteration, watch=watch)
     return masked_decode(model, conditioning, settings, generator=generator, on_iteration=on_iteration, watch=watch)
+
+
+def decode_next_scale(model, conditioning, sampling: SamplingSettings, *, seed: int, vqvae,
+                      on_iteration: ProgressFn | None = None):
+    """VAR's sampler: f_hat ``[B, C, h, w]`` (the VQVAE decoder's input) and its DecodeStats. ``vqvae`` (the
+    model's multi-scale VQVAE) turns each scale's codes into the next scale's input."""
+    check_decoder("ar", model, None)
+    if vqvae is None or getattr(vqvae, "input_kind", None) != "multi-scale":
+        raise FastARError("a VAR model needs its multi-scale VQVAE (vae_ch160v4096z32.pth for the release) as the "
+                          "image decoder: each scale's codes become the next scale's input through it")
+    return next_scale_decode(model, vqvae, conditioning, sampling.validate(), generator=make_generator(seed, model.device),
+                             on_iteration=on_iteration)
 
 
 def decode_distilled(student, conditioning, settings: DDSettings, *, seed: int, codebook, noise=None,

@@ -20,6 +20,9 @@ from .stats import DecodeStats, Stopwatch
 from .verifier import ProgressFn
 
 
+VAR_SAMPLING = SamplingSettings(cfg_scale=1.5, top_k=900, top_p=0.96)  # the release's FID setting
+
+
 def scale_sampling(sampling: SamplingSettings, scale: int, scales: int) -> SamplingSettings:
     """The pipeline's settings at one scale: guidance ``1 + cfg * scale / (scales - 1)``."""
     return replace(sampling, cfg_scale=1.0 + sampling.cfg_scale * scale / max(scales - 1, 1))

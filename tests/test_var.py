@@ -2,13 +2,17 @@
 random models by formulas written out here, files in the release's layouts load, and the sampler follows the
 release's scale-by-scale rules (per-scale guidance ramp, f_hat accumulation, area-downsampled next inputs)."""
 import math
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from fastar.errors import FastARError
 from fastar.model_loaders import load_ar_model, load_image_decoder
+from fastar.model_loaders.demo import DEMO_VQ
 from fastar.model_loaders.protocol import ClassConditioning
 from fastar.model_loaders.var_model import VAR, VARConfig
 from fastar.model_loaders.var_vqvae import MultiScaleVQVAE, VQVAEConfig, fuse_attention, phi_index
@@ -211,3 +215,30 @@ def test_a_var_file_of_unknown_scales_says_what_to_add(tmp_path):
     (tmp_path / "var_tiny.json").write_text('{"patch_nums": [1, 2, 5]}')
     with pytest.raises(FastARError, match=r"patch_nums \[1, 2, 5\] give 3 scales and 30 tokens but the weights have 4"):
         load_ar_model(tmp_path / "var_tiny.pth")
+
+
+def fastar(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "fastar", *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_cli_generates_with_the_release_sampler_and_refuses_raster_decoders(tmp_path):
+    model, vqvae = tiny_var(), tiny_vqvae()
+    (tmp_path / "var_tiny.json").write_text('{"patch_nums": [1, 2, 3, 4]}')
+    torch.save(release_var_state_dict(model), tmp_path / "var_tiny.pth")
+    torch.save(release_vqvae_state_dict(vqvae, 4), tmp_path / "vae_tiny.pth")
+    common = ("generate", "--model", tmp_path / "var_tiny.pth", "--vq", tmp_path / "vae_tiny.pth", "--classes", "1,4",
+              "--quiet")
+    r = fastar(*common, "--seed", 2, "--out", tmp_path / "a.png", "--latents-out", tmp_path / "a.npy", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "ar: 4 scales (30 tokens) x 2 in 4 forwards, cfg 1.5 ramped over the scales, top-k 900, top-p 0.96" in r.stdout
+    assert (tmp_path / "a_1.png").exists() and np.load(tmp_path / "a.npy").shape == (2, 4, 4, 4)
+    expected, _ = next_scale_decode(load_ar_model(tmp_path / "var_tiny.pth"), load_image_decoder(tmp_path / "vae_tiny.pth"),
+                                    ClassConditioning(torch.tensor([1, 4])), SamplingSettings(1.5, 1.0, 900, 0.96),
+                                    generator=torch.Generator().manual_seed(2))
+    np.testing.assert_allclose(np.load(tmp_path / "a.npy"), expected.numpy(), rtol=1e-5, atol=1e-5)
+    r = fastar(*common, "--decoder", "sjd", cwd=tmp_path)
+    assert r.returncode == 2 and "sjd needs a token model (LlamaGen); this is a VAR model (next-scale prediction): " \
+        "use one of ar with it" in r.stderr
+    r = fastar(*common[:3], "--vq", DEMO_VQ, "--classes", "1", cwd=tmp_path)
+    assert r.returncode == 2 and "its image decoder is its multi-scale VQVAE" in r.stderr
