@@ -97,14 +97,17 @@ def check_image_decoder(model, decoder) -> None:
             raise FastARError(f"the KL autoencoder has {decoder.cfg.embed_dim} latent channels but the MAR model writes "
                               f"{model.cfg.token_dim}: pick the autoencoder the model was trained with")
         return
-    if getattr(model, "kind", "token-ar") == "next-scale":
+    if getattr(model, "decoder_kind", "codes") == "multi-scale":  # VAR and VAR-DD
         if decoder.input_kind != "multi-scale":
-            raise FastARError(f"a VAR model writes the token maps of its scales: its image decoder is its multi-scale "
+            raise FastARError(f"{model.what} writes the token maps of its scales: its image decoder is its multi-scale "
                               f"VQVAE (vae_ch160v4096z32.pth for the release), not {decoder.what}")
         if (decoder.cfg.codebook_size, decoder.cfg.z_channels) != (model.vocab_size, model.cfg.channels):
             raise FastARError(f"the VQVAE has {decoder.cfg.codebook_size} codes of width {decoder.cfg.z_channels} but "
-                              f"the VAR model predicts {model.vocab_size} of width {model.cfg.channels}: pick the VQVAE "
-                              "it was trained with")
+                              f"the model predicts {model.vocab_size} of width {model.cfg.channels}: pick the VQVAE "
+                              "it was trained with (its teacher's, for a student)")
+        if decoder.cfg.patch_nums != model.cfg.patch_nums:
+            raise FastARError(f"the VQVAE works over the scales {list(decoder.cfg.patch_nums)} but the model over "
+                              f"{list(model.cfg.patch_nums)}: pick the VQVAE it was trained with")
         return
     if decoder.input_kind != "codes":
         raise FastARError(f"{model.what} writes VQ codes: its image decoder is its VQ tokenizer, not {decoder.what}")

@@ -6,11 +6,11 @@ from .dd import load_dd_student
 from .janus import load_janus, vq_of_janus
 from .llamagen import load_llamagen, load_vq
 from .mar import load_kl_vae, load_mar
-from .var import load_var, load_var_vqvae
+from .var import load_var, load_var_dd, load_var_vqvae
 
 LOADERS = {"llamagen-dd": load_dd_student, "llamagen-gpt": load_llamagen, "llamagen-gpt-hf": load_llamagen,
            "mar": load_mar, "chameleon": load_chameleon, "janus": load_janus, "var": load_var,
-           "var-vqvae": load_var_vqvae,
+           "var-dd": load_var_dd, "var-vqvae": load_var_vqvae,
            "llamagen-vq": load_vq, "kl-vae": load_kl_vae, "chameleon-vqgan": load_vqgan}
 
 

@@ -293,6 +293,8 @@ def has_prefix(sd, prefix: str) -> bool:
 
 # First match wins: put more specific families above the ones they resemble.
 FAMILIES = (
+    Family("var-dd", AR_MODEL, "a Distilled Decoding student (VAR-DD)",
+           lambda sd: "lvl_embed.weight" in sd and "n_d_embed.weight" in sd),
     Family("var", AR_MODEL, "a VAR model",
            lambda sd: "lvl_embed.weight" in sd and "n_d_embed.weight" not in sd and has_suffix(sd, ".ada_lin.1.weight")),
     Family("llamagen-dd", AR_MODEL, "a Distilled Decoding student",

@@ -79,6 +79,11 @@ class DDStudent(nn.Module):
         return self.cfg.grid
 
     @property
+    def num_tokens(self) -> int:
+        """Tokens the student predicts (the noise's length)."""
+        return self.cfg.grid[0] * self.cfg.grid[1]
+
+    @property
     def device(self) -> torch.device:
         return self.output.weight.device
 

@@ -140,6 +140,7 @@ class FewStepModel(Protocol):
     kind: str  # "few-step"
     vocab_size: int
     grid: tuple[int, int]
+    num_tokens: int  # the noise's length: h * w for LlamaGen-DD, every scale's tokens for VAR-DD
 
     def predict(self, x: torch.Tensor, labels: torch.Tensor, t) -> tuple[torch.Tensor, torch.Tensor]:
         """``x`` [B, N, C] -> (continuous prediction [B, N, C], logits [B, N, V]) of every final token, fp32."""

@@ -14,6 +14,7 @@ import torch
 from ..errors import FastARError
 from .checkpoint import CheckpointInfo, has_prefix
 from .llamagen import build_and_load, checkpoint_of, config_from_metadata, first_setting, weight_shape
+from .var_dd_student import OFFICIAL_SCALES, VARDDConfig, VARDDStudent, dd_mask
 from .var_model import VAR, VARConfig, block_causal_mask
 from .var_vqvae import VAR_PATCH_NUMS, MultiScaleVQVAE, VQVAEConfig, split_fused_attention
 
@@ -30,7 +31,34 @@ def load_var(path_or_state_dict, *, device="cpu", dtype=torch.float32, info: Che
     return build_and_load(VAR, cfg, {**rebuilt_buffers(cfg), **sd}, info.source, device, dtype)
 
 
-def var_config(sd, info: CheckpointInfo) -> VARConfig:
+def load_var_dd(path_or_state_dict, *, device="cpu", dtype=torch.float32, info: CheckpointInfo | None = None,
+                image_size: int | None = None) -> VARDDStudent:
+    """A VAR-DD student (the release's ``var-d{16,20,24}.pth``, or one distill-dd wrote) in eval mode."""
+    sd, info = checkpoint_of(path_or_state_dict, info)
+    if image_size is not None:
+        raise FastARError("a VAR-DD student's image size follows its scales (patch_nums): leave the image size unset")
+    cfg = var_dd_config(sd, info)
+    buffers = rebuilt_buffers(cfg.student(), dd_mask((1, *cfg.patch_nums)))
+    return build_and_load(VARDDStudent, cfg, {**buffers, **sd}, info.source, device, dtype)
+
+
+def var_dd_config(sd, info: CheckpointInfo) -> VARDDConfig:
+    saved = info.fastar_config()
+    if saved is not None:
+        return config_from_metadata(VARDDConfig, saved, info.source)
+    shared = var_config(sd, info, extra_scale=1)
+    scales = OFFICIAL_SCALES.get(shared.depth)
+    said = first_setting(info.settings(), ("split_t", "loss_split_t"), scales)
+    if said is None:
+        raise FastARError(f"{info.source}: a depth-{shared.depth} VAR-DD student is none of the released sizes (16, "
+                          "20, 24); put its split_t (teacher scales given as data at step 2) in a config.json beside it")
+    data = sum(p * p for p in shared.patch_nums[: int(said)])
+    return VARDDConfig(**vars(shared), t2=data, split=data)
+
+
+def var_config(sd, info: CheckpointInfo, extra_scale: int = 0) -> VARConfig:
+    """The config of a VAR (``extra_scale`` 1: a VAR-DD student, whose sequence has a leading extra scale of one
+    token; the config keeps the teacher's scales)."""
     saved = info.fastar_config()
     if saved is not None:
         return config_from_metadata(VARConfig, saved, info.source)
@@ -47,7 +75,7 @@ def var_config(sd, info: CheckpointInfo) -> VARConfig:
         mlp_ratio=weight_shape(sd, "blocks.0.ffn.fc1.weight", source)[0] / dim,
         vocab_size=weight_shape(sd, "head.weight", source)[0], channels=channels,
         num_classes=weight_shape(sd, "class_emb.weight", source)[0] - 1,
-        patch_nums=patch_nums_of(info.settings(), seq_len, scales, source),
+        patch_nums=patch_nums_of(info.settings(), seq_len - extra_scale, scales - extra_scale, source),
     )
 
 
@@ -65,10 +93,11 @@ def patch_nums_of(settings: dict, seq_len: int, scales: int, source: str) -> tup
     return patch_nums
 
 
-def rebuilt_buffers(cfg: VARConfig) -> dict[str, torch.Tensor]:
-    """The buffers that follow from the config, for files that do not carry them."""
+def rebuilt_buffers(cfg: VARConfig, mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """The buffers that follow from the config (``mask``: the attention mask, block-causal by default), for
+    files that do not carry them."""
     L = cfg.seq_len
-    mask = block_causal_mask(cfg.patch_nums)
+    mask = block_causal_mask(cfg.patch_nums) if mask is None else mask
     buffers = {"lvl_1L": torch.cat([torch.full((p * p,), i) for i, p in enumerate(cfg.patch_nums)]).view(1, L),
                "attn_bias_for_masking": torch.zeros(L, L).masked_fill(~mask, float("-inf")).view(1, 1, L, L)}
     buffers.update({f"blocks.{i}.attn.zero_k_bias": torch.zeros(cfg.dim) for i in range(cfg.depth)})
@@ -81,4 +110,6 @@ def load_var_vqvae(sd, *, info: CheckpointInfo, device="cpu", dtype=torch.float3
     saved = info.fastar_config()
     cfg = config_from_metadata(VQVAEConfig, saved, info.source) if saved else VQVAEConfig.from_state_dict(sd, info.source)
     cfg.with_encoder = has_prefix(sd, "encoder.")
+    if not saved:
+        cfg.patch_nums = tuple(first_setting(info.settings(), ("patch_nums", "v_patch_nums"), VAR_PATCH_NUMS))
     return build_and_load(MultiScaleVQVAE, cfg, sd, info.source, device, dtype)

@@ -147,6 +147,7 @@ def block_causal_mask(patch_nums, first_level: int = 0) -> torch.Tensor:
 class VAR(nn.Module):
     kind = "next-scale"
     what = "a VAR model (next-scale prediction)"
+    decoder_kind = "multi-scale"  # its image decoder: the multi-scale VQVAE
 
     def __init__(self, cfg: VARConfig):
         super().__init__()

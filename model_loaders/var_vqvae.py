@@ -20,56 +20,37 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import FastARError
-from .kl_vae import Decoder, Encoder, KLConfig
+from .kl_vae import Decoder, Encoder
+from .vqgan import VQGANConfig
 
 VAR_PATCH_NUMS = (1, 2, 3, 4, 5, 6, 8, 10, 13, 16)  # the release's 256 px scales
 
 
 @dataclass
-class VQVAEConfig:
+class VQVAEConfig(VQGANConfig):
+    """The VQGAN's layout (code width = latent width here) plus the shared Phi convs."""
+
     codebook_size: int = 4096
-    z_channels: int = 32  # code width = latent width
+    embed_dim: int = 32  # code width
+    z_channels: int = 32  # latent width: the same
     ch: int = 160
-    ch_mult: tuple[int, ...] = (1, 1, 2, 2, 4)
-    num_res_blocks: int = 2
     encoder_attn_levels: tuple[int, ...] = (4,)
     decoder_attn_levels: tuple[int, ...] = (4,)
     phis: int = 4  # shared Phi convs (share_quant_resi)
     resi_ratio: float = 0.5
-    with_encoder: bool = True
+    patch_nums: tuple[int, ...] = VAR_PATCH_NUMS  # the scales (v_patch_nums): how a token sequence splits
 
     def __post_init__(self):
-        for name in ("ch_mult", "encoder_attn_levels", "decoder_attn_levels"):
-            setattr(self, name, tuple(getattr(self, name)))
-
-    @property
-    def embed_dim(self) -> int:
-        return self.z_channels
-
-    @property
-    def downsample(self) -> int:
-        return 2 ** (len(self.ch_mult) - 1)
-
-    def blocks(self) -> KLConfig:
-        return KLConfig(embed_dim=self.z_channels, ch=self.ch, ch_mult=self.ch_mult, num_res_blocks=self.num_res_blocks,
-                        encoder_attn_levels=self.encoder_attn_levels, decoder_attn_levels=self.decoder_attn_levels,
-                        with_encoder=self.with_encoder)
+        super().__post_init__()
+        self.patch_nums = tuple(self.patch_nums)
 
     @classmethod
-    def from_state_dict(cls, sd: dict, source: str) -> "VQVAEConfig":
-        try:
-            kl = KLConfig.from_state_dict(sd, source)
-            codebook = sd["quantize.embedding.weight"]
-        except KeyError as e:
-            raise FastARError(f"{source} looks like a VAR VQVAE but lacks {e.args[0]}: the file is incomplete, "
-                              "re-download it") from None
+    def from_state_dict(cls, sd: dict, source: str, what: str = "a VAR VQVAE", **extra) -> "VQVAEConfig":
         phis = len({k.split(".")[3] for k in sd if k.startswith("quantize.quant_resi.qresi_ls.")})
         if not phis:
             raise FastARError(f"{source}: this VQVAE has no shared Phi convs (quantize.quant_resi.qresi_ls.*); FastAR "
                               "reads the release's layout (share_quant_resi = 4)")
-        return cls(codebook_size=codebook.shape[0], z_channels=codebook.shape[1], ch=kl.ch, ch_mult=kl.ch_mult,
-                   num_res_blocks=kl.num_res_blocks, encoder_attn_levels=kl.encoder_attn_levels,
-                   decoder_attn_levels=kl.decoder_attn_levels, phis=phis, with_encoder=kl.with_encoder)
+        return super().from_state_dict(sd, source, what, phis=phis, **extra)
 
 
 def phi_index(scale: int, scales: int, phis: int) -> int:
@@ -141,9 +122,24 @@ class MultiScaleVQVAE(nn.Module):
         """The code vectors as the decoder uses them (raw: VAR does not normalise them)."""
         return self.quantize.embedding.weight
 
-    def decode(self, f_hat: torch.Tensor) -> torch.Tensor:
-        """The image-decoder protocol: f_hat [B, C, h, w] -> images in [-1, 1] (not clamped)."""
+    def decode(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The image-decoder protocol: f_hat [B, C, h, w], or every scale's vectors [B, L, C] in the scales'
+        order (a VAR-DD student's output, accumulated here) -> images in [-1, 1] (not clamped)."""
+        f_hat = self.sequence_to_f_hat(inputs) if inputs.dim() == 3 else inputs
         return self.decoder(self.post_quant_conv(f_hat.to(self.post_quant_conv.weight.dtype)))
+
+    def sequence_to_f_hat(self, sequence: torch.Tensor) -> torch.Tensor:
+        """Every scale's vectors ``[B, L, C]`` (codes or continuous) -> f_hat."""
+        patch_nums = self.cfg.patch_nums
+        if sequence.shape[1] != sum(p * p for p in patch_nums):
+            raise FastARError(f"{sequence.shape[1]} tokens do not fill this VQVAE's scales {list(patch_nums)}: pick "
+                              "the VQVAE of the model's teacher")
+        B, side = sequence.shape[0], patch_nums[-1]
+        f_hat = torch.zeros(B, self.cfg.z_channels, side, side, device=sequence.device)
+        for scale, part in enumerate(sequence.split([p * p for p in patch_nums], dim=1)):
+            h = part.transpose(1, 2).reshape(B, -1, patch_nums[scale], patch_nums[scale])
+            f_hat, _ = self.add_vectors(f_hat, h, scale, patch_nums)
+        return f_hat
 
     def next_input(self, f_hat: torch.Tensor, codes: torch.Tensor, scale: int, patch_nums) -> tuple[torch.Tensor, torch.Tensor]:
         """Scale ``scale``'s codes ``[B, pn, pn]`` added to f_hat; returns (f_hat, the next scale's input

@@ -43,16 +43,16 @@ class VQGANConfig:
                         with_encoder=self.with_encoder)
 
     @classmethod
-    def from_state_dict(cls, sd: dict, source: str) -> "VQGANConfig":
+    def from_state_dict(cls, sd: dict, source: str, what: str = "a VQGAN", **extra) -> "VQGANConfig":
         try:
             kl = KLConfig.from_state_dict(sd, source)  # its "embed_dim" is the decoder's latent width
             codebook = sd["quantize.embedding.weight"]
         except KeyError as e:
-            raise FastARError(f"{source} looks like a VQGAN but lacks {e.args[0]}: the file is incomplete, "
+            raise FastARError(f"{source} looks like {what} but lacks {e.args[0]}: the file is incomplete, "
                               "re-download it") from None
         return cls(codebook_size=codebook.shape[0], embed_dim=codebook.shape[1], z_channels=kl.embed_dim, ch=kl.ch,
                    ch_mult=kl.ch_mult, num_res_blocks=kl.num_res_blocks, encoder_attn_levels=kl.encoder_attn_levels,
-                   decoder_attn_levels=kl.decoder_attn_levels, with_encoder=kl.with_encoder)
+                   decoder_attn_levels=kl.decoder_attn_levels, with_encoder=kl.with_encoder, **extra)
 
 
 class Quantize(nn.Module):

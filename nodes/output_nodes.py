@@ -52,6 +52,12 @@ def decoder_inputs(decoder, name: str, output: Tokens | Latents):
                               f"but {name} is {decoder.what} of {decoder.cfg.embed_dim}-wide ones: pick the VQ "
                               "decoder of the student's teacher (vq_ds16_c2i.pt for the released LlamaGen-DD)")
         return output.latents
+    if isinstance(output, Latents) and output.source == "var":
+        if decoder.input_kind != "multi-scale" or decoder.cfg.z_channels != output.latents.shape[1]:
+            raise FastARError(f"these are a VAR model's f_hat latents ({output.latents.shape[1]} channels), but {name} "
+                              f"is {decoder.what}: pick the multi-scale VQVAE the VAR model was trained with "
+                              "(vae_ch160v4096z32.pth for the release)")
+        return output.latents
     if isinstance(output, Latents):
         if decoder.input_kind != "latents":
             raise FastARError(f"these are a MAR model's latents, but {name} is {decoder.what}: pick the KL autoencoder "

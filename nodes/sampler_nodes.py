@@ -16,7 +16,16 @@ from ..model_loaders.protocol import CaptionConditioning, ClassConditioning, Pro
 from ..pipeline import CONDITIONING_NAMES, class_conditioning, conditioning_type
 from ..samplers.acceptance import PROB_FILTERS
 from ..samplers.cspd import VERIFY_MODES, CSpDSettings
-from ..samplers.decoders import MASKED_AR, DecoderSpec, check_decoder, decode, decode_distilled, decode_masked
+from ..samplers.decoders import (
+    MASKED_AR,
+    NEXT_SCALE,
+    DecoderSpec,
+    check_decoder,
+    decode,
+    decode_distilled,
+    decode_masked,
+    decode_next_scale,
+)
 from ..samplers.distilled import DDSettings
 from ..samplers.drafts import COUPLINGS, INIT_STRATEGIES
 from ..samplers.masked import CFG_SCHEDULES, MaskedSettings
@@ -56,8 +65,9 @@ def slider(id, default, lo, hi, step, tooltip, optional=False):
 
 def preview_vq_input():
     return FastARVQ.Input("preview_vq", optional=True,
-                          tooltip="Optional: the image decoder (VQ or KL), for a live preview of the partly decoded "
-                                  "image (shown when ComfyUI runs with --preview-method other than none).")
+                          tooltip="The image decoder (VQ, KL or VAR's VQVAE): optional for a live preview of the partly "
+                                  "decoded image (shown when ComfyUI runs with --preview-method other than none); "
+                                  "needed for VAR models, which sample through their VQVAE.")
 
 
 def drafter_input(optional: bool, tooltip: str):
@@ -222,6 +232,8 @@ class SamplerBase(io.ComfyNode):
         if drafter is not None:
             settings["drafter_file"] = drafter.name
         preview_vq = preview_vq or vq
+        if ar.kind == NEXT_SCALE:
+            return run_next_scale(cls, model, rows, seed, cfg, temperature, top_k, top_p, preview_vq, settings)
         if ar.kind == MASKED_AR:
             if top_k != SAMPLING.top_k or top_p != SAMPLING.top_p:
                 raise FastARError(f"top_k {top_k} / top_p {top_p}: {model.name} is a MAR model, which samples "
@@ -259,6 +271,29 @@ class SamplerBase(io.ComfyNode):
     @classmethod
     def cspd_settings(cls, **decoder_widgets) -> CSpDSettings | None:
         return None
+
+
+def run_next_scale(node, model: ModelHandle, rows, seed: int, cfg: float, temperature: float, top_k: int,
+                   top_p: float, vqvae: ModelHandle | None, settings: dict):
+    """A VAR generation under ComfyUI: each scale's codes go through the VQVAE into the next scale's input,
+    so the VQVAE is needed here and not only to decode. Returns f_hat (``Latents``) and the stats."""
+    ar = model.module
+    if vqvae is None or vqvae.module.input_kind != "multi-scale":
+        raise FastARError(f"{model.name} is a VAR model: it samples through its multi-scale VQVAE. Connect FastAR Load "
+                          "Image Decoder with the VQVAE (vae_ch160v4096z32.pth for the release) to this sampler's "
+                          "image decoder input")
+    sampling = SamplingSettings(cfg_scale=cfg, temperature=temperature, top_k=top_k, top_p=top_p).validate()
+    cfg_rows = cache_rows(rows.batch, cfg != 0.0)
+    dims = ar.cfg.dim * (ar.cfg.depth * 2 + 16)  # the KV cache of every block, plus one scale's activations
+    glue.load_for_inference([model.patcher, vqvae.patcher], cfg_rows * ar.cfg.seq_len * dims * 4)
+    view = (lambda f_hat, done: glue.partial_latents_image(vqvae.module, f_hat[:1])) if glue.previews_enabled() else None
+    progress = glue.DecodeProgress(node.hidden.unique_id, ar.cfg.seq_len, "VAR", view)
+    try:
+        f_hat, stats = decode_next_scale(ar, rows, sampling, seed=seed, vqvae=vqvae.module, on_iteration=progress)
+    finally:
+        glue.free_cache()
+    stats.settings = {**stats.settings, **settings, "top_k": top_k, "top_p": top_p}
+    return io.NodeOutput(Latents(f_hat.float().cpu(), source="var"), stats)
 
 
 MASKED_WIDGETS = ("num_iter", "diffusion_steps", "cfg_schedule")

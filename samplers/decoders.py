@@ -214,7 +214,7 @@ def decode_distilled(student, conditioning, settings: DDSettings, *, seed: int, 
     check_codebook(check_decoder("dd", student, None), student, codebook)
     generator = make_generator(seed, student.device)
     if noise is None:
-        noise = token_noise(conditioning.batch, student.grid[0] * student.grid[1], student.cfg.channels, generator)
+        noise = token_noise(conditioning.batch, student.num_tokens, student.cfg.channels, generator)
     elif noise.shape[0] != conditioning.batch:
         raise FastARError(f"the noise has {noise.shape[0]} rows but {conditioning.batch} images were asked for: "
                           "give as many classes as noise rows")

@@ -33,7 +33,7 @@ class DDSettings:
 
     def resolve(self, student) -> "DDSettings":
         """These settings with the student's defaults filled in, checked against its token count."""
-        n = student.grid[0] * student.grid[1]
+        n = student.num_tokens
         resolved = DDSettings(self.steps, student.cfg.t2 if self.t2 is None else self.t2,
                               student.cfg.split if self.split is None else self.split, self.regenerate)
         if resolved.steps not in (1, 2):
@@ -98,8 +98,8 @@ def dd_decode(student, labels: torch.Tensor, noise: torch.Tensor, codebook: torc
     if (hybrid is None) != (settings.regenerate is None):
         raise FastARError("the hybrid needs both the teacher and the position it regenerates from")
     B, N, C = noise.shape
-    if N != student.grid[0] * student.grid[1] or C != student.cfg.channels:
-        raise FastARError(f"the noise is [{B}, {N}, {C}] but this student needs [B, {student.grid[0] * student.grid[1]}, "
+    if N != student.num_tokens or C != student.cfg.channels:
+        raise FastARError(f"the noise is [{B}, {N}, {C}] but this student needs [B, {student.num_tokens}, "
                           f"{student.cfg.channels}]: give noise of that shape (or none, for seeded noise)")
     if codebook.shape != (student.vocab_size, student.cfg.channels):
         raise FastARError(f"the VQ codebook is {tuple(codebook.shape)} but the student predicts {student.vocab_size} "

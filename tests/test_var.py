@@ -14,32 +14,11 @@ from fastar.errors import FastARError
 from fastar.model_loaders import load_ar_model, load_image_decoder
 from fastar.model_loaders.demo import DEMO_VQ
 from fastar.model_loaders.protocol import ClassConditioning
-from fastar.model_loaders.var_model import VAR, VARConfig
-from fastar.model_loaders.var_vqvae import MultiScaleVQVAE, VQVAEConfig, fuse_attention, phi_index
+from fastar.model_loaders.var_model import VAR
+from fastar.model_loaders.var_vqvae import MultiScaleVQVAE, phi_index
 from fastar.samplers.next_scale import next_scale_decode, scale_sampling
 from fastar.samplers.processing import SamplingSettings
-
-PATCH_NUMS = (1, 2, 3, 4)
-
-
-def randomised(module: torch.nn.Module, seed: int, scale: float = 0.3) -> torch.nn.Module:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, tensor in module.named_parameters():
-            tensor.copy_(torch.randn(tensor.shape, generator=g) * scale)
-    return module.eval()
-
-
-def tiny_var(seed=0, patch_nums=PATCH_NUMS, classes=5) -> VAR:
-    cfg = VARConfig(depth=2, dim=32, n_head=2, vocab_size=16, channels=4, num_classes=classes, patch_nums=patch_nums)
-    return randomised(VAR(cfg), seed)
-
-
-def tiny_vqvae(seed=1) -> MultiScaleVQVAE:
-    cfg = VQVAEConfig(codebook_size=16, z_channels=4, ch=32, ch_mult=(1, 2, 2), num_res_blocks=1,
-                      encoder_attn_levels=(2,), decoder_attn_levels=(2,))
-    return randomised(MultiScaleVQVAE(cfg), seed, 0.1)
-
+from tiny_var import PATCH_NUMS, release_var_state_dict, release_vqvae_state_dict, tiny_var, tiny_vqvae
 
 def test_scales_use_the_release_phi_convs():
     assert [phi_index(k, 10, 4) for k in range(10)] == [0, 0, 1, 1, 1, 2, 2, 3, 3, 3]
@@ -176,18 +155,6 @@ def test_sampler_is_seeded_and_equals_the_ramped_pipeline_scale_by_scale():
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
-def release_var_state_dict(model: VAR) -> dict:
-    """A ``var_d*.pth`` as the release saves it: the raw state dict, buffers included."""
-    return {k: v.clone() for k, v in model.state_dict().items()}
-
-
-def release_vqvae_state_dict(vqvae: MultiScaleVQVAE, scales: int) -> dict:
-    """``vae_ch160v4096z32.pth``'s layout: fused attention, the codebook-usage buffer."""
-    sd = fuse_attention(vqvae.state_dict())
-    sd["quantize.ema_vocab_hit_SV"] = torch.zeros(scales, vqvae.cfg.codebook_size)
-    return sd
-
-
 def test_release_layout_files_load(tmp_path):
     model, vqvae = tiny_var(), tiny_vqvae()
     (tmp_path / "var_tiny.json").write_text('{"patch_nums": [1, 2, 3, 4]}')
@@ -195,6 +162,7 @@ def test_release_layout_files_load(tmp_path):
     sd = release_vqvae_state_dict(vqvae, 4)
     assert "decoder.mid.attn_1.qkv.weight" in sd and "decoder.mid.attn_1.q.weight" not in sd
     torch.save(sd, tmp_path / "vae_tiny.pth")
+    (tmp_path / "vae_tiny.json").write_text('{"patch_nums": [1, 2, 3, 4]}')
     loaded = load_ar_model(tmp_path / "var_tiny.pth")
     decoder = load_image_decoder(tmp_path / "vae_tiny.pth")
     assert isinstance(loaded, VAR) and loaded.cfg.patch_nums == PATCH_NUMS and loaded.cfg.n_head == 2
@@ -227,6 +195,7 @@ def test_cli_generates_with_the_release_sampler_and_refuses_raster_decoders(tmp_
     (tmp_path / "var_tiny.json").write_text('{"patch_nums": [1, 2, 3, 4]}')
     torch.save(release_var_state_dict(model), tmp_path / "var_tiny.pth")
     torch.save(release_vqvae_state_dict(vqvae, 4), tmp_path / "vae_tiny.pth")
+    (tmp_path / "vae_tiny.json").write_text('{"patch_nums": [1, 2, 3, 4]}')
     common = ("generate", "--model", tmp_path / "var_tiny.pth", "--vq", tmp_path / "vae_tiny.pth", "--classes", "1,4",
               "--quiet")
     r = fastar(*common, "--seed", 2, "--out", tmp_path / "a.png", "--latents-out", tmp_path / "a.npy", cwd=tmp_path)

@@ -1,7 +1,8 @@
 """Tiny stand-in checkpoints for the ComfyUI tests, written in the formats of the real ones:
 a demo-like c2i model (FastAR safetensors with class names) and its VQ, an official-format LlamaGen c2i
 ``.pt`` (1000 classes) and its ``vq_ds16``-style ``.pt``, a t2i model with a tiny FLAN-T5 folder, a slow
-model for the interrupt test, a tiny Distilled Decoding student in the released layout, Lumina-mGPT, Anole and
+model for the interrupt test, a tiny Distilled Decoding student in the released layout, a tiny VAR and its
+multi-scale VQVAE in the release's layouts, Lumina-mGPT, Anole and
 Janus-Pro folders in their release layouts, and a corrupt file. Drafters: EAGLE drafter folders for the t2i model
 and the Anole folder in LANTERN's released layouts, one for another vocabulary, and a demo drafter while the
 bundled one is missing.
@@ -24,6 +25,7 @@ from safetensors.torch import save_file
 from fastar.model_loaders.dd_student import DDStudent, DDStudentConfig
 from fastar.model_loaders.demo import DEMO_AR, DEMO_DRAFTER
 from fastar.tests.tiny_mar import KL, mar_config, official_kl, official_mar
+from fastar.tests.tiny_var import write_release_files as write_var
 from fastar.model_loaders.eagle_drafter import EagleConfig, EagleHead
 from fastar.model_loaders.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
 from fastar.model_loaders.vq import VQConfig, VQModel
@@ -249,6 +251,7 @@ def write_all(folder: Path, demo: bool, drafters: Path | None = None) -> None:
     write_pt_folder(folder)
     write_slow(folder)
     write_dd_student(folder)
+    write_var(folder)
     write_corrupt(folder)
 
 

@@ -1,0 +1,57 @@
+"""VAR in the real ComfyUI: Load AR Model and Load Image Decoder list a VAR model and its multi-scale VQVAE (the
+release's .pth layouts), the AR sampler runs the release's scale-by-scale sampler through the VQVAE (one forward
+per scale), Decode Image turns f_hat into the image, the seed repeats it; mix-ups give FastAR's messages."""
+import numpy as np
+from test_comfyui_runs import failed, images_of
+
+import harness
+
+VAR_MODEL, VAR_VQVAE = "var_tiny.pth", "vae_var_tiny.pth"
+
+
+def var_prompt(sampler="FastARSamplerAR", vqvae=VAR_VQVAE, decode_with=VAR_VQVAE, seed=4, connect_vqvae=True) -> dict:
+    widgets = {"seed": seed, "cfg": 1.5, "temperature": 1.0, "top_k": 8, "top_p": 0.96, "batch": 2}
+    if sampler == "FastARSamplerSJD":
+        widgets |= {"window": 16, "init": "random", "coupling": "independent"}
+    sockets = {"model": ["1", 0], "conditioning": ["3", 0]} | ({"preview_vq": ["2", 0]} if connect_vqvae else {})
+    return {
+        "1": {"class_type": "FastARLoadModel", "inputs": {"model_name": VAR_MODEL, "dtype": "auto"}},
+        "2": {"class_type": "FastARLoadVQ", "inputs": {"vq_name": vqvae, "dtype": "auto"}},
+        "3": {"class_type": "FastARClassLabel", "inputs": {"model": ["1", 0], "class_name": "(use index)", "index": 3}},
+        "4": {"class_type": sampler, "inputs": {**sockets, **widgets}},
+        "5": {"class_type": "FastARLoadVQ", "inputs": {"vq_name": decode_with, "dtype": "auto"}},
+        "6": {"class_type": "FastARVQDecode", "inputs": {"vq": ["5", 0], "tokens": ["4", 0]}},
+        "7": {"class_type": "PreviewImage", "inputs": {"images": ["6", 0]}},
+        "8": {"class_type": "FastARStats", "inputs": {"stats": ["4", 1]}},
+    }
+
+
+def test_loaders_list_the_var_model_and_its_vqvae(object_info):
+    models = object_info["FastARLoadModel"]["input"]["required"]["model_name"][1]["options"]
+    decoders = object_info["FastARLoadVQ"]["input"]["required"]["vq_name"][1]["options"]
+    assert VAR_MODEL in models and VAR_MODEL not in decoders
+    assert VAR_VQVAE in decoders and VAR_VQVAE not in models
+
+
+def test_var_samples_scale_by_scale_and_repeats_by_seed(comfy):
+    entry = comfy.run(var_prompt())
+    assert entry["status"]["status_str"] == "success", harness.execution_error(entry)
+    text = next(out["text"][0] for out in entry["outputs"].values() if "text" in out)
+    assert "model forwards: 4" in text  # one per scale (1, 2, 3, 4)
+    first = images_of(comfy, entry)
+    assert len(first) == 2 and first[0].shape == (16, 16, 3)  # 4x4 tokens, VQVAE downsampling 4
+    assert not np.array_equal(first[0], first[1])
+    again = images_of(comfy, comfy.run(var_prompt(seed=5)))
+    assert not np.array_equal(first[0], again[0])
+    same = images_of(comfy, comfy.run(var_prompt(seed=4)))
+    assert all(np.array_equal(a, b) for a, b in zip(first, same))
+
+
+def test_var_mix_ups_give_fastar_messages(comfy):
+    error = failed(comfy, var_prompt(sampler="FastARSamplerSJD"))
+    assert "sjd needs a token model (LlamaGen); this is a VAR model (next-scale prediction): use one of ar" \
+        in error["exception_message"]
+    error = failed(comfy, var_prompt(connect_vqvae=False))
+    assert "it samples through its multi-scale VQVAE" in error["exception_message"]
+    error = failed(comfy, var_prompt(decode_with="demo_vq.safetensors"))
+    assert error["node_type"] == "FastARVQDecode" and "pick the multi-scale VQVAE" in error["exception_message"]
