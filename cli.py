@@ -330,7 +330,7 @@ def generate_distilled(args, models, conditioning, progress):
         except (OSError, ValueError) as e:
             raise FastARError(f"{args.noise_in} is not a .npy array ({e}): give a file --noise-out wrote") from e
     else:
-        noise = token_noise(conditioning.batch, student.grid[0] * student.grid[1], student.cfg.channels,
+        noise = token_noise(conditioning.batch, student.num_tokens, student.cfg.channels,
                             make_generator(args.seed, student.device))
     if args.noise_out:
         np.save(args.noise_out, noise.cpu().numpy())
@@ -338,7 +338,7 @@ def generate_distilled(args, models, conditioning, progress):
     latents, stats = decode_distilled(student, conditioning, settings, seed=args.seed, codebook=models.codebook(),
                                       noise=noise, on_iteration=progress, teacher=teacher, sampling=sampling_from(args))
     teacher_part = stats.settings["teacher_forwards"]
-    print(f"dd: {stats.num_tokens} tokens x {stats.batch} in {stats.target_forwards - teacher_part} student forward(s)"
+    print(f"dd: {student.num_tokens} tokens x {stats.batch} in {stats.target_forwards - teacher_part} student forward(s)"
           + (f" + {teacher_part} teacher forwards" if teacher_part else "") + f", {stats.wall_time_s:.2f} s")
     return latents, stats
 
@@ -379,6 +379,9 @@ def write_outputs(args, models, outputs, stats) -> None:
 
 def codes_of(models, outputs):
     """Image codes ``[B, h*w]``: a token model's own, or the nearest code of each of a DD student's vectors."""
+    if getattr(models.ar, "decoder_kind", "codes") == "multi-scale":
+        raise FastARError("--tokens-out is for raster token models; a VAR-DD student writes every scale's vectors: "
+                          "use --latents-out (f_hat)")
     if models.ar.kind != "few-step":
         return outputs
     from .samplers.flow_map import nearest_code
@@ -388,6 +391,10 @@ def codes_of(models, outputs):
 
 def latents_of(models, outputs):
     """The image decoder's input as latents ``[B, C, h, w]``; a token model's codes as their code vectors."""
+    if getattr(models.ar, "decoder_kind", "codes") == "multi-scale" and outputs.dim() == 3:
+        if models.vq is None:
+            raise FastARError("--latents-out of a VAR-DD student writes f_hat, which its VQVAE accumulates: give --vq")
+        return models.vq.sequence_to_f_hat(outputs.to(models.vq.device).float())  # a VAR-DD student's scales
     if models.ar.kind != "token-ar":
         return models.ar.decoder_input(outputs)
     if models.vq is None:

@@ -96,3 +96,25 @@ def test_release_layout_loads_and_the_dd_sampler_runs_it_through_the_vqvae(tmp_p
     _, f_hat_of_codes = vqvae.teacher_inputs(codes, PATCH_NUMS)
     late = vqvae.sequence_to_f_hat(out) - f_hat_of_codes
     assert late.abs().max() > 1e-3  # the continuous outputs after the split are not snapped to codes
+
+
+def test_cli_runs_a_var_dd_student_and_writes_f_hat(tmp_path):
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from tiny_var import write_release_files
+
+    write_release_files(tmp_path)
+    torch.save({"trainer": {"ema_parameters": tiny_student().state_dict()}}, tmp_path / "var-tiny.pth")
+    (tmp_path / "var-tiny.json").write_text(json.dumps({"patch_nums": list(PATCH_NUMS), "split_t": 2}))
+    run = lambda *a: subprocess.run([sys.executable, "-m", "fastar", "generate", "--model", tmp_path / "var-tiny.pth",  # noqa: E731
+                                     "--vq", tmp_path / "vae_var_tiny.pth", "--classes", "1,2", "--quiet", *map(str, a)],
+                                    cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    r = run("--dd-steps", "2", "--out", tmp_path / "a.png", "--latents-out", tmp_path / "a.npy")
+    assert r.returncode == 0, r.stderr
+    assert "dd: 30 tokens x 2 in 2 student forward(s)" in r.stdout and (tmp_path / "a_1.png").exists()
+    assert np.load(tmp_path / "a.npy").shape == (2, 4, 4, 4)  # f_hat
+    r = run("--tokens-out", tmp_path / "t.json")
+    assert r.returncode == 2 and "use --latents-out (f_hat)" in r.stderr
