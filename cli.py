@@ -297,7 +297,7 @@ def generate_next_scale(args, models, conditioning, progress):
                                 temperature=args.temperature, top_k=args.top_k or VAR_SAMPLING.top_k,
                                 top_p=VAR_SAMPLING.top_p if args.top_p == 1.0 else args.top_p)
     f_hat, stats = decode_next_scale(models.ar, conditioning, sampling, seed=args.seed, vqvae=models.vq,
-                                     on_iteration=progress)
+                                     decoder=args.decoder, on_iteration=progress, flow_steps=args.flow_steps)
     print(f"{stats.decoder}: {len(models.ar.cfg.patch_nums)} scales ({models.ar.cfg.seq_len} tokens) x {stats.batch} in "
           f"{stats.target_forwards} forwards, cfg {sampling.cfg_scale} ramped over the scales, top-k {sampling.top_k}, "
           f"top-p {sampling.top_p}, {stats.wall_time_s:.2f} s")

@@ -49,7 +49,7 @@ DECODER_TABLE = (
     Decoder("spec", (TOKEN_AR,), lossless=True, drafter="required"),
     Decoder("lantern", (TOKEN_AR,), lossless=False, drafter="optional", codebook="to find latent neighbours"),
     Decoder("cspd", (MASKED_AR,), lossless=True, drafter="required"),
-    Decoder("fm", (TOKEN_AR,), lossless=True, drafter="no", codebook="to map noise to codes"),
+    Decoder("fm", (TOKEN_AR, NEXT_SCALE), lossless=True, drafter="no", codebook="to map noise to codes"),
     Decoder("dd", (FEW_STEP,), lossless=False, drafter="no", codebook="to turn logits into code vectors"),
 )
 DECODER_BY_NAME = {d.name: d for d in DECODER_TABLE}
@@ -194,16 +194,24 @@ def decode_masked(model, conditioning, settings: MaskedSettings, decoder: str = 
     return masked_decode(model, conditioning, settings, generator=generator, on_iteration=on_iteration, watch=watch)
 
 
-def decode_next_scale(model, conditioning, sampling: SamplingSettings, *, seed: int, vqvae,
-                      on_iteration: ProgressFn | None = None):
+def decode_next_scale(model, conditioning, sampling: SamplingSettings, *, seed: int, vqvae, decoder: str = "ar",
+                      on_iteration: ProgressFn | None = None, noise=None, flow_steps: int = FlowMapSettings.steps):
     """VAR's sampler: f_hat ``[B, C, h, w]`` (the VQVAE decoder's input) and its DecodeStats. ``vqvae`` (the
-    model's multi-scale VQVAE) turns each scale's codes into the next scale's input."""
-    check_decoder("ar", model, None)
+    model's multi-scale VQVAE) turns each scale's codes into the next scale's input. ``fm`` draws every token by
+    the flow map of its own noise (``noise`` [B, L, C], or seeded): the same distribution, a deterministic image."""
+    check_decoder(decoder, model, None)
     if vqvae is None or getattr(vqvae, "input_kind", None) != "multi-scale":
         raise FastARError("a VAR model needs its multi-scale VQVAE (vae_ch160v4096z32.pth for the release) as the "
                           "image decoder: each scale's codes become the next scale's input through it")
-    return next_scale_decode(model, vqvae, conditioning, sampling.validate(), generator=make_generator(seed, model.device),
-                             on_iteration=on_iteration)
+    generator = make_generator(seed, model.device)
+    draw = None
+    if decoder == "fm":
+        if noise is None:
+            noise = token_noise(conditioning.batch, model.cfg.seq_len, model.cfg.channels, generator)
+        draw = NoiseToCode(noise.to(model.device), vqvae.codebook().float().to(model.device),
+                           FlowMapSettings(steps=flow_steps)).span
+    return next_scale_decode(model, vqvae, conditioning, sampling.validate(), generator=generator,
+                             on_iteration=on_iteration, draw=draw, name=decoder)
 
 
 def decode_distilled(student, conditioning, settings: DDSettings, *, seed: int, codebook, noise=None,

@@ -122,3 +122,7 @@ class NoiseToCode:
 
     def __call__(self, dist: torch.Tensor, position: int) -> torch.Tensor:
         return flow_map(dist, self.noise[:, position], self.codebook, self.settings)
+
+    def span(self, dists: torch.Tensor, begin: int, end: int) -> torch.Tensor:
+        """Tokens ``begin..end`` at once (a VAR scale, drawn in parallel): ``dists`` [B, end - begin, V]."""
+        return flow_map(dists, self.noise[:, begin:end], self.codebook, self.settings)

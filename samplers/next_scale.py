@@ -10,7 +10,7 @@ next scale's input; the result is f_hat, the VQVAE decoder's input.
 from __future__ import annotations
 
 from dataclasses import asdict, replace
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -28,10 +28,17 @@ def scale_sampling(sampling: SamplingSettings, scale: int, scales: int) -> Sampl
     return replace(sampling, cfg_scale=1.0 + sampling.cfg_scale * scale / max(scales - 1, 1))
 
 
+ScaleDrawFn = Callable[[torch.Tensor, int, int], torch.Tensor]  # (dists [B, n, V], begin, end) -> codes [B, n]
+
+
 @torch.no_grad()
-def next_scale_decode(model, vqvae, conditioning, sampling: SamplingSettings, *, generator: torch.Generator,
-                      on_iteration: Optional[ProgressFn] = None, watch: Optional[Stopwatch] = None):
-    """f_hat ``[B, C, h, w]`` (the VQVAE decoder's input) and its DecodeStats (one forward per scale)."""
+def next_scale_decode(model, vqvae, conditioning, sampling: SamplingSettings, *, generator: Optional[torch.Generator],
+                      on_iteration: Optional[ProgressFn] = None, watch: Optional[Stopwatch] = None,
+                      draw: Optional[ScaleDrawFn] = None, name: str = "ar"):
+    """f_hat ``[B, C, h, w]`` (the VQVAE decoder's input) and its DecodeStats (one forward per scale). ``draw``
+    picks a scale's codes (tokens ``begin..end`` of the sequence) from their distributions; by default a seeded
+    sample (``fm``: the flow map of each token's own noise)."""
+    draw = draw or (lambda dists, _begin, _end: sample(dists, generator))
     watch = watch or Stopwatch(model.device)
     patch_nums = model.cfg.patch_nums
     if vqvae.cfg.codebook_size != model.vocab_size or vqvae.cfg.z_channels != model.cfg.channels:
@@ -42,11 +49,12 @@ def next_scale_decode(model, vqvae, conditioning, sampling: SamplingSettings, *,
     session = model.start(conditioning, cfg=sampling.cfg_scale != 0.0)
     f_hat = torch.zeros(B, model.cfg.channels, *model.grid, device=model.device)
     inputs, done = None, 0
-    stats = DecodeStats(decoder="ar", grid=tuple(model.grid), batch=B,
+    stats = DecodeStats(decoder=name, grid=tuple(model.grid), batch=B,
                         settings={"model_kind": model.kind, "patch_nums": list(patch_nums), **asdict(sampling)})
     for scale, pn in enumerate(patch_nums):
         out = session.forward(scale, inputs)
-        codes = sample(probabilities(out, scale_sampling(sampling, scale, S)), generator).view(B, pn, pn)
+        dists = probabilities(out, scale_sampling(sampling, scale, S))
+        codes = draw(dists, done, done + pn * pn).view(B, pn, pn)
         f_hat, inputs = vqvae.next_input(f_hat, codes.to(vqvae.device), scale, patch_nums)
         stats.target_forwards += 1
         stats.accepted_per_iteration.append([pn * pn] * B)
