@@ -128,5 +128,6 @@ def model_fingerprint(model: nn.Module) -> str:
     digest = hashlib.sha256()
     for name, tensor in model.state_dict().items():
         digest.update(f"{name}{tuple(tensor.shape)}".encode())
-    digest.update(model.output.weight.detach().float().cpu().numpy().tobytes())
+    head = model.output if hasattr(model, "output") else model.head  # LlamaGen's logits head, or VAR's
+    digest.update(head.weight.detach().float().cpu().numpy().tobytes())
     return digest.hexdigest()[:16]

@@ -11,6 +11,7 @@ DEMO_MAR = DEMO_DIR / "demo_mar.safetensors"  # MAR target on DEMO_KL's latents
 DEMO_MAR_DRAFT = DEMO_DIR / "demo_mar_draft.safetensors"  # smaller MAR on the same latents (CSpD's draft)
 DEMO_VAR_VQVAE = DEMO_DIR / "demo_var_vqvae.safetensors"  # multi-scale VQVAE (VAR's format) for the VAR demo
 DEMO_VAR = DEMO_DIR / "demo_var.safetensors"  # VAR on DEMO_VAR_VQVAE's scales
+DEMO_VAR_DD = DEMO_DIR / "demo_var_dd.safetensors"  # VAR-DD student of DEMO_VAR (python -m fastar distill-dd)
 DEMO_DD = DEMO_DIR / "demo_dd.safetensors"  # Distilled Decoding student of DEMO_AR (python -m fastar distill-dd)
 DEMO_TEXT = DEMO_DIR / "demo_text"  # text-to-image demo: a Lumina-mGPT-format HF folder with its own tokenizer
 DEMO_VQGAN = DEMO_DIR / "demo_vqgan.safetensors"  # its image decoder: DEMO_VQ converted to Chameleon's VQGAN format

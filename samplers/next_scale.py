@@ -31,6 +31,21 @@ def scale_sampling(sampling: SamplingSettings, scale: int, scales: int) -> Sampl
 ScaleDrawFn = Callable[[torch.Tensor, int, int], torch.Tensor]  # (dists [B, n, V], begin, end) -> codes [B, n]
 
 
+class RecordedDraw:
+    """A draw function that keeps what it drew: ``codes`` is every scale's codes joined, ``[B, L]``."""
+
+    def __init__(self, draw: ScaleDrawFn):
+        self.draw, self.parts = draw, []
+
+    def __call__(self, dists: torch.Tensor, begin: int, end: int) -> torch.Tensor:
+        self.parts.append(self.draw(dists, begin, end))
+        return self.parts[-1]
+
+    @property
+    def codes(self) -> torch.Tensor:
+        return torch.cat(self.parts, dim=1)
+
+
 @torch.no_grad()
 def next_scale_decode(model, vqvae, conditioning, sampling: SamplingSettings, *, generator: Optional[torch.Generator],
                       on_iteration: Optional[ProgressFn] = None, watch: Optional[Stopwatch] = None,

@@ -16,7 +16,7 @@ from fastar.model_loaders.demo import DEMO_VQ
 from fastar.model_loaders.protocol import ClassConditioning
 from fastar.model_loaders.var_model import VAR, VARConfig
 from fastar.model_loaders.var_vqvae import MultiScaleVQVAE, VQVAEConfig, phi_index
-from fastar.samplers.next_scale import next_scale_decode, scale_sampling
+from fastar.samplers.next_scale import RecordedDraw, next_scale_decode, scale_sampling
 from fastar.samplers.processing import SamplingSettings
 from tiny_var import PATCH_NUMS, randomised, release_var_state_dict, release_vqvae_state_dict, tiny_var, tiny_vqvae
 
@@ -236,13 +236,12 @@ def test_fm_on_a_var_samples_the_exact_joint_of_its_scales():
     assert (exact > 1e-3).sum() > 30  # a joint worth testing
 
     def tv_of_fm(monkey=None) -> float:
-        rows, recorded = 20000, []
+        rows = 20000
         noise = torch.randn(rows, 5, 4, generator=torch.Generator().manual_seed(0))
-        to_code = fm.NoiseToCode(noise, vqvae.codebook().float())
-        draw = lambda dists, begin, end: recorded.append(to_code.span(dists, begin, end)) or recorded[-1]  # noqa: E731
+        draw = RecordedDraw(fm.NoiseToCode(noise, vqvae.codebook().float()).span)
         next_scale_decode(model, vqvae, ClassConditioning(torch.ones(rows, dtype=torch.long)), sampling,
                           generator=None, draw=draw)
-        codes = torch.cat(recorded, dim=1)
+        codes = draw.codes
         index = (codes * torch.tensor([81, 27, 9, 3, 1])).sum(1)
         return tv_distance(np.bincount(index.numpy(), minlength=243).astype(float), exact)
 

@@ -118,3 +118,42 @@ def test_cli_runs_a_var_dd_student_and_writes_f_hat(tmp_path):
     assert np.load(tmp_path / "a.npy").shape == (2, 4, 4, 4)  # f_hat
     r = run("--tokens-out", tmp_path / "t.json")
     assert r.returncode == 2 and "use --latents-out (f_hat)" in r.stderr
+
+
+def test_distill_dd_makes_a_var_dd_student_from_a_var_teacher(tmp_path):
+    """A whole tiny run: the pairs are the teacher's scale-by-scale flow map of their noise, the student starts as
+    the teacher (its first token's slot and level copied from the class slot's) and loads as a VAR-DD student."""
+    import subprocess
+    import sys
+
+    from fastar.model_loaders import load_image_decoder
+    from fastar.samplers.flow_map import NoiseToCode
+    from fastar.samplers.next_scale import RecordedDraw, next_scale_decode
+    from fastar.tools.dd_pairs import PairSettings, load_pairs
+    from fastar.tools.distill_dd import var_student_from_teacher
+    from tiny_var import write_release_files
+
+    write_release_files(tmp_path)
+    args = ["distill-dd", "--teacher", tmp_path / "var_tiny.pth", "--vq", tmp_path / "vae_var_tiny.pth", "--classes",
+            "0,3", "--per-class", 4, "--shard-size", 4, "--cfg", 1.5, "--steps", 3, "--batch", 2, "--data",
+            tmp_path / "pairs", "--out", tmp_path / "student.safetensors", "--t2", 5]
+    r = subprocess.run([sys.executable, "-m", "fastar", *map(str, args)], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    teacher, vqvae = load_ar_model(tmp_path / "var_tiny.pth"), load_image_decoder(tmp_path / "vae_var_tiny.pth")
+    pairs = load_pairs(tmp_path / "pairs")
+    assert pairs["noise"].shape == (8, TOKENS, 4)
+    draw = RecordedDraw(NoiseToCode(pairs["noise"][:4], vqvae.codebook().float()).span)
+    next_scale_decode(teacher, vqvae, ClassConditioning(pairs["labels"][:4]), PairSettings(cfg_scale=1.5).sampling(),
+                      generator=None, draw=draw)
+    assert torch.equal(draw.codes, pairs["tokens"][:4])
+    student = load_ar_model(tmp_path / "student.safetensors")
+    assert isinstance(student, VARDDStudent) and (student.cfg.t2, student.cfg.split) == (5, 5)
+    start = var_student_from_teacher(teacher, vqvae.codebook(), 5, 5)
+    torch.testing.assert_close(start.pos_1LC[:, 1:], teacher.pos_1LC)
+    torch.testing.assert_close(start.pos_1LC[:, 0], teacher.pos_1LC[:, 0])
+    torch.testing.assert_close(start.blocks[1].ffn.fc2.weight, teacher.blocks[1].ffn.fc2.weight)
+    assert start.final_layer_conti.linear.weight.abs().max() == 0 and start.n_d_embed.weight.abs().max() == 0
+    r = subprocess.run([sys.executable, "-m", "fastar", *map(str, args[:-2]), "--t2", "6"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2 and "t2 is one of [1, 5, 14] tokens" in r.stderr

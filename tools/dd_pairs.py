@@ -24,7 +24,8 @@ from ..errors import FastARError
 from ..model_loaders.dd_student import model_fingerprint
 from ..model_loaders.protocol import ClassConditioning
 from ..samplers.decoders import fm_decode, make_generator
-from ..samplers.flow_map import token_noise
+from ..samplers.flow_map import FlowMapSettings, NoiseToCode, token_noise
+from ..samplers.next_scale import RecordedDraw, next_scale_decode
 from ..samplers.processing import SamplingSettings
 
 
@@ -48,27 +49,41 @@ class PairSettings:
         return SamplingSettings(self.cfg_scale, self.temperature, self.top_k, self.top_p).validate()
 
 
+def teacher_codes(teacher, codebook: torch.Tensor, conditioning: ClassConditioning, settings: PairSettings,
+                  noise: torch.Tensor, vqvae=None) -> torch.Tensor:
+    """The codes ``[B, N]`` the teacher's flow-map sampler makes of ``noise``: token by token for a raster
+    model, scale by scale (a scale's tokens in parallel) for VAR, whose ``vqvae`` makes each scale's input."""
+    codebook = codebook.float().to(teacher.device)
+    if getattr(teacher, "kind", "token-ar") == "next-scale":
+        draw = RecordedDraw(NoiseToCode(noise, codebook, FlowMapSettings(steps=settings.flow_steps)).span)
+        next_scale_decode(teacher, vqvae, conditioning, settings.sampling(), generator=None, draw=draw, name="fm")
+        return draw.codes
+    return fm_decode(teacher, conditioning, settings.sampling(), noise, codebook, settings.flow_steps)[0]
+
+
 def make_pairs(teacher, codebook: torch.Tensor, folder, classes: list[int], settings: PairSettings,
-               quiet: bool = False) -> Path:
-    """Fill ``folder`` with the pairs for ``classes`` x ``settings.per_class`` (what is there already is kept)."""
+               quiet: bool = False, vqvae=None) -> Path:
+    """Fill ``folder`` with the pairs for ``classes`` x ``settings.per_class`` (what is there already is kept).
+    ``vqvae``: a VAR teacher's multi-scale VQVAE."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     fixed = {k: v for k, v in asdict(settings).items() if k != "per_class"}  # more pairs per class extend a folder
-    manifest = {"teacher": model_fingerprint(teacher), "grid": list(teacher.grid), "channels": codebook.shape[1],
+    channels = codebook.shape[1]
+    manifest = {"teacher": model_fingerprint(teacher), "grid": list(teacher.grid), "channels": channels,
                 "classes": classes, "settings": fixed}
     check_manifest(folder, manifest)
     labels = torch.tensor(classes).repeat(settings.per_class)  # classes interleaved: shard k never changes
     shards = list(torch.split(labels, settings.shard_size))
-    n_tokens = teacher.grid[0] * teacher.grid[1]
+    n_tokens = token_count(teacher)
     start = time.perf_counter()
     made = 0
     for k, shard_labels in enumerate(shards):
         path = folder / f"pairs_{k:05d}.safetensors"
         if path.exists():
             continue
-        noise = token_noise(len(shard_labels), n_tokens, codebook.shape[1], make_generator(settings.seed + k, teacher.device))
-        tokens, _ = fm_decode(teacher, ClassConditioning(shard_labels.to(teacher.device)), settings.sampling(), noise,
-                              codebook, settings.flow_steps)
+        noise = token_noise(len(shard_labels), n_tokens, channels, make_generator(settings.seed + k, teacher.device))
+        tokens = teacher_codes(teacher, codebook, ClassConditioning(shard_labels.to(teacher.device)), settings, noise,
+                               vqvae)
         write_atomically(path, {"noise": noise.float().cpu(), "tokens": tokens.int().cpu(), "labels": shard_labels})
         made += 1
         if not quiet:
@@ -80,6 +95,11 @@ def make_pairs(teacher, codebook: torch.Tensor, folder, classes: list[int], sett
     if not quiet and made:
         print(file=sys.stderr)
     return folder
+
+
+def token_count(model) -> int:
+    """The tokens of one image: the grid's for a raster model, every scale's for VAR."""
+    return model.cfg.seq_len if getattr(model, "kind", "token-ar") == "next-scale" else model.grid[0] * model.grid[1]
 
 
 def check_manifest(folder: Path, manifest: dict) -> None:

@@ -32,10 +32,12 @@ from torch import nn
 from ..errors import FastARError
 from ..model_loaders import load_ar_model, load_image_decoder
 from ..model_loaders.dd_student import DEFAULT_T2, DDStudent, DDStudentConfig, model_fingerprint
-from ..model_loaders.demo import DEMO_AR, DEMO_DD, DEMO_VQ
+from ..model_loaders.demo import DEMO_AR, DEMO_DD, DEMO_VAR, DEMO_VAR_DD, DEMO_VAR_VQVAE, DEMO_VQ
 from ..model_loaders.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
-from ..pipeline import resolve_device
-from .dd_pairs import PairSettings, load_pairs, make_pairs
+from ..model_loaders.var_dd_student import OFFICIAL_SCALES, VARDDConfig, VARDDStudent
+from ..model_loaders.var_model import VAR, VARConfig
+from ..pipeline import check_image_decoder, resolve_device
+from .dd_pairs import PairSettings, load_pairs, make_pairs, token_count
 from .demo_common import DATA_DIR, Timer, cosine_lr, save_fp16, setup
 
 LOGIT_WEIGHT, EMBEDDING_WEIGHT = 0.1, 1.0  # the DD paper's weights (CE 0.1, LPIPS 1.0)
@@ -58,6 +60,40 @@ def student_from_teacher(teacher: LlamaGenGPT, codebook: torch.Tensor, split: in
             if not name.startswith("tok_embeddings."):
                 student.get_parameter(name).zero_()
     return student.float()
+
+
+def var_student_from_teacher(teacher: VAR, codebook: torch.Tensor, split: int, t2: int) -> VARDDStudent:
+    """A VAR-DD student that starts as its VAR teacher: class embedding, blocks, heads and input layer copied;
+    the extra leading level and position start as the teacher's first ones (its class slot and first token now
+    sit in two slots); the data/noise embeddings and the continuous head start at zero."""
+    shared = {f.name: getattr(teacher.cfg, f.name) for f in fields(VARConfig)}
+    cfg = VARDDConfig(**shared, split=split, t2=t2, teacher=model_fingerprint(teacher))
+    student = VARDDStudent(cfg).to(teacher.device)
+    theirs = teacher.state_dict()
+    copied = {k: v for k, v in theirs.items() if k not in ("pos_1LC", "lvl_embed.weight", "lvl_1L",
+                                                           "attn_bias_for_masking")}
+    missing, _ = student.load_state_dict(copied, strict=False)
+    with torch.no_grad():
+        student.pos_1LC.copy_(torch.cat([theirs["pos_1LC"][:, :1], theirs["pos_1LC"]], dim=1))
+        student.lvl_embed.weight.copy_(torch.cat([theirs["lvl_embed.weight"][:1], theirs["lvl_embed.weight"]]))
+        for name in missing:
+            if name not in ("pos_1LC", "lvl_embed.weight", "lvl_1L", "attn_bias_for_masking"):
+                student.get_parameter(name).zero_()
+    return student.float()
+
+
+def default_t2(teacher) -> int:
+    """The second step's data length: 80 tokens for a raster teacher (the released LlamaGen-DD), the release's
+    number of scales for a VAR (5 for d16, 4 otherwise, at most all but the last)."""
+    if getattr(teacher, "kind", None) != "next-scale":
+        return DEFAULT_T2
+    scales = min(OFFICIAL_SCALES.get(teacher.cfg.depth, 4), len(teacher.cfg.patch_nums) - 1)
+    return scale_ends(teacher.cfg.patch_nums)[scales - 1]
+
+
+def scale_ends(patch_nums) -> list[int]:
+    """Tokens up to the end of each scale."""
+    return torch.tensor([p * p for p in patch_nums]).cumsum(0).tolist()
 
 
 def dd_loss(student: DDStudent, noise, tokens, labels, t, codebook, vq=None, logit_weight=LOGIT_WEIGHT,
@@ -113,7 +149,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--flow-steps", type=int, default=PairSettings.flow_steps, help="solver steps of the flow map")
     p.add_argument("--shard-size", type=int, default=PairSettings.shard_size, help="pairs per shard (and batch)")
     p.add_argument("--pairs-only", action="store_true", help="make the pairs and stop")
-    p.add_argument("--t2", type=int, default=DEFAULT_T2, help="the second step's data length")
+    p.add_argument("--t2", type=int, help=f"the second step's data length in tokens (default: {DEFAULT_T2}; for a VAR "
+                                          "the first scales up to the release's rule, e.g. 55 = 5 scales for d16)")
     p.add_argument("--split", type=int, help="greedy codes before it, continuous outputs from it (default: t2)")
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--batch", type=int, default=32)
@@ -139,22 +176,31 @@ def distill(args) -> dict:
     timer = Timer()
     device = resolve_device(args.device)
     teacher = load_ar_model(args.teacher, device=device)
-    if not isinstance(teacher, LlamaGenGPT) or teacher.cfg.model_type != "c2i":
-        raise FastARError(f"{Path(args.teacher).name}: distill-dd distils class-to-image LlamaGen-format teachers")
-    vq_path = args.vq or (DEMO_VQ if Path(args.teacher).resolve() == DEMO_AR.resolve() else None)
+    is_var = getattr(teacher, "kind", None) == "next-scale"
+    if not is_var and (not isinstance(teacher, LlamaGenGPT) or teacher.cfg.model_type != "c2i"):
+        raise FastARError(f"{Path(args.teacher).name}: distill-dd distils class-to-image LlamaGen-format and VAR "
+                          "teachers")
+    demo_decoders = {DEMO_AR.resolve(): DEMO_VQ, DEMO_VAR.resolve(): DEMO_VAR_VQVAE}
+    vq_path = args.vq or demo_decoders.get(Path(args.teacher).resolve())
     if vq_path is None:
-        raise FastARError("give the teacher's VQ decoder (--vq): its codebook is the space DD works in")
+        raise FastARError("give the teacher's image decoder (--vq: its VQ, or a VAR's VQVAE): its codebook is the "
+                          "space DD works in")
     vq = load_image_decoder(vq_path, device=device)
+    check_image_decoder(teacher, vq)
     codebook = vq.codebook().float()
-    n_tokens = teacher.grid[0] * teacher.grid[1]
+    n_tokens = token_count(teacher)
+    args.t2 = args.t2 if args.t2 is not None else default_t2(teacher)
     split = args.t2 if args.split is None else args.split
     if not 0 < args.t2 < n_tokens or not 0 <= split <= n_tokens:
         raise FastARError(f"--t2 {args.t2} must lie in 1..{n_tokens - 1} and --split {split} in 0..{n_tokens}")
+    if is_var and args.t2 not in scale_ends(teacher.cfg.patch_nums):
+        raise FastARError(f"--t2 {args.t2}: a VAR student's second step is given whole scales, so t2 is one of "
+                          f"{scale_ends(teacher.cfg.patch_nums)[:-1]} tokens")
     classes = [int(c) for c in args.classes.split(",")] if args.classes else list(range(teacher.cfg.num_classes))
     settings = PairSettings(args.cfg, args.temperature, args.top_k, args.top_p, args.flow_steps, args.per_class,
                             args.shard_size, args.seed)
     data = Path(args.data) if args.data else DATA_DIR / f"dd_pairs_{model_fingerprint(teacher)}_{settings.tag()}"
-    make_pairs(teacher, codebook, data, classes, settings)
+    make_pairs(teacher, codebook, data, classes, settings, vqvae=vq if is_var else None)
     print(f"pairs in {data} [{timer}]", flush=True)
     if args.pairs_only:
         return {}
@@ -166,16 +212,17 @@ def distill(args) -> dict:
     train = {k: v[order[held:]].to(device) for k, v in pairs.items()}
     if args.resume:
         student = load_ar_model(args.resume, device=device)
-        if not isinstance(student, DDStudent) or student.cfg.teacher != model_fingerprint(teacher):
+        if getattr(student, "kind", None) != "few-step" or student.cfg.teacher != model_fingerprint(teacher):
             raise FastARError(f"{args.resume} is not a student of this teacher: resume a file distill-dd wrote for it")
         student = student.float().requires_grad_(True)
     else:
-        student = student_from_teacher(teacher, codebook, split, args.t2)
+        start = var_student_from_teacher if is_var else student_from_teacher
+        student = start(teacher, codebook, split, args.t2)
     ts = torch.tensor([0, student.cfg.t2], device=device)
     del teacher
     print(f"student {sum(p.numel() for p in student.parameters()) / 1e6:.2f}M params, {len(train['tokens'])} "
           f"training and {held} held-out pairs, split {student.cfg.split}, t2 {student.cfg.t2} [{timer}]", flush=True)
-    out = Path(args.out) if args.out else DEMO_DD
+    out = Path(args.out) if args.out else DEMO_VAR_DD if is_var else DEMO_DD
     ema = copy.deepcopy(student).eval().requires_grad_(False)
     opt = torch.optim.AdamW(student.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     decoder = vq if args.embedding_loss == "pixels" else None
