@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "sweeps do not apply")
     bench.add_argument("--dd", action="store_true", help="bench a Distilled Decoding student (--model, default the "
                        "demo's) in 1 and 2 steps against its teacher's plain AR and flow-map AR (--teacher, default the "
-                       "demo model; --cfg is the teacher's, default 2.0)")
+                       "demo model; --cfg, --top-k ... are the teacher's: give the student's pair settings, cfg default 2.0)")
     bench.add_argument("--mar-steps", default="256,64,32,16", help="with --mar: the step counts of the plain MAR rows "
                        "beside --num-iter (counts above the model's token count are skipped)")
     bench.add_argument("--decoders", default="ar,sjd,gsd,spec,lantern,lantern-jacobi",

@@ -13,7 +13,7 @@ from comfy_api.latest import io
 from ..errors import FastARError, check_choice
 from ..model_loaders.eagle_drafter import EagleHead
 from ..model_loaders.protocol import CaptionConditioning, ClassConditioning, PromptConditioning
-from ..pipeline import CONDITIONING_NAMES, class_conditioning, conditioning_type
+from ..pipeline import CONDITIONING_NAMES, check_image_decoder, class_conditioning, conditioning_type
 from ..samplers.acceptance import PROB_FILTERS
 from ..samplers.cspd import VERIFY_MODES, CSpDSettings
 from ..samplers.decoders import (
@@ -653,6 +653,8 @@ class SamplerDD(io.ComfyNode):
         if conditioning.model_type != "c2i":
             raise FastARError("Distilled Decoding students are class-to-image: connect FastAR Class Label")
         check_fits(student, conditioning.rows)
+        if getattr(student, "decoder_kind", "codes") == "multi-scale":
+            check_image_decoder(student, vq.module)  # a VAR-DD student needs its teacher's VQVAE
         rows = repeat_rows(conditioning.rows, batch)
         settings = DDSettings(steps=steps, t2=t2 or None, split=None if split < 0 else split)
         patchers, working = [model.patcher, vq.patcher], 0
@@ -664,7 +666,7 @@ class SamplerDD(io.ComfyNode):
             settings = settings.hybrid(student, None if regenerate < 0 else regenerate)
             patchers.append(teacher.patcher)
             working = working_memory(teacher.module, conditioning.rows, batch, sampling.use_cfg, DecoderSpec("ar"))
-        cfg, n = student.cfg, student.grid[0] * student.grid[1]
+        cfg, n = student.cfg, student.num_tokens
         activations = batch * (n + 1) * (cfg.dim * 12 + cfg.vocab_size) * 4
         glue.load_for_inference(patchers, activations + working)
         progress = glue.DecodeProgress(cls.hidden.unique_id, n, "DD")
@@ -677,4 +679,6 @@ class SamplerDD(io.ComfyNode):
         stats.settings = {**stats.settings, "seed": seed, "conditioning": conditioning.label, "model": model.name}
         if teacher is not None:
             stats.settings.update(teacher=teacher.name, teacher_cfg=teacher_cfg, teacher_top_k=teacher_top_k)
+        if getattr(student, "decoder_kind", "codes") == "multi-scale":  # VAR-DD: every scale's vectors -> f_hat
+            return io.NodeOutput(Latents(vq.module.sequence_to_f_hat(latents).cpu(), source="var"), stats)
         return io.NodeOutput(Latents(student.decoder_input(latents).cpu(), source="dd"), stats)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from fastar.model_loaders.var_dd_student import VARDDConfig, VARDDStudent
 from fastar.model_loaders.var_model import VAR, VARConfig
 from fastar.model_loaders.var_vqvae import MultiScaleVQVAE, VQVAEConfig, fuse_attention
 
@@ -51,3 +52,17 @@ def write_release_files(folder: Path, model_name: str = "var_tiny.pth", vqvae_na
     (folder / model_name).with_suffix(".json").write_text(json.dumps({"patch_nums": list(PATCH_NUMS)}))
     torch.save(release_vqvae_state_dict(tiny_vqvae(), len(PATCH_NUMS)), folder / vqvae_name)
     (folder / vqvae_name).with_suffix(".json").write_text(json.dumps({"patch_nums": list(PATCH_NUMS)}))
+
+
+def tiny_var_dd(seed=5, classes=5) -> VARDDStudent:
+    cfg = VARDDConfig(depth=2, dim=32, n_head=2, vocab_size=16, channels=4, num_classes=classes, patch_nums=PATCH_NUMS,
+                      t2=5, split=5)
+    return randomised(VARDDStudent(cfg), seed)
+
+
+def write_release_student(folder: Path, name: str = "var-dd-tiny.pth", classes: int = 5) -> None:
+    """A tiny VAR-DD student as the release stores one (weights under ``["trainer"]["ema_parameters"]``), with a
+    NAME.json for its scales and split (two scales: 5 tokens); it decodes with ``write_release_files``' VQVAE."""
+    folder = Path(folder)
+    torch.save({"trainer": {"ema_parameters": tiny_var_dd(classes=classes).state_dict()}}, folder / name)
+    (folder / name).with_suffix(".json").write_text(json.dumps({"patch_nums": list(PATCH_NUMS), "split_t": 2}))

@@ -2,7 +2,7 @@
 plain AR (and the flow-map AR its training pairs come from), same classes (bench.md).
 
 Rows: ``ar`` and ``fm`` (the teacher at the student's dataset settings: ``--cfg``, default 2.0, the DD
-paper's), ``dd-1``, ``dd-2`` and ``dd-hybrid`` (the paper's Alg. 4: the teacher samples positions
+paper's, and ``--temperature``/``--top-k``/``--top-p``), ``dd-1``, ``dd-2`` and ``dd-hybrid`` (the paper's Alg. 4: the teacher samples positions
 ``--dd-regenerate``..t2-1 between the two steps; default the second half of them). ``--dd-t2`` and
 ``--dd-split`` apply to every DD row. Per row: model forwards per image, latency ratio against ``ar``
 (batch 1, interleaved runs, medians, image decode excluded), class accuracy of the demo classifier and
@@ -75,7 +75,8 @@ def run_dd_bench(args) -> dict:
         raise FastARError(f"bench --dd needs a Distilled Decoding student as --model; {student_path} is "
                           f"{student.ar.what}")
     teacher = load_models(args.teacher or str(DEMO_AR), vq, args.device, args.dtype)
-    sampling = SamplingSettings(cfg_scale=2.0 if args.cfg is None else args.cfg).validate()
+    sampling = SamplingSettings(cfg_scale=2.0 if args.cfg is None else args.cfg, temperature=args.temperature,
+                                top_k=args.top_k, top_p=args.top_p).validate()
     dd = dd_settings(args, student.ar)
     judge = load_classifier(device=student.ar.device)
     num_classes = student.ar.cfg.num_classes
@@ -111,6 +112,7 @@ def run_dd_bench(args) -> dict:
         r["latency_ratio"] = medians["ar"] / medians[label]
 
     report = {"student": str(student_path), "teacher": args.teacher or str(DEMO_AR), "cfg": sampling.cfg_scale,
+              "top_k": sampling.top_k,
               "dd": {"t2": dd.t2, "split": dd.split, "regenerate": dd.regenerate},
               "device": str(student.ar.device), "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
               "samples": args.samples, "results": results, "bench_time_s": round(time.perf_counter() - started)}
@@ -124,7 +126,7 @@ def run_dd_bench(args) -> dict:
 def markdown(report: dict) -> str:
     dd = report["dd"]
     lines = [f"# FastAR DD benchmark ({report['student']} from {report['teacher']}, {report['device']}, "
-             f"{report['samples']} samples per row, teacher cfg {report['cfg']})", "",
+             f"{report['samples']} samples per row, teacher cfg {report['cfg']}, top-k {report['top_k']})", "",
              f"DD: t2 {dd['t2']}, split {dd['split']}; dd-hybrid: the teacher samples positions {dd['regenerate']}.."
              f"{dd['t2'] - 1}.", "",
              "| row | forwards / image | latency ratio | class accuracy | Frechet (real) | Frechet (vs ar) |",

@@ -26,6 +26,7 @@ from fastar.model_loaders.dd_student import DDStudent, DDStudentConfig
 from fastar.model_loaders.demo import DEMO_AR, DEMO_DRAFTER
 from fastar.tests.tiny_mar import KL, mar_config, official_kl, official_mar
 from fastar.tests.tiny_var import write_release_files as write_var
+from fastar.tests.tiny_var import write_release_student as write_var_dd
 from fastar.model_loaders.eagle_drafter import EagleConfig, EagleHead
 from fastar.model_loaders.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
 from fastar.model_loaders.vq import VQConfig, VQModel
@@ -33,7 +34,8 @@ from fastar.model_loaders.vq import VQConfig, VQModel
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "comfyui"))
 from workflows import (ANOLE_7B, CHAMELEON_VQGAN, DEMO_DRAFTER as DEMO_DRAFTER_NAME, FLAN_T5,  # noqa: E402
                        JANUS_PRO_7B, LANTERN_DRAFTER_ANOLE, LANTERN_DRAFTER_T2I, LLAMAGEN_C2I, LLAMAGEN_DD_B,
-                       LLAMAGEN_T2I, LLAMAGEN_VQ_C2I, LLAMAGEN_VQ_T2I, LUMINA_768, MAR_BASE, MAR_HUGE, MAR_KL16)
+                       LLAMAGEN_T2I, LLAMAGEN_VQ_C2I, LLAMAGEN_VQ_T2I, LUMINA_768, MAR_BASE, MAR_HUGE, MAR_KL16,
+                       VAR_D30, VAR_DD_D24, VAR_VQVAE)
 
 DEMO_CLASSES = ["circle", "square", "triangle", "stripes", "checkerboard", "ring", "cross", "blob"]
 VQ_CONFIG = VQConfig(codebook_size=512, embed_dim=8, z_channels=64, ch=32, ch_mult=(1, 1, 2, 2), num_res_blocks=1,
@@ -252,6 +254,9 @@ def write_all(folder: Path, demo: bool, drafters: Path | None = None) -> None:
     write_slow(folder)
     write_dd_student(folder)
     write_var(folder)
+    write_var_dd(folder)
+    write_var(folder, VAR_D30, VAR_VQVAE, classes=1000)  # under the release's names, for the VAR workflows
+    write_var_dd(folder, VAR_DD_D24, classes=1000)
     write_corrupt(folder)
 
 

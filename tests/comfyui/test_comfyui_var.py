@@ -55,3 +55,19 @@ def test_var_mix_ups_give_fastar_messages(comfy):
     assert "it samples through its multi-scale VQVAE" in error["exception_message"]
     error = failed(comfy, var_prompt(decode_with="demo_vq.safetensors"))
     assert error["node_type"] == "FastARVQDecode" and "pick the multi-scale VQVAE" in error["exception_message"]
+
+
+def test_var_dd_student_runs_in_the_dd_sampler_and_decodes_through_the_vqvae(comfy):
+    prompt = var_prompt()
+    prompt["1"]["inputs"]["model_name"] = "var-dd-tiny.pth"
+    prompt["4"] = {"class_type": "FastARSamplerDD", "inputs": {"model": ["1", 0], "conditioning": ["3", 0], "vq": ["2", 0],
+                                                              "seed": 2, "batch": 2, "steps": 2, "t2": 0, "split": -1}}
+    entry = comfy.run(prompt)
+    assert entry["status"]["status_str"] == "success", harness.execution_error(entry)
+    text = next(out["text"][0] for out in entry["outputs"].values() if "text" in out)
+    assert "DD steps: 2 (t2 5, split 5)" in text and "model forwards: 2" in text
+    images = images_of(comfy, entry)
+    assert len(images) == 2 and images[0].shape == (16, 16, 3)
+    prompt["2"]["inputs"]["vq_name"] = "demo_vq.safetensors"
+    error = failed(comfy, prompt)
+    assert "writes the token maps of its scales: its image decoder is its multi-scale VQVAE" in error["exception_message"]

@@ -30,7 +30,10 @@ MAR_HUGE = "mar_huge.pth"
 MAR_BASE = "mar_base.pth"
 MAR_KL16 = "kl16.ckpt"
 DEMO_MAR, DEMO_MAR_DRAFT, DEMO_KL = "demo_mar.safetensors", "demo_mar_draft.safetensors", "demo_kl_vae.safetensors"
+# The VAR release (FoundationVision/var on Hugging Face) and the DD release's VAR-DD students
+VAR_D30, VAR_VQVAE, VAR_DD_D24 = "var_d30.pth", "vae_ch160v4096z32.pth", "var-d24.pth"
 DEMO_DD = "demo_dd.safetensors"
+DEMO_DD_TOP_K = 8  # the demo student's teacher settings (its pairs): cfg 2.0, top-k 8
 # The Distilled Decoding release (microsoft/distilled_decoding on Hugging Face: LlamaGen-DD/llamagen-B.pt, -L.pt)
 LLAMAGEN_DD_B = "llamagen-B.pt"
 # Text-to-image releases, as folders: Alpha-VLLM/Lumina-mGPT-7B-768, deepseek-ai/Janus-Pro-7B; Meta's Chameleon VQGAN
@@ -246,15 +249,44 @@ def demo_dd_compare(info) -> dict:
                      "the same image. The hybrid lets the teacher resample tokens regenerate..t2-1 between the "
                      "two steps (more forwards, closer to the teacher).\n\nDD is relaxed: a fast "
                      "approximation of the teacher's samples. Each Stats node takes the AR stats as baseline "
-                     "and shows the measured speed-up.", width=320, height=330)
-    ar = drafter_columns(g, teacher, vq, labels[0], None, [("FastARSamplerAR", "AR (teacher)", sampler_widgets(seed=3))],
+                     "and shows the measured speed-up. The teacher samples at cfg 2.0 and top-k 8, the settings the "
+                     "student was distilled at.", width=320, height=350)
+    teacher_widgets = sampler_widgets(seed=3, top_k=DEMO_DD_TOP_K)
+    ar = drafter_columns(g, teacher, vq, labels[0], None, [("FastARSamplerAR", "AR (teacher)", teacher_widgets)],
                          decode_y=760, image_dy=360)[0]
-    dd = [("FastARSamplerDD", title, dd_widgets(seed=3, steps=steps, regenerate=regenerate))
+    dd = [("FastARSamplerDD", title, dd_widgets(seed=3, steps=steps, regenerate=regenerate, teacher_top_k=DEMO_DD_TOP_K))
           for title, steps, regenerate in (("DD, 1 step", 1, -1), ("DD, 2 steps", 2, -1),
                                            ("DD hybrid (teacher resamples 40..79)", 2, 40))]
     hybrid = drafter_columns(g, student, vq, labels[1], None, dd, decode_y=760, image_dy=360, baseline=ar,
                              first_column=1)[-1]
     g.connect(teacher, "model", hybrid, "teacher")
+    return g.to_json()
+
+
+def var_official(info) -> dict:
+    g = Graph(info)
+    ar, vqvae = loaders(g, VAR_D30, VAR_VQVAE)
+    label = fed_by_model(g, ar, "FastARClassLabel", (0, 290), ["golden retriever (207)", -1])
+    single_sampler(g, ar, vqvae, label, "FastARSamplerAR", sampler_widgets(seed=42, cfg=1.5, top_k=900, top_p=0.96),
+                   "FastAR_var_d30")
+    g.note((0, 430), f"VAR (next-scale prediction): VAR-d30 makes a 256 px image in 10 forwards, one per scale.\n\n"
+                     f"Download from the VAR release (FoundationVision/var on Hugging Face) into "
+                     f"ComfyUI/models/fastar/:\n- {VAR_D30} (or var_d16/d20/d24.pth)\n- {VAR_VQVAE}\nthen press R and "
+                     "pick them in the loaders. The VQVAE goes into the sampler too: VAR samples through it. Official "
+                     "settings: cfg 1.5 (ramped over the scales), top-k 900, top-p 0.96.", width=320, height=300)
+    return g.to_json()
+
+
+def var_dd_official(info) -> dict:
+    g = Graph(info)
+    ar, vqvae = loaders(g, VAR_DD_D24, VAR_VQVAE)
+    label = fed_by_model(g, ar, "FastARClassLabel", (0, 290), ["golden retriever (207)", -1])
+    single_sampler(g, ar, vqvae, label, "FastARSamplerDD", dd_widgets(seed=42, steps=1), "FastAR_var_dd_d24")
+    g.note((0, 430), f"VAR-DD: a VAR-d24-sized image in one forward instead of ten.\n\nDownload into "
+                     f"ComfyUI/models/fastar/:\n- {VAR_DD_D24} from the Distilled Decoding release "
+                     f"(microsoft/distilled_decoding on Hugging Face, folder VAR-DD; or var-d16/d20.pth)\n- {VAR_VQVAE} "
+                     "from the VAR release (FoundationVision/var)\nthen press R and pick them in the loaders. steps 1 "
+                     "is fastest, 2 is better; the same seed gives the same image.", width=320, height=300)
     return g.to_json()
 
 
@@ -487,6 +519,8 @@ WORKFLOWS = {
     "fastar_mar_cspd": mar_official,
     "fastar_llamagen_dd": llamagen_dd,
     "fastar_demo_dd_compare": demo_dd_compare,
+    "fastar_var_d30": var_official,
+    "fastar_var_dd_d24": var_dd_official,
     "fastar_demo_text_compare": demo_text_compare,
     "fastar_lumina_mgpt_768": lumina_mgpt,
     "fastar_janus_pro": janus_pro,
