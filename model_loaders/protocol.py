@@ -153,3 +153,24 @@ class FewStepModel(Protocol):
     def check_teacher(self, teacher) -> None:
         """Raise a FastARError unless ``teacher`` (a token model) is the model this student was distilled from."""
         ...
+
+
+class NextScaleSession(Protocol):
+    """One VAR generation: scales are fed in order, each attending to the earlier ones (cached)."""
+
+    def forward(self, scale: int, inputs: Optional[torch.Tensor] = None) -> ModelOutput:
+        """Logits of every token of ``scale`` ``[B, pn^2, V]`` (cond, and uncond under CFG); ``inputs``
+        [B, pn^2, C] is that scale's input (the VQVAE's f_hat so far, area-downsampled; None for scale 0)."""
+        ...
+
+
+class NextScaleModel(Protocol):
+    """A next-scale model (VAR): ``cfg.patch_nums`` scales of ``pn x pn`` tokens; its multi-scale VQVAE turns each
+    scale's codes into the next scale's input and the last f_hat into the image."""
+
+    kind: str  # "next-scale"
+    vocab_size: int
+    grid: tuple[int, int]  # the last scale's
+
+    def start(self, conditioning: ClassConditioning, *, cfg: bool) -> NextScaleSession:
+        ...
