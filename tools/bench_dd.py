@@ -111,7 +111,7 @@ def run_dd_bench(args) -> dict:
         r["median_time_s"] = medians[label]
         r["latency_ratio"] = medians["ar"] / medians[label]
 
-    report = {"student": str(student_path), "teacher": args.teacher or str(DEMO_AR), "cfg": sampling.cfg_scale,
+    report = {"student": Path(student_path).name, "teacher": Path(args.teacher or DEMO_AR).name, "cfg": sampling.cfg_scale,
               "top_k": sampling.top_k,
               "dd": {"t2": dd.t2, "split": dd.split, "regenerate": dd.regenerate},
               "device": str(student.ar.device), "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
