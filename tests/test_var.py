@@ -208,7 +208,7 @@ def test_cli_generates_with_the_release_sampler_and_refuses_raster_decoders(tmp_
     np.testing.assert_allclose(np.load(tmp_path / "a.npy"), expected.numpy(), rtol=1e-5, atol=1e-5)
     r = fastar(*common, "--decoder", "sjd", cwd=tmp_path)
     assert r.returncode == 2 and "sjd needs a token model (LlamaGen); this is a VAR model (next-scale prediction): " \
-        "use one of ar with it" in r.stderr
+        "use one of ar, fm with it" in r.stderr
     r = fastar(*common[:3], "--vq", DEMO_VQ, "--classes", "1", cwd=tmp_path)
     assert r.returncode == 2 and "its image decoder is its multi-scale VQVAE" in r.stderr
 
