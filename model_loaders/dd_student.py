@@ -94,8 +94,8 @@ class DDStudent(nn.Module):
     def check_teacher(self, teacher) -> None:
         """``teacher`` must be this student's: the same codes, grid and classes (and, for a student that
         recorded its teacher's fingerprint, that very model)."""
-        same = (teacher.vocab_size, tuple(teacher.grid), teacher.cfg.num_classes) == \
-            (self.vocab_size, tuple(self.grid), self.cfg.num_classes)
+        same = (teacher.vocab_size, tuple(teacher.grid), getattr(teacher.cfg, "num_classes", None)) == \
+            (self.vocab_size, tuple(self.grid), self.cfg.num_classes)  # a text-to-image model has no classes
         if not same or (self.cfg.teacher and self.cfg.teacher != model_fingerprint(teacher)):
             raise FastARError("this teacher is not the student's: give the model the student was distilled from "
                               "(same codes, grid and classes)")

@@ -21,6 +21,7 @@ from ..samplers.decoders import (
     NEXT_SCALE,
     DecoderSpec,
     check_decoder,
+    check_hybrid_teacher,
     decode,
     decode_distilled,
     decode_masked,
@@ -663,6 +664,7 @@ class SamplerDD(io.ComfyNode):
             if steps != 2:
                 raise FastARError("the teacher regenerates tokens between DD's two steps: set steps to 2, or "
                                   "disconnect the teacher")
+            check_hybrid_teacher(student, teacher.module)  # before its memory is estimated from its layout
             settings = settings.hybrid(student, None if regenerate < 0 else regenerate)
             patchers.append(teacher.patcher)
             working = working_memory(teacher.module, conditioning.rows, batch, sampling.use_cfg, DecoderSpec("ar"))

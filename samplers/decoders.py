@@ -214,6 +214,13 @@ def decode_next_scale(model, conditioning, sampling: SamplingSettings, *, seed: 
                              on_iteration=on_iteration, draw=draw, name=decoder)
 
 
+def check_hybrid_teacher(student, teacher) -> None:
+    """The hybrid's teacher must be a token model, and the student's own (same codes, grid, classes)."""
+    if getattr(teacher, "kind", TOKEN_AR) != TOKEN_AR:
+        raise FastARError(f"the teacher regenerates tokens: it must be a token model, not {teacher.what}")
+    student.check_teacher(teacher)
+
+
 def decode_distilled(student, conditioning, settings: DDSettings, *, seed: int, codebook, noise=None,
                      on_iteration: ProgressFn | None = None, teacher=None, sampling: SamplingSettings | None = None):
     """Distilled Decoding: latents ``[B, N, C]`` (code space, raster order) and their DecodeStats. ``noise``
@@ -228,8 +235,6 @@ def decode_distilled(student, conditioning, settings: DDSettings, *, seed: int, 
                           "give as many classes as noise rows")
     hybrid = None
     if teacher is not None:
-        if getattr(teacher, "kind", TOKEN_AR) != TOKEN_AR:
-            raise FastARError(f"the teacher regenerates tokens: it must be a token model, not {teacher.what}")
-        student.check_teacher(teacher)
+        check_hybrid_teacher(student, teacher)
         hybrid = Hybrid(teacher, (sampling or SamplingSettings()).validate(), generator)
     return dd_decode(student, conditioning.labels, noise, codebook, settings, on_iteration=on_iteration, hybrid=hybrid)

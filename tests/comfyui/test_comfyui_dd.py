@@ -54,7 +54,8 @@ def test_dd_mix_ups_give_fastar_messages(comfy):
     error = failed(comfy, dd_prompt(model="demo_c2i.safetensors"))
     assert "dd needs a Distilled Decoding student; this is a LlamaGen GPT" in error["exception_message"]
     error = failed(comfy, dd_prompt(sampler="FastARSamplerAR"))
-    assert "ar needs a token model (LlamaGen) or a MAR model; this is a Distilled Decoding student (LlamaGen-DD): use one of dd" \
+    assert "ar needs a token model (LlamaGen) or a MAR model or a VAR model; this is a Distilled Decoding student " \
+        "(LlamaGen-DD): use one of dd" \
         in error["exception_message"]
     prompt = dd_prompt()
     prompt["8"] = {"class_type": "FastARLoadVQ", "inputs": {"vq_name": DEMO_KL, "dtype": "auto"}}
@@ -84,5 +85,6 @@ def test_dd_hybrid_lets_the_teacher_resample_between_the_steps(comfy):
     error = failed(comfy, hybrid_prompt(regenerate=80))
     assert "give 2 steps and s in 0..79" in error["exception_message"]
     error = failed(comfy, hybrid_prompt(teacher="demo_text/"))
-    assert "the teacher regenerates tokens: it must be a token model" in error["exception_message"] or \
-        "this teacher is not the student's" in error["exception_message"]
+    assert "this teacher is not the student's" in error["exception_message"]
+    error = failed(comfy, hybrid_prompt(teacher="demo_mar.safetensors"))
+    assert "the teacher regenerates tokens: it must be a token model" in error["exception_message"]
