@@ -15,7 +15,7 @@ from ..errors import FastARError
 from .checkpoint import CheckpointInfo, has_prefix
 from .llamagen import build_and_load, checkpoint_of, config_from_metadata, first_setting, weight_shape
 from .var_dd_student import OFFICIAL_SCALES, VARDDConfig, VARDDStudent, dd_mask
-from .var_model import VAR, VARConfig, block_causal_mask
+from .var_model import VAR, VARConfig, additive_mask, block_causal_mask, level_ids
 from .var_vqvae import VAR_PATCH_NUMS, MultiScaleVQVAE, VQVAEConfig, split_fused_attention
 
 TRAINING_STATE = ("quantize.ema_vocab_hit_SV",)  # the VQVAE's codebook-usage statistics: training only
@@ -96,10 +96,8 @@ def patch_nums_of(settings: dict, seq_len: int, scales: int, source: str) -> tup
 def rebuilt_buffers(cfg: VARConfig, mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """The buffers that follow from the config (``mask``: the attention mask, block-causal by default), for
     files that do not carry them."""
-    L = cfg.seq_len
     mask = block_causal_mask(cfg.patch_nums) if mask is None else mask
-    buffers = {"lvl_1L": torch.cat([torch.full((p * p,), i) for i, p in enumerate(cfg.patch_nums)]).view(1, L),
-               "attn_bias_for_masking": torch.zeros(L, L).masked_fill(~mask, float("-inf")).view(1, 1, L, L)}
+    buffers = {"lvl_1L": level_ids(cfg.patch_nums).view(1, cfg.seq_len), "attn_bias_for_masking": additive_mask(mask)}
     buffers.update({f"blocks.{i}.attn.zero_k_bias": torch.zeros(cfg.dim) for i in range(cfg.depth)})
     return buffers
 

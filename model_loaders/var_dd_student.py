@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from .dd_student import ContinuousHead
-from .var_model import VAR, VARConfig
+from .var_model import VAR, VARConfig, additive_mask, level_ids
 
 # The released students' second-step data and split, in teacher scales, by depth: d16 5 scales (55 tokens),
 # d20 and d24 4 scales (30 tokens).
@@ -46,7 +46,7 @@ class VARDDConfig(VARConfig):
 
 def dd_mask(patch_nums) -> torch.Tensor:
     """``[L, L]`` bool: slot i sees slot j iff j's level is strictly earlier, or j is i."""
-    levels = torch.cat([torch.full((p * p,), i) for i, p in enumerate(patch_nums)])
+    levels = level_ids(patch_nums)
     return (levels[:, None] > levels[None, :]) | torch.eye(len(levels), dtype=torch.bool)
 
 
@@ -56,9 +56,7 @@ class VARDDStudent(VAR):
 
     def __init__(self, cfg: VARDDConfig):
         super().__init__(cfg.student())
-        L = self.cfg.seq_len
-        self.attn_bias_for_masking.copy_(torch.zeros(L, L).masked_fill(~dd_mask(self.cfg.patch_nums), float("-inf"))
-                                         .view(1, 1, L, L))
+        self.attn_bias_for_masking.copy_(additive_mask(dd_mask(self.cfg.patch_nums)))
         self.n_d_embed = nn.Embedding(2, cfg.dim)
         self.layerwise_n_d_embed = nn.ModuleList(nn.Linear(cfg.dim, cfg.dim) for _ in range(cfg.depth + 1))
         self.final_layer_conti = ContinuousHead(cfg.dim, cfg.channels)  # the same head as LlamaGen-DD's

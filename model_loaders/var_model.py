@@ -138,10 +138,20 @@ class HeadNorm(nn.Module):
         return layer_norm(h, self.eps) * (1 + scale) + shift
 
 
-def block_causal_mask(patch_nums, first_level: int = 0) -> torch.Tensor:
+def level_ids(patch_nums) -> torch.Tensor:
+    """``[L]``: each slot's scale index."""
+    return torch.cat([torch.full((p * p,), i) for i, p in enumerate(patch_nums)])
+
+
+def block_causal_mask(patch_nums) -> torch.Tensor:
     """``[L, L]`` bool: slot i sees slot j iff j's scale is not later than i's."""
-    levels = torch.cat([torch.full((p * p,), first_level + i) for i, p in enumerate(patch_nums)])
+    levels = level_ids(patch_nums)
     return levels[:, None] >= levels[None, :]
+
+
+def additive_mask(mask: torch.Tensor) -> torch.Tensor:
+    """A bool mask ``[L, L]`` as the release stores it: an additive bias ``[1, 1, L, L]`` (0 or -inf)."""
+    return torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))[None, None]
 
 
 class VAR(nn.Module):
@@ -158,11 +168,8 @@ class VAR(nn.Module):
         self.pos_start = nn.Parameter(torch.zeros(1, 1, C))
         self.pos_1LC = nn.Parameter(torch.zeros(1, L, C))
         self.lvl_embed = nn.Embedding(S, C)
-        levels = torch.cat([torch.full((p * p,), i) for i, p in enumerate(cfg.patch_nums)])
-        self.register_buffer("lvl_1L", levels.view(1, L))
-        mask = block_causal_mask(cfg.patch_nums)
-        self.register_buffer("attn_bias_for_masking",  # the release stores the mask as an additive bias
-                             torch.zeros(L, L).masked_fill(~mask, float("-inf")).view(1, 1, L, L))
+        self.register_buffer("lvl_1L", level_ids(cfg.patch_nums).view(1, L))
+        self.register_buffer("attn_bias_for_masking", additive_mask(block_causal_mask(cfg.patch_nums)))
         self.blocks = nn.ModuleList(AdaLNBlock(cfg) for _ in range(cfg.depth))
         self.head_nm = HeadNorm(C, cfg.norm_eps)
         self.head = nn.Linear(C, cfg.vocab_size)
