@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 from ..errors import FastARError
-from ..model_loaders.demo import DEMO_AR, DEMO_DD, DEMO_VQ
-from ..pipeline import LoadedModels, class_conditioning, load_models
-from ..samplers.decoders import DecoderSpec, decode, decode_distilled
+from ..model_loaders.demo import DEMO_AR, DEMO_DD, DEMO_VAR, DEMO_VAR_VQVAE, DEMO_VQ
+from ..pipeline import LoadedModels, check_image_decoder, class_conditioning, load_models
+from ..samplers.decoders import NEXT_SCALE, DecoderSpec, decode, decode_distilled, decode_next_scale
 from ..samplers.distilled import DDSettings
 from ..samplers.processing import SamplingSettings
 from .bench import CHUNK, REAL_IMAGES, quality, quality_panels, require_matplotlib, save_panels
@@ -40,6 +40,8 @@ class Row:
 
 ROWS = (Row("ar", 0), Row("fm", 0, "fm"), Row("dd-1", 1, "dd"), Row("dd-2", 2, "dd"),
         Row("dd-hybrid", 2, "dd", hybrid=True))
+# a VAR student's teacher: the same rows but the hybrid (the teacher regenerates raster positions, not scales)
+VAR_ROWS = tuple(row for row in ROWS if not row.hybrid)
 
 
 def dd_settings(args, student) -> DDSettings:
@@ -49,6 +51,9 @@ def dd_settings(args, student) -> DDSettings:
 
 def run_row(teacher: LoadedModels, student: LoadedModels, row: Row, labels: list[int], seed: int,
             sampling: SamplingSettings, dd: DDSettings):
+    if row.steps == 0 and teacher.ar.kind == NEXT_SCALE:
+        return decode_next_scale(teacher.ar, class_conditioning(teacher.ar, labels), sampling, seed=seed,
+                                 vqvae=teacher.vq, decoder=row.decoder)
     if row.steps == 0:
         return decode(teacher.ar, class_conditioning(teacher.ar, labels), sampling, DecoderSpec(row.decoder),
                       seed=seed, codebook=teacher.codebook())
@@ -59,7 +64,7 @@ def run_row(teacher: LoadedModels, student: LoadedModels, row: Row, labels: list
 
 def run_dd_bench(args) -> dict:
     from .classifier import classify, frechet_distance, load_classifier
-    from .demo_data import make_batch
+    from .demo_data import MAR_TOKEN, make_batch
 
     require_matplotlib()
     started = time.perf_counter()
@@ -69,22 +74,28 @@ def run_dd_bench(args) -> dict:
     if not Path(student_path).exists():
         raise FastARError(f"{student_path} does not exist: give a DD student (--model) and its teacher (--teacher), "
                           "or make the demo one with python -m fastar distill-dd")
-    vq = args.vq or str(DEMO_VQ)
-    student = load_models(str(student_path), vq, args.device, args.dtype)
+    student = load_models(str(student_path), None, args.device, args.dtype)  # its kind picks the default decoder
     if student.ar.kind != "few-step":
         raise FastARError(f"bench --dd needs a Distilled Decoding student as --model; {student_path} is "
                           f"{student.ar.what}")
-    teacher = load_models(args.teacher or str(DEMO_AR), vq, args.device, args.dtype)
+    is_var = getattr(student.ar, "decoder_kind", None) == "multi-scale"
+    teacher_path = args.teacher or str(DEMO_VAR if is_var else DEMO_AR)
+    vq = args.vq or str(DEMO_VAR_VQVAE if is_var else DEMO_VQ)
+    teacher = load_models(teacher_path, vq, args.device, args.dtype)
+    check_image_decoder(student.ar, teacher.vq)
+    student.vq = teacher.vq
+    rows = VAR_ROWS if is_var else ROWS
     sampling = SamplingSettings(cfg_scale=2.0 if args.cfg is None else args.cfg, temperature=args.temperature,
                                 top_k=args.top_k, top_p=args.top_p).validate()
     dd = dd_settings(args, student.ar)
     judge = load_classifier(device=student.ar.device)
     num_classes = student.ar.cfg.num_classes
     labels = [i % num_classes for i in range(args.samples)]
-    reference_feats = classify(judge, make_batch(np.random.default_rng(12345), REAL_IMAGES)[0])[1]
+    token = MAR_TOKEN if is_var else 8  # the demo VAR learnt the MAR demo's images (16-pixel tokens)
+    reference_feats = classify(judge, make_batch(np.random.default_rng(12345), REAL_IMAGES, token=token)[0])[1]
 
     results = {}
-    for row in ROWS:
+    for row in rows:
         models = teacher if row.steps == 0 else student
         outputs, forwards = [], []
         for start in range(0, len(labels), CHUNK):
@@ -99,11 +110,11 @@ def run_dd_bench(args) -> dict:
     for r in results.values():
         r["frechet_vs_ar"] = frechet_distance(r.pop("_feats"), baseline_feats)
 
-    times = {row.label: [] for row in ROWS}
-    for row in ROWS:  # warm-up
+    times = {row.label: [] for row in rows}
+    for row in rows:  # warm-up
         run_row(teacher, student, row, [0], args.seed, sampling, dd)
     for r in range(args.timing_runs):
-        for row in ROWS:
+        for row in rows:
             _, stats = run_row(teacher, student, row, [r % num_classes], args.seed + 1000 + r, sampling, dd)
             times[row.label].append(stats.wall_time_s)
     medians = {label: statistics.median(t) for label, t in times.items()}
@@ -111,7 +122,7 @@ def run_dd_bench(args) -> dict:
         r["median_time_s"] = medians[label]
         r["latency_ratio"] = medians["ar"] / medians[label]
 
-    report = {"student": Path(student_path).name, "teacher": Path(args.teacher or DEMO_AR).name, "cfg": sampling.cfg_scale,
+    report = {"student": Path(student_path).name, "teacher": Path(teacher_path).name, "cfg": sampling.cfg_scale,
               "top_k": sampling.top_k,
               "dd": {"t2": dd.t2, "split": dd.split, "regenerate": dd.regenerate},
               "device": str(student.ar.device), "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",

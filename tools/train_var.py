@@ -25,10 +25,11 @@ from ..model_loaders.protocol import ClassConditioning
 from ..model_loaders.var_model import VAR, VARConfig
 from ..samplers.next_scale import VAR_SAMPLING, next_scale_decode
 from .demo_common import DATA_DIR, Timer, cosine_lr, save_fp16, setup, to_tensor
-from .demo_data import CLASS_NAMES, balanced_labels, make_batch
+from .demo_data import CLASS_NAMES, MAR_TOKEN, balanced_labels, make_batch
 from .train_var_vqvae import PATCH_NUMS
 
 CLASS_DROPOUT = 0.1  # the release's cond_drop_rate
+VAL_IMAGES, VAL_SEED = 256, 777  # held-out images: another seed than the training set's
 
 
 @torch.no_grad()
@@ -43,7 +44,7 @@ def scale_codes(vqvae_path, n: int, seed: int) -> tuple[torch.Tensor, torch.Tens
     rng = np.random.default_rng(seed)
     codes, labels = [], []
     for start in range(0, n, 64):
-        images, y = make_batch(rng, min(64, n - start))
+        images, y = make_batch(rng, min(64, n - start), token=MAR_TOKEN)
         scales = vqvae.encode_scales(to_tensor(images), PATCH_NUMS)
         codes.append(torch.cat([c.flatten(1) for c in scales], dim=1).to(torch.int16))
         labels.append(torch.from_numpy(y))
@@ -77,6 +78,13 @@ def init_weights(model: VAR) -> None:
 
 
 @torch.no_grad()
+def held_out_loss(model: VAR, vqvae, codes: torch.Tensor, labels: torch.Tensor) -> float:
+    """Mean cross-entropy per token (nats) under teacher forcing on images the model never saw."""
+    logits = model(labels.long(), teacher_forcing(vqvae, codes))
+    return F.cross_entropy(logits.flatten(0, 1), codes.long().flatten()).item()
+
+
+@torch.no_grad()
 def judged(model: VAR, vqvae, samples: int, seed: int) -> float:
     from .classifier import classify, load_classifier
     from ..pipeline import decode_images
@@ -90,9 +98,9 @@ def judged(model: VAR, vqvae, samples: int, seed: int) -> float:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--steps", type=int, default=4000)
     p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--images", type=int, default=6000)
+    p.add_argument("--images", type=int, default=16000)
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("--ema", type=float, default=0.998)
     p.add_argument("--depth", type=int, default=4)
@@ -105,6 +113,7 @@ def main(argv=None):
     gen = setup(args.seed)
     timer = Timer()
     codes, labels = scale_codes(args.vqvae, args.images, args.seed)
+    val_codes, val_labels = scale_codes(args.vqvae, VAL_IMAGES, VAL_SEED + args.seed)
     vqvae = load_image_decoder(args.vqvae)
     cfg = VARConfig(depth=args.depth, dim=args.dim, n_head=args.dim // 64, vocab_size=vqvae.cfg.codebook_size,
                     channels=vqvae.cfg.z_channels, num_classes=len(CLASS_NAMES), patch_nums=PATCH_NUMS,
@@ -132,6 +141,8 @@ def main(argv=None):
                 e.lerp_(p_, 1 - decay)
         if (step + 1) % 50 == 0:
             print(f"step {step + 1}/{args.steps} loss {loss.item():.4f} [{timer}]", flush=True)
+        if (step + 1) % 1000 == 0 or step + 1 == args.steps:
+            print(f"held-out loss (EMA) {held_out_loss(ema, vqvae, val_codes, val_labels):.4f}", flush=True)
     save_fp16(ema.eval(), cfg, args.out)
     saved = load_ar_model(args.out)
     print(f"judge recognises {judged(saved, vqvae, 64, args.seed):.1%} of 64 samples (cfg 1.5 ramped, top-k 900, "

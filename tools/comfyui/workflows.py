@@ -33,6 +33,7 @@ DEMO_MAR, DEMO_MAR_DRAFT, DEMO_KL = "demo_mar.safetensors", "demo_mar_draft.safe
 # The VAR release (FoundationVision/var on Hugging Face) and the DD release's VAR-DD students
 VAR_D30, VAR_VQVAE, VAR_DD_D24 = "var_d30.pth", "vae_ch160v4096z32.pth", "var-d24.pth"
 DEMO_DD = "demo_dd.safetensors"
+DEMO_VAR, DEMO_VAR_VQVAE, DEMO_VAR_DD = "demo_var.safetensors", "demo_var_vqvae.safetensors", "demo_var_dd.safetensors"
 DEMO_DD_TOP_K = 8  # the demo student's teacher settings (its pairs): cfg 2.0, top-k 8
 # The Distilled Decoding release (microsoft/distilled_decoding on Hugging Face: LlamaGen-DD/llamagen-B.pt, -L.pt)
 LLAMAGEN_DD_B = "llamagen-B.pt"
@@ -260,6 +261,29 @@ def demo_dd_compare(info) -> dict:
     hybrid = drafter_columns(g, student, vq, labels[1], None, dd, decode_y=760, image_dy=360, baseline=ar,
                              first_column=1)[-1]
     g.connect(teacher, "model", hybrid, "teacher")
+    return g.to_json()
+
+
+def demo_var_compare(info) -> dict:
+    g = Graph(info)
+    teacher, vqvae = loaders(g, DEMO_VAR, DEMO_VAR_VQVAE)
+    student = g.node("FastARLoadModel", (0, 290), [DEMO_VAR_DD, "auto"], title="Load VAR-DD student")
+    labels = [fed_by_model(g, model, "FastARClassLabel", (0, y), ["ring (demo 5)", -1])
+              for model, y in ((teacher, 430), (student, 570))]
+    g.note((0, 710), "VAR (next-scale prediction) on the bundled demo VAR and its bundled VAR-DD student, same class "
+                     "in every column.\n\nVAR draws a whole scale per forward: 6 forwards for the demo's 1, 2, 3, 4, "
+                     "6, 8 token maps (the real VAR: 10). The VAR-DD student maps one seeded noise image to every "
+                     "scale in 1 forward, or 2 (better); the same seed gives the same image.\n\nThe VQVAE goes into "
+                     "the VAR sampler too: VAR samples through it. Each Stats node takes VAR's stats as baseline and "
+                     "shows the measured speed-up.", width=320, height=330)
+    var = drafter_columns(g, teacher, vqvae, labels[0], None,
+                          [("FastARSamplerAR", "VAR, one forward per scale", sampler_widgets(seed=3, cfg=1.5, top_k=900,
+                                                                                             top_p=0.96))],
+                          decode_y=760, image_dy=360)[0]
+    drafter_columns(g, student, vqvae, labels[1], None,
+                    [("FastARSamplerDD", title, dd_widgets(seed=3, steps=steps)) for title, steps in
+                     (("VAR-DD, 1 step", 1), ("VAR-DD, 2 steps", 2))],
+                    decode_y=760, image_dy=360, baseline=var, first_column=1)
     return g.to_json()
 
 
@@ -519,6 +543,7 @@ WORKFLOWS = {
     "fastar_mar_cspd": mar_official,
     "fastar_llamagen_dd": llamagen_dd,
     "fastar_demo_dd_compare": demo_dd_compare,
+    "fastar_demo_var_compare": demo_var_compare,
     "fastar_var_d30": var_official,
     "fastar_var_dd_d24": var_dd_official,
     "fastar_demo_text_compare": demo_text_compare,
