@@ -47,6 +47,11 @@ def test_pairs_are_the_flow_map_of_their_noise_and_resume_exactly(tmp_path):
     grown = load_pairs(tmp_path)
     assert len(grown["tokens"]) == 16 and torch.equal(grown["tokens"][:12], pairs["tokens"])
     assert shards[0].stat().st_mtime_ns == kept
+    odd = replace(SETTINGS, per_class=9)  # 18 pairs: the last shard holds 2; growing the run makes it whole
+    make_pairs(teacher, book, tmp_path / "odd", [2, 7], odd, quiet=True)
+    make_pairs(teacher, book, tmp_path / "odd", [2, 7], replace(SETTINGS, per_class=10), quiet=True)
+    grown = load_pairs(tmp_path / "odd")
+    assert grown["labels"].tolist() == [2, 7] * 10 and torch.equal(grown["tokens"][:16], load_pairs(tmp_path)["tokens"])
 
 
 def test_pairs_of_another_teacher_or_settings_are_refused(tmp_path):

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from ..errors import FastARError
@@ -79,8 +79,8 @@ def make_pairs(teacher, codebook: torch.Tensor, folder, classes: list[int], sett
     made = 0
     for k, shard_labels in enumerate(shards):
         path = folder / f"pairs_{k:05d}.safetensors"
-        if path.exists():
-            continue
+        if path.exists() and shard_rows(path) == len(shard_labels):
+            continue  # a smaller run's short last shard is made again, whole
         noise = token_noise(len(shard_labels), n_tokens, channels, make_generator(settings.seed + k, teacher.device))
         tokens = teacher_codes(teacher, codebook, ClassConditioning(shard_labels.to(teacher.device)), settings, noise,
                                vqvae)
@@ -95,6 +95,15 @@ def make_pairs(teacher, codebook: torch.Tensor, folder, classes: list[int], sett
     if not quiet and made:
         print(file=sys.stderr)
     return folder
+
+
+def shard_rows(path: Path) -> int | None:
+    """The pairs a shard holds, read from its header (None if it is damaged: it is made again)."""
+    try:
+        with safe_open(str(path), "pt") as f:
+            return f.get_slice("labels").get_shape()[0]
+    except (SafetensorError, OSError):
+        return None
 
 
 def token_count(model) -> int:

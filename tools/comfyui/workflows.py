@@ -34,6 +34,7 @@ DEMO_MAR, DEMO_MAR_DRAFT, DEMO_KL = "demo_mar.safetensors", "demo_mar_draft.safe
 VAR_D30, VAR_VQVAE, VAR_DD_D24 = "var_d30.pth", "vae_ch160v4096z32.pth", "var-d24.pth"
 DEMO_DD = "demo_dd.safetensors"
 DEMO_VAR, DEMO_VAR_VQVAE, DEMO_VAR_DD = "demo_var.safetensors", "demo_var_vqvae.safetensors", "demo_var_dd.safetensors"
+DEMO_VAR_TOP_P = 0.7  # the demo VAR's setting (tools/train_var.py JUDGED: the release's cfg 1.5 with top-p 0.7)
 DEMO_DD_TOP_K = 8  # the demo student's teacher settings (its pairs): cfg 2.0, top-k 8
 # The Distilled Decoding release (microsoft/distilled_decoding on Hugging Face: LlamaGen-DD/llamagen-B.pt, -L.pt)
 LLAMAGEN_DD_B = "llamagen-B.pt"
@@ -274,11 +275,12 @@ def demo_var_compare(info) -> dict:
                      "in every column.\n\nVAR draws a whole scale per forward: 6 forwards for the demo's 1, 2, 3, 4, "
                      "6, 8 token maps (the real VAR: 10). The VAR-DD student maps one seeded noise image to every "
                      "scale in 1 forward, or 2 (better); the same seed gives the same image.\n\nThe VQVAE goes into "
-                     "the VAR sampler too: VAR samples through it. Each Stats node takes VAR's stats as baseline and "
-                     "shows the measured speed-up.", width=320, height=330)
+                     "the VAR sampler too: VAR samples through it. The demo's settings: cfg 1.5 (ramped over the scales) "
+                     "and top-p 0.7, what the student learnt from. Each Stats node takes VAR's stats as baseline and "
+                     "shows the measured speed-up.", width=320, height=360)
     var = drafter_columns(g, teacher, vqvae, labels[0], None,
-                          [("FastARSamplerAR", "VAR, one forward per scale", sampler_widgets(seed=3, cfg=1.5, top_k=900,
-                                                                                             top_p=0.96))],
+                          [("FastARSamplerAR", "VAR, one forward per scale",
+                            sampler_widgets(seed=3, cfg=1.5, top_p=DEMO_VAR_TOP_P))],
                           decode_y=760, image_dy=360)[0]
     drafter_columns(g, student, vqvae, labels[1], None,
                     [("FastARSamplerDD", title, dd_widgets(seed=3, steps=steps)) for title, steps in
