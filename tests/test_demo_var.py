@@ -3,6 +3,8 @@
 ``distill-dd --teacher demo/demo_var.safetensors``): they are what the training scripts write, VAR's samples
 show the requested class, and the student follows its teacher's flow map (from the same noise its f_hat lies
 far closer to the teacher's ``fm`` f_hat than from another row's noise)."""
+import json
+
 import pytest
 import torch
 
@@ -62,3 +64,19 @@ def test_the_student_follows_its_teachers_flow_map(var):
     for steps in (1, 2):
         same, other = distance(steps, noise), distance(steps, noise.roll(1, 0))
         assert same <= MAX_DISTANCE_RATIO * other, (steps, same, other)
+
+
+@pytest.mark.skipif(not DEMO_VAR_DD.exists(), reason="demo VAR-DD student not built")
+def test_bench_dd_compares_the_var_student_with_var_scale_by_scale(tmp_path):
+    from test_dd import fastar
+
+    r = fastar("bench", "--dd", "--model", DEMO_VAR_DD, "--cfg", JUDGED.cfg_scale, "--top-p", JUDGED.top_p,
+               "--samples", 16, "--timing-runs", 1, "--out", tmp_path, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "bench_dd.json").read_text())
+    rows = report["results"]
+    assert report["teacher"] == DEMO_VAR.name and report["top_p"] == JUDGED.top_p
+    assert list(rows) == ["ar", "fm", "dd-1", "dd-2"]  # the hybrid regenerates raster positions: not for VAR
+    assert [rows[k]["forwards_per_image"] for k in rows] == [len(PATCH_NUMS), len(PATCH_NUMS), 1, 2]
+    assert rows["ar"]["class_accuracy"] >= 0.5  # 16 samples; the judge sees VAR's classes through the VQVAE
+    assert "dd-hybrid" not in (tmp_path / "bench_dd.md").read_text()

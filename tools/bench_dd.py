@@ -123,7 +123,7 @@ def run_dd_bench(args) -> dict:
         r["latency_ratio"] = medians["ar"] / medians[label]
 
     report = {"student": Path(student_path).name, "teacher": Path(teacher_path).name, "cfg": sampling.cfg_scale,
-              "top_k": sampling.top_k,
+              "top_k": sampling.top_k, "top_p": sampling.top_p,
               "dd": {"t2": dd.t2, "split": dd.split, "regenerate": dd.regenerate},
               "device": str(student.ar.device), "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
               "samples": args.samples, "results": results, "bench_time_s": round(time.perf_counter() - started)}
@@ -136,10 +136,12 @@ def run_dd_bench(args) -> dict:
 
 def markdown(report: dict) -> str:
     dd = report["dd"]
+    hybrid = (f"; dd-hybrid: the teacher samples positions {dd['regenerate']}..{dd['t2'] - 1}"
+              if "dd-hybrid" in report["results"] else "")
     lines = [f"# FastAR DD benchmark ({report['student']} from {report['teacher']}, {report['device']}, "
-             f"{report['samples']} samples per row, teacher cfg {report['cfg']}, top-k {report['top_k']})", "",
-             f"DD: t2 {dd['t2']}, split {dd['split']}; dd-hybrid: the teacher samples positions {dd['regenerate']}.."
-             f"{dd['t2'] - 1}.", "",
+             f"{report['samples']} samples per row, teacher cfg {report['cfg']}, top-k {report['top_k']}, "
+             f"top-p {report['top_p']})", "",
+             f"DD: t2 {dd['t2']}, split {dd['split']}{hybrid}.", "",
              "| row | forwards / image | latency ratio | class accuracy | Frechet (real) | Frechet (vs ar) |",
              "|---|---|---|---|---|---|"]
     for label, r in report["results"].items():
