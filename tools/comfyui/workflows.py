@@ -239,12 +239,19 @@ def llamagen_dd(info) -> dict:
     return g.to_json()
 
 
-def demo_dd_compare(info) -> dict:
-    g = Graph(info)
-    teacher, vq = loaders(g, "demo_c2i.safetensors", "demo_vq.safetensors")
-    student = g.node("FastARLoadModel", (0, 290), [DEMO_DD, "auto"], title="Load DD student")
+def teacher_and_student(g: Graph, teacher_file: str, decoder_file: str, student_file: str, title: str):
+    """The loaders of a demo teacher, its image decoder and its student, and a Class Label (ring) for each model."""
+    teacher, decoder = loaders(g, teacher_file, decoder_file)
+    student = g.node("FastARLoadModel", (0, 290), [student_file, "auto"], title=title)
     labels = [fed_by_model(g, model, "FastARClassLabel", (0, y), ["ring (demo 5)", -1])
               for model, y in ((teacher, 430), (student, 570))]
+    return teacher, decoder, student, labels
+
+
+def demo_dd_compare(info) -> dict:
+    g = Graph(info)
+    teacher, vq, student, labels = teacher_and_student(g, "demo_c2i.safetensors", "demo_vq.safetensors", DEMO_DD,
+                                                       "Load DD student")
     g.note((0, 710), "Distilled Decoding (DD) on the bundled demo model and its bundled DD student, same class "
                      "in every column.\n\nAR samples one token per forward (256 forwards). The student maps "
                      "one seeded noise image to all tokens in 1 forward, or 2 (better); the same seed gives "
@@ -267,10 +274,8 @@ def demo_dd_compare(info) -> dict:
 
 def demo_var_compare(info) -> dict:
     g = Graph(info)
-    teacher, vqvae = loaders(g, DEMO_VAR, DEMO_VAR_VQVAE)
-    student = g.node("FastARLoadModel", (0, 290), [DEMO_VAR_DD, "auto"], title="Load VAR-DD student")
-    labels = [fed_by_model(g, model, "FastARClassLabel", (0, y), ["ring (demo 5)", -1])
-              for model, y in ((teacher, 430), (student, 570))]
+    teacher, vqvae, student, labels = teacher_and_student(g, DEMO_VAR, DEMO_VAR_VQVAE, DEMO_VAR_DD,
+                                                          "Load VAR-DD student")
     g.note((0, 710), "VAR (next-scale prediction) on the bundled demo VAR and its bundled VAR-DD student, same class "
                      "in every column.\n\nVAR draws a whole scale per forward: 6 forwards for the demo's 1, 2, 3, 4, "
                      "6, 8 token maps (the real VAR: 10). The VAR-DD student maps one seeded noise image to every "
