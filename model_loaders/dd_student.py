@@ -84,6 +84,10 @@ class DDStudent(nn.Module):
         return self.cfg.grid[0] * self.cfg.grid[1]
 
     @property
+    def teacher_sampler(self) -> tuple[str, int]:
+        return "AR", self.num_tokens - 1  # one forward per token after the first
+
+    @property
     def device(self) -> torch.device:
         return self.output.weight.device
 

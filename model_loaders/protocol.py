@@ -141,6 +141,7 @@ class FewStepModel(Protocol):
     vocab_size: int
     grid: tuple[int, int]
     num_tokens: int  # the noise's length: h * w for LlamaGen-DD, every scale's tokens for VAR-DD
+    teacher_sampler: tuple[str, int]  # the teacher's own sampler and its forwards per image: ("AR", 255), ("VAR", 10)
 
     def predict(self, x: torch.Tensor, labels: torch.Tensor, t) -> tuple[torch.Tensor, torch.Tensor]:
         """``x`` [B, N, C] -> (continuous prediction [B, N, C], logits [B, N, V]) of every final token, fp32."""

@@ -66,6 +66,10 @@ class VARDDStudent(VAR):
     def num_tokens(self) -> int:
         return self.cfg.seq_len
 
+    @property
+    def teacher_sampler(self) -> tuple[str, int]:
+        return "VAR", len(self.cfg.patch_nums)  # one forward per scale
+
     def decoder_input(self, latents: torch.Tensor) -> torch.Tensor:
         """Every scale's vectors ``[B, 680, C]``, as they are: the VQVAE accumulates them into f_hat."""
         return latents

@@ -6,7 +6,7 @@ from comfy_api.latest import io
 
 from ..errors import FastARError
 from ..pipeline import decode_images
-from ..samplers.decoders import LOSSLESS, MASKED_AR
+from ..samplers.decoders import LOSSLESS, MASKED_AR, NEXT_SCALE
 from ..samplers.stats import DecodeStats, acceptance_heatmap
 from . import comfy_glue as glue
 from .loader_nodes import FastARVQ
@@ -101,27 +101,47 @@ class AcceptanceMap(io.ComfyNode):
 
 def baseline_calls(stats: DecodeStats) -> tuple[int, str]:
     """How many model calls plain sampling needs for this output, and how to say so."""
-    if stats.settings.get("model_kind") == MASKED_AR:
+    kind = stats.settings.get("model_kind")
+    if kind == MASKED_AR:
         steps = stats.settings["num_iter"]
         return steps, f"plain MAR at {steps} steps needs {steps}"
+    if kind == NEXT_SCALE:
+        return stats.target_forwards, "one per scale"
+    if "teacher_sampler" in stats.settings:  # a DD student: its teacher's own sampler
+        name, forwards = stats.settings["teacher_sampler"]
+        return forwards, f"{name} needs {forwards}"
     return stats.num_tokens - 1, f"AR needs {stats.num_tokens - 1}"  # one forward per token after the first
+
+
+def baseline_name(stats: DecodeStats) -> str:
+    """The sampler a speed-up is measured against: VAR's own for VAR and its students, plain AR otherwise."""
+    var = stats.settings.get("model_kind") == NEXT_SCALE or stats.settings.get("teacher_sampler", [""])[0] == "VAR"
+    return "VAR" if var else "AR"
+
+
+def heading(stats: DecodeStats) -> str:
+    if stats.settings.get("model_kind") == NEXT_SCALE:
+        scales = stats.settings["patch_nums"]
+        return f"VAR ({'flow map, ' if stats.decoder == 'fm' else ''}one forward per scale: {len(scales)} scales of " \
+               f"{', '.join(f'{p}x{p}' for p in scales)})"
+    kind = "lossless" if LOSSLESS.get(stats.decoder, False) else "relaxed: trades fidelity for speed"
+    return f"{stats.decoder.upper()} ({kind})"
 
 
 def summary(stats: DecodeStats, baseline: DecodeStats | None = None) -> str:
     """The text shown on the Stats node."""
     tokens = stats.num_tokens * stats.batch
     plain, plain_text = baseline_calls(stats)
-    kind = "lossless" if LOSSLESS.get(stats.decoder, False) else "relaxed: trades fidelity for speed"
     lines = [
-        f"{stats.decoder.upper()} ({kind})",
+        heading(stats),
         f"tokens: {stats.batch} x {stats.num_tokens} ({stats.grid[0]}x{stats.grid[1]})",
         f"model forwards: {stats.target_forwards} ({plain_text})",
         f"step compression: {stats.step_compression:.2f} tokens/forward",
         f"mean accepted per iteration: {stats.mean_accepted:.2f}",
         f"wall time: {stats.wall_time_s:.2f} s, {tokens / max(stats.wall_time_s, 1e-9):.0f} tokens/s",
     ]
-    if not stats.accepted_per_iteration:  # DD: no iterations of accepted tokens to report
-        del lines[4]
+    if not stats.accepted_per_iteration or stats.settings.get("model_kind") == NEXT_SCALE:
+        del lines[4]  # DD has no iterations of accepted tokens; VAR's scales are not accepted drafts
     if stats.decoder == "dd":
         dd = stats.settings
         lines.insert(3, f"DD steps: {dd['steps']} (t2 {dd['t2']}, split {dd['split']})" if dd["regenerate"] is None else
@@ -138,10 +158,11 @@ def summary(stats: DecodeStats, baseline: DecodeStats | None = None) -> str:
                      "refused redraws")
     if baseline is not None and baseline.wall_time_s > 0 and stats.wall_time_s > 0:
         per_token = baseline.wall_time_s / (baseline.num_tokens * baseline.batch)
-        lines.append(f"speed-up vs AR (measured): {per_token * tokens / stats.wall_time_s:.2f}x")
+        lines.append(f"speed-up vs {baseline_name(stats)} (measured): {per_token * tokens / stats.wall_time_s:.2f}x")
     else:
         unpriced = ", drafter not counted" if stats.drafter_forwards else ""  # only a measured baseline prices it
-        lines.append(f"speed-up vs AR (estimate, forwards{unpriced}): {plain / max(stats.target_forwards, 1):.2f}x")
+        lines.append(f"speed-up vs {baseline_name(stats)} (estimate, forwards{unpriced}): "
+                     f"{plain / max(stats.target_forwards, 1):.2f}x")
     conditioning = stats.settings.get("conditioning")
     if conditioning:
         lines.append(f"{conditioning}, seed {stats.settings.get('seed')}")

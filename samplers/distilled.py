@@ -117,6 +117,7 @@ def dd_decode(student, labels: torch.Tensor, noise: torch.Tensor, codebook: torc
     stats = DecodeStats(decoder="dd", grid=tuple(student.grid), batch=B,
                         target_forwards=len(settings.schedule) + teacher_forwards,
                         settings={"steps": settings.steps, "t2": settings.t2, "split": settings.split,
-                                  "regenerate": settings.regenerate, "teacher_forwards": teacher_forwards})
+                                  "regenerate": settings.regenerate, "teacher_forwards": teacher_forwards,
+                                  "teacher_sampler": list(student.teacher_sampler)})
     stats.wall_time_s = stats.forward_time_s = watch.elapsed()
     return x, stats
