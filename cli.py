@@ -76,6 +76,9 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                    help="LANTERN k: latent neighbours considered per draft (capped at the codebook size)")
     p.add_argument("--lantern-delta", type=float, default=SPEC_DEFAULTS.lantern_delta,
                    help="LANTERN delta: total-variation budget per token (0 = exact speculative decoding)")
+    p.add_argument("--compile", action="store_true",
+                   help="token models: run every decoding step through torch.compile (same tokens; the first image of "
+                   "each batch and window compiles, tens of seconds on a CPU, later ones run faster)")
     p.add_argument("--flow-steps", type=int, default=SPEC_DEFAULTS.flow_steps,
                    help="fm: solver steps of the flow-matching map that turns each token's noise into its code")
     dd = p.add_argument_group("Distilled Decoding students (dd)")
@@ -163,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="images per call (each with its CFG row)")
     prof.add_argument("--repeats", type=int, default=10, help="timed repeats per measurement (medians)")
     prof.add_argument("--no-decoders", action="store_true", help="skip the whole-image ar/sjd/gsd runs")
+    prof.add_argument("--compile", action="store_true", help="the steps through torch.compile (each window compiles "
+                      "once before it is timed)")
     prof.add_argument("--out", help="write the report as JSON")
     prof.add_argument("--threads", type=int, help="CPU threads")
 
@@ -238,7 +243,7 @@ def command_generate(args) -> int:
     from .pipeline import conditioning_for, load_models
 
     models = load_models(args.model, args.vq, args.device, args.dtype, drafter_path=drafter_choice(args, args.decoder),
-                         image_size=args.image_size)
+                         image_size=args.image_size, compiled=args.compile)
     args.decoder = args.decoder or DEFAULT_DECODER[models.ar.kind]
     classes = args.classes.split(",") if args.classes else [args.class_] if args.class_ else None
     conditioning = conditioning_for(models.ar, classes=classes, batch=args.batch, prompts=args.prompt,

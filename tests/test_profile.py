@@ -6,6 +6,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from fastar.tools.speed_profile import build, kv_bytes_read, run_profile, weight_bytes_read
@@ -20,14 +21,17 @@ def test_the_floor_counts_the_weights_and_the_filled_cache():
     assert kv_bytes_read(model, rows=4, filled=10) == 4 * cfg.n_layer * 2 * cfg.n_kv_head * cfg.head_dim * 10 * 2
 
 
-def test_a_cpu_profile_times_every_window_and_decoder(tmp_path):
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_cpu_profile_times_every_window_and_decoder(tmp_path, compiled):
     out = tmp_path / "profile.json"
-    args = SimpleNamespace(shape="tiny", device="cpu", dtype=None, windows="1,4,16", batches=[1, 2], repeats=2,
-                           no_decoders=False, out=str(out))
+    batches = [1] if compiled else [1, 2]  # compiling costs seconds per shape
+    args = SimpleNamespace(shape="tiny", device="cpu", dtype=None, windows="1,4,16", batches=batches, repeats=2,
+                           no_decoders=False, out=str(out), compile=compiled)
     report = run_profile(args)
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     assert report["dtype"] == "fp32" and report["bandwidth_gb_s"] > 0
-    for batch in ("1", "2"):
+    assert report["compiled"] == ("default" if compiled else None)
+    for batch in map(str, batches):
         entry = report["batches"][batch]
         assert set(entry["forward_ms"]) == {"1", "4", "16"} and entry["window_cost"]["1"] == 1.0
         assert entry["floor_ms"] > 0 and entry["forward_over_floor"] == entry["forward_ms"]["1"] / entry["floor_ms"]

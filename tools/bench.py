@@ -236,7 +236,7 @@ def run_bench(args) -> dict:
 
     drafter_path = args.drafter or ("demo" if args.model is None else None)
     models = load_models(args.model, args.vq, args.device, args.dtype, drafter_path=drafter_path,
-                         image_size=args.image_size)
+                         image_size=args.image_size, compiled=args.compile)
     if models.vq is None:
         raise FastARError("the benchmark decodes images: give --vq with --model")
     if models.drafter is None and any(e.drafted for e in entries.values()):
@@ -276,6 +276,7 @@ def run_bench(args) -> dict:
         "model": str(args.model or "bundled demo model"),
         "device": str(models.ar.device),
         "dtype": str(models.ar.dtype).replace("torch.", ""),
+        "compiled": getattr(models.ar, "compiled_mode", None),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
         "samples": args.samples,
         "sampling": asdict(sampling),
@@ -302,7 +303,9 @@ def run_bench(args) -> dict:
 
 def markdown(report: dict) -> str:
     lines = [
-        f"# FastAR benchmark ({report['model']}, {report['device']}, {report['dtype']}, {report['samples']} samples per decoder)",
+        f"# FastAR benchmark ({report['model']}, {report['device']}, {report['dtype']}"
+        + (f", compiled steps ({report['compiled']})" if report.get("compiled") else "")
+        + f", {report['samples']} samples per decoder)",
         "",
         "| decoder | lossless | drafter | step compression | mean accepted | drafter forwards / image | latency ratio "
         "| drafter share of time | class accuracy | Frechet (real) | Frechet (vs AR) |",

@@ -25,6 +25,7 @@ import torch
 
 from ..errors import FastARError
 from ..model_loaders.chameleon_model import ChameleonConfig, ChameleonGPT
+from ..model_loaders.compiled import compile_steps
 from ..model_loaders.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
 from ..model_loaders.protocol import ClassConditioning, PromptConditioning
 from ..samplers.decoders import DecoderSpec, decode
@@ -154,13 +155,17 @@ def run_profile(args) -> dict:
     windows = sorted({int(w) for w in args.windows.split(",")} | {1})
     timing = Timing(device, args.repeats)
     model = build(args.shape, device, dtype)
+    if args.compile:
+        compile_steps(model)
     bytes_per_s = bandwidth(timing)
     N = model.grid[0] * model.grid[1]
     prefix = PROMPT_TOKENS + 3 if getattr(model, "conditioning_kind", "") == "prompt" else 1
     report = {"shape": args.shape, "device": str(device), "dtype": args.dtype, "machine": platform.machine(),
+              "compiled": getattr(model, "compiled_mode", None),
               "params": sum(p.numel() for p in model.parameters()), "grid": list(model.grid),
               "bandwidth_gb_s": bytes_per_s / 1e9, "batches": {}}
-    print(f"[profile] {args.shape}: {report['params'] / 1e6:.0f}M parameters on {device} ({args.dtype}), "
+    print(f"[profile] {args.shape}: {report['params'] / 1e6:.0f}M parameters on {device} ({args.dtype}"
+          + (f", compiled: {report['compiled']}" if report["compiled"] else "") + "), "
           f"copy bandwidth {bytes_per_s / 1e9:.1f} GB/s", flush=True)
     for batch in args.batches:
         rows = 2 * batch  # CFG
