@@ -159,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     prof = sub.add_parser("profile", help="ms per target forward and decoder iteration against the memory-bandwidth "
                                           "floor, on a random-weight model of a real shape")
     prof.add_argument("--shape", default="demo", help="tiny, demo, llamagen-b/-l/-xl/-xxl, lumina-mgpt-7b-768, anole-7b")
+    prof.add_argument("--model", help="a token model's checkpoint instead of a random shape (e.g. the bundled "
+                      "demo/demo_c2i.safetensors)")
     prof.add_argument("--device", help="cuda or cpu (default: cuda when there is one)")
     prof.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), help="default: bf16 on cuda, fp32 on cpu")
     prof.add_argument("--windows", default="1,2,4,8,16,32,64", help="window widths W whose forward is timed")
@@ -167,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--repeats", type=int, default=10, help="timed repeats per measurement (medians)")
     prof.add_argument("--no-decoders", action="store_true", help="skip the whole-image ar/sjd/gsd runs")
     prof.add_argument("--compile", action="store_true", help="the steps through torch.compile (each window compiles "
-                      "once before it is timed)")
+                      "once before it is timed), beside an eager twin with the same weights")
     prof.add_argument("--out", help="write the report as JSON")
     prof.add_argument("--threads", type=int, help="CPU threads")
 

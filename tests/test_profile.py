@@ -26,11 +26,12 @@ def test_a_cpu_profile_times_every_window_and_decoder(tmp_path, compiled):
     out = tmp_path / "profile.json"
     batches = [1] if compiled else [1, 2]  # compiling costs seconds per shape
     args = SimpleNamespace(shape="tiny", device="cpu", dtype=None, windows="1,4,16", batches=batches, repeats=2,
-                           no_decoders=False, out=str(out), compile=compiled)
+                           no_decoders=False, out=str(out), compile=compiled, model=None)
     report = run_profile(args)
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     assert report["dtype"] == "fp32" and report["bandwidth_gb_s"] > 0
     assert report["compiled"] == ("default" if compiled else None)
+    assert ("eager" in report["batches"]["1"]) == compiled  # the eager twin, timed beside the compiled steps
     for batch in map(str, batches):
         entry = report["batches"][batch]
         assert set(entry["forward_ms"]) == {"1", "4", "16"} and entry["window_cost"]["1"] == 1.0
@@ -43,3 +44,16 @@ def test_an_unknown_shape_is_refused_with_the_choices():
     r = subprocess.run([sys.executable, "-m", "fastar", "profile", "--shape", "gpt-5"], capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 2 and "--shape gpt-5: choose one of tiny, demo, llamagen-b" in r.stderr
+
+
+def test_a_checkpoint_is_profiled_and_a_mar_refused(tmp_path):
+    from fastar.model_loaders.demo import DEMO_AR, DEMO_MAR
+
+    args = SimpleNamespace(shape="demo", model=str(DEMO_AR), device="cpu", dtype=None, windows="1,4", batches=[1],
+                           repeats=1, no_decoders=True, out=None, compile=False)
+    report = run_profile(args)
+    assert report["shape"] == DEMO_AR.name and report["params"] == 3_674_624  # the checkpoint, not a random shape
+    assert report["grid"] == [16, 16] and set(report["batches"]["1"]["forward_ms"]) == {"1", "4"}
+    r = subprocess.run([sys.executable, "-m", "fastar", "profile", "--model", str(DEMO_MAR)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode != 0 and "profile times token models' steps; demo_mar.safetensors is a MAR model" in r.stderr

@@ -1,7 +1,9 @@
 """``python -m fastar profile``: how close a target forward and a decoder iteration come to the
-memory-bandwidth floor (bench.md), on a random-weight model of a real shape; no checkpoint needed.
+memory-bandwidth floor (bench.md), on a random-weight model of a real shape (no checkpoint needed) or on a
+checkpoint (``--model``).
 
     python -m fastar profile --shape llamagen-xl [--device cuda] [--dtype bf16] [--out profile.json]
+    python -m fastar profile --model demo/demo_c2i.safetensors --compile
 
 - Bandwidth: a copy benchmark on the device (bytes read + written per second, median of repeats).
 - Forward: ms per target forward of a window of W tokens (``--windows``, default 1..64) with the KV cache half
@@ -10,6 +12,8 @@ memory-bandwidth floor (bench.md), on a random-weight model of a real shape; no 
   touches only W rows of, and the filled part of the KV cache) over the measured bandwidth; the ratio to it.
 - Decoder iterations: ms per target forward of whole images with ``ar``, ``sjd`` and ``gsd`` (wall time over
   target forwards, sampling and verification included), and their ratio to the floor.
+- ``--compile``: the steps through torch.compile (model_loaders/compiled.py), and the same measurements on an
+  eager twin with the same weights, side by side in the report (``eager``).
 Times are medians of interleaved repeats after a warm-up; CUDA is synchronised around each.
 """
 from __future__ import annotations
@@ -148,23 +152,37 @@ def iteration_costs(model, batch: int) -> dict:
     return costs
 
 
+def load(path: str, device: torch.device, dtype: torch.dtype):
+    """A checkpoint (``--model``) instead of a random shape: its own weights, so acceptance is real."""
+    from ..model_loaders import load_ar_model
+
+    model = load_ar_model(path, device=device, dtype=dtype)
+    if getattr(model, "kind", "token-ar") != "token-ar":
+        raise FastARError(f"profile times token models' steps; {Path(path).name} is {model.what}")
+    return model.eval()
+
+
 def run_profile(args) -> dict:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     args.dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     windows = sorted({int(w) for w in args.windows.split(",")} | {1})
     timing = Timing(device, args.repeats)
-    model = build(args.shape, device, dtype)
+    make = (lambda: load(args.model, device, dtype)) if getattr(args, "model", None) else \
+        (lambda: build(args.shape, device, dtype))
+    model = make()
+    eager_twin = make() if args.compile else None  # the same weights, timed beside the compiled steps
     if args.compile:
         compile_steps(model)
     bytes_per_s = bandwidth(timing)
     N = model.grid[0] * model.grid[1]
     prefix = PROMPT_TOKENS + 3 if getattr(model, "conditioning_kind", "") == "prompt" else 1
-    report = {"shape": args.shape, "device": str(device), "dtype": args.dtype, "machine": platform.machine(),
+    name = Path(args.model).name if getattr(args, "model", None) else args.shape
+    report = {"shape": name, "device": str(device), "dtype": args.dtype, "machine": platform.machine(),
               "compiled": getattr(model, "compiled_mode", None),
               "params": sum(p.numel() for p in model.parameters()), "grid": list(model.grid),
               "bandwidth_gb_s": bytes_per_s / 1e9, "batches": {}}
-    print(f"[profile] {args.shape}: {report['params'] / 1e6:.0f}M parameters on {device} ({args.dtype}"
+    print(f"[profile] {name}: {report['params'] / 1e6:.1f}M parameters on {device} ({args.dtype}"
           + (f", compiled: {report['compiled']}" if report["compiled"] else "") + "), "
           f"copy bandwidth {bytes_per_s / 1e9:.1f} GB/s", flush=True)
     for batch in args.batches:
@@ -180,13 +198,25 @@ def run_profile(args) -> dict:
             for cost in iterations.values():
                 cost["over_floor"] = cost["ms_per_iteration"] / floor_ms
             entry["decoders"] = iterations
+        if eager_twin is not None:
+            entry["eager"] = {"forward_ms": {str(w): ms for w, ms in forward_costs(eager_twin, timing, batch,
+                                                                                  windows).items()}}
+            if not args.no_decoders:
+                entry["eager"]["decoders"] = iteration_costs(eager_twin, batch)
         report["batches"][str(batch)] = entry
         print(f"[profile] batch {batch} (CFG, {rows} rows): floor {floor_ms:.2f} ms, 1-token forward "
               f"{forward[1]:.2f} ms ({entry['forward_over_floor']:.2f}x floor); c(W): "
               + ", ".join(f"{w}: {c:.2f}" for w, c in entry["window_cost"].items()), flush=True)
-        for name, cost in entry.get("decoders", {}).items():
-            print(f"[profile]   {name}: {cost['ms_per_iteration']:.2f} ms per iteration "
-                  f"({cost['over_floor']:.2f}x floor), {cost['target_forwards']} iterations per image", flush=True)
+        for decoder, cost in entry.get("decoders", {}).items():
+            print(f"[profile]   {decoder}: {cost['ms_per_iteration']:.2f} ms per iteration "
+                  f"({cost['over_floor']:.2f}x floor), {cost['target_forwards']} iterations per image, "
+                  f"{cost['image_s']:.3f} s per image", flush=True)
+        if "eager" in entry:
+            eager = entry["eager"]
+            print("[profile]   eager (the same weights): 1-token forward "
+                  f"{eager['forward_ms']['1']:.2f} ms; " + ", ".join(
+                      f"{decoder} {cost['image_s']:.3f} s per image" for decoder, cost in eager.get("decoders", {}).items()),
+                  flush=True)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
