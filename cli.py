@@ -158,7 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     prof = sub.add_parser("profile", help="ms per target forward and decoder iteration against the memory-bandwidth "
                                           "floor, on a random-weight model of a real shape")
-    prof.add_argument("--shape", default="demo", help="tiny, demo, llamagen-b/-l/-xl/-xxl, lumina-mgpt-7b-768, anole-7b")
+    prof.add_argument("--shape", default="demo", help="tiny, demo, llamagen-b/-l/-xl/-xxl, lumina-mgpt-7b-768, anole-7b, "
+                      "janus-tiny, janus-pro-1b, janus-pro-7b")
+    prof.add_argument("--grid", help="a random shape's image grid, rows x columns of tokens (e.g. 8x8 for a quick CPU "
+                      "run of a big shape; default: the release's)")
     prof.add_argument("--model", help="a token model's checkpoint instead of a random shape (e.g. the bundled "
                       "demo/demo_c2i.safetensors)")
     prof.add_argument("--device", help="cuda or cpu (default: cuda when there is one)")
@@ -167,7 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--batches", type=lambda s: [int(b) for b in s.split(",")], default=[1, 2],
                       help="images per call (each with its CFG row)")
     prof.add_argument("--repeats", type=int, default=10, help="timed repeats per measurement (medians)")
-    prof.add_argument("--no-decoders", action="store_true", help="skip the whole-image ar/sjd/gsd runs")
+    prof.add_argument("--drafter", help="with --model: the drafter of the spec runs (a random shape drafts with a "
+                      "random 2-layer model of its shape; without either, spec is left out)")
+    prof.add_argument("--no-decoders", action="store_true", help="skip the whole-image ar/sjd/gsd/spec runs")
+    prof.add_argument("--baselines", action="store_true", help="time the usual loop on the same weights beside "
+                      "FastAR's ar: a plain per-token loop without static cache (LlamaGen class-to-image) or "
+                      "transformers' generate (Janus shapes; needs transformers)")
     prof.add_argument("--compile", action="store_true", help="the steps through torch.compile (each window compiles "
                       "once before it is timed), beside an eager twin with the same weights")
     prof.add_argument("--out", help="write the report as JSON")

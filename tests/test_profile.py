@@ -26,7 +26,8 @@ def test_a_cpu_profile_times_every_window_and_decoder(tmp_path, compiled):
     out = tmp_path / "profile.json"
     batches = [1] if compiled else [1, 2]  # compiling costs seconds per shape
     args = SimpleNamespace(shape="tiny", device="cpu", dtype=None, windows="1,4,16", batches=batches, repeats=2,
-                           no_decoders=False, out=str(out), compile=compiled, model=None)
+                           no_decoders=False, out=str(out), compile=compiled, model=None, grid=None, drafter=None,
+                           baselines=False)
     report = run_profile(args)
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     assert report["dtype"] == "fp32" and report["bandwidth_gb_s"] > 0
@@ -38,6 +39,10 @@ def test_a_cpu_profile_times_every_window_and_decoder(tmp_path, compiled):
         assert entry["floor_ms"] > 0 and entry["forward_over_floor"] == entry["forward_ms"]["1"] / entry["floor_ms"]
         assert entry["decoders"]["ar"]["target_forwards"] == 63  # 8 x 8 tokens, the first from the prefill
         assert entry["decoders"]["sjd"]["target_forwards"] < 63 and entry["decoders"]["gsd"]["over_floor"] > 0
+        assert entry["decoders"]["spec"]["ms_per_iteration"] > 0  # drafted by a random 2-layer model of the shape
+        if compiled:
+            assert set(entry["eager"]["decoders"]) == set(entry["decoders"]) == {"ar", "sjd", "gsd", "spec"}
+    assert report["drafter"] == "small-ar"
 
 
 def test_an_unknown_shape_is_refused_with_the_choices():
@@ -50,10 +55,13 @@ def test_a_checkpoint_is_profiled_and_a_mar_refused(tmp_path):
     from fastar.model_loaders.demo import DEMO_AR, DEMO_MAR
 
     args = SimpleNamespace(shape="demo", model=str(DEMO_AR), device="cpu", dtype=None, windows="1,4", batches=[1],
-                           repeats=1, no_decoders=True, out=None, compile=False)
+                           repeats=1, no_decoders=False, out=None, compile=False, grid=None, drafter="demo",
+                           baselines=False)
     report = run_profile(args)
     assert report["shape"] == DEMO_AR.name and report["params"] == 3_674_624  # the checkpoint, not a random shape
     assert report["grid"] == [16, 16] and set(report["batches"]["1"]["forward_ms"]) == {"1", "4"}
+    spec = report["batches"]["1"]["decoders"]["spec"]  # the demo's EAGLE drafter: real acceptance
+    assert report["drafter"] == "eagle" and spec["target_forwards"] < 100
     r = subprocess.run([sys.executable, "-m", "fastar", "profile", "--model", str(DEMO_MAR)], capture_output=True,
                        text=True, timeout=300)
     assert r.returncode != 0 and "profile times token models' steps; demo_mar.safetensors is a MAR model" in r.stderr

@@ -10,11 +10,15 @@ checkpoint (``--model``).
   full, at batch 1 and 2 (with CFG: 2 and 4 rows); c(W) = ms(W) / ms(1).
 - Floor of one forward: the bytes it must read (every weight but the input embedding table, which a forward
   touches only W rows of, and the filled part of the KV cache) over the measured bandwidth; the ratio to it.
-- Decoder iterations: ms per target forward of whole images with ``ar``, ``sjd`` and ``gsd`` (wall time over
-  target forwards, sampling and verification included), and their ratio to the floor.
+- Decoder iterations: ms per target forward of whole images with ``ar``, ``sjd``, ``gsd`` and ``spec`` (wall
+  time over target forwards, sampling, verification and drafting included), and their ratio to the floor. A
+  random shape's ``spec`` drafts with a random 2-layer model of the same shape (its acceptance means nothing,
+  its cost does); a checkpoint's takes ``--drafter``.
 - ``--compile``: the steps through torch.compile (model_loaders/compiled.py), and the same measurements on an
   eager twin with the same weights, side by side in the report (``eager``).
-Times are medians of interleaved repeats after a warm-up; CUDA is synchronised around each.
+- ``--baselines``: the family's usual loop on the same weights (loop_baselines.py), as a multiple of ``ar``.
+Times are medians of interleaved repeats after a warm-up (whole images: A B C A B C ..., at most 5 rounds);
+CUDA is synchronised around each.
 """
 from __future__ import annotations
 
@@ -28,46 +32,79 @@ from pathlib import Path
 import torch
 
 from ..errors import FastARError
+from ..model_loaders.ar_drafter import SmallARDrafter
 from ..model_loaders.chameleon_model import ChameleonConfig, ChameleonGPT
 from ..model_loaders.compiled import compile_steps
+from ..model_loaders.drafters import load_drafter
+from ..model_loaders.janus_model import JanusConfig, JanusGPT
 from ..model_loaders.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
+from ..model_loaders.llm_decoder import DecoderConfig
 from ..model_loaders.protocol import ClassConditioning, PromptConditioning
 from ..samplers.decoders import DecoderSpec, decode
 from ..samplers.processing import SamplingSettings
+from .loop_baselines import baseline_for
 
-DECODERS = ("ar", "sjd", "gsd")
+DECODERS = ("ar", "sjd", "gsd", "spec")
 PROMPT_TOKENS = 32  # a typical prompt's length for the text-to-image shapes
-
-
-def llamagen(dim: int, n_layer: int, n_head: int, grid=(16, 16)):
-    return lambda: LlamaGenGPT(LlamaGenConfig(dim=dim, n_layer=n_layer, n_head=n_head, vocab_size=16384, grid=grid))
-
-
-def chameleon_7b(grid: tuple[int, int], row_end: bool):
-    """Lumina-mGPT / Anole 7B: Chameleon-7B's decoder, 8192 image codes in a 65536-token vocabulary."""
-    cfg = ChameleonConfig(hidden_size=4096, n_layer=32, n_head=32, n_kv_head=32, ffn_hidden=11008, vocab_size=65536,
-                          image_ids=list(range(4, 8196)), boi=8197, eoi=8196, grid=grid,
-                          row_end=8803 if row_end else None, size_ids=[8800 + grid[0] // 2, 8800 + grid[1] // 2])
-    return lambda: ChameleonGPT(cfg, prompts=FixedPrompts(), what="a Chameleon-7B-shaped model")
-
-
-SHAPES = {
-    "tiny": llamagen(64, 2, 4, grid=(8, 8)),  # for a quick smoke run
-    "demo": llamagen(256, 4, 8),
-    "llamagen-b": llamagen(768, 12, 12),
-    "llamagen-l": llamagen(1024, 24, 16),
-    "llamagen-xl": llamagen(1280, 36, 20),
-    "llamagen-xxl": llamagen(1536, 48, 24),
-    "lumina-mgpt-7b-768": chameleon_7b((48, 48), row_end=True),
-    "anole-7b": chameleon_7b((32, 32), row_end=False),
-}
+DRAFTER_LAYERS = 2  # a random shape's drafter for ``spec``: the target's shape with this many layers
 
 
 class FixedPrompts:
-    """Stands in for a tokenizer: every prompt is the same ``PROMPT_TOKENS`` ids (the length is what costs)."""
+    """Stands in for a tokenizer: every prompt is the same ``PROMPT_TOKENS`` ids (the length is what costs),
+    ending with ``boi`` where the model's prompts carry it (Janus)."""
+
+    def __init__(self, bos: int = 1, boi: int | None = None, filler: int = 20000):
+        body = PROMPT_TOKENS - 1 - (boi is not None)
+        self.ids = [bos] + list(range(filler, filler + body)) + ([boi] if boi is not None else [])
 
     def encode(self, conditioning: PromptConditioning) -> list[list[int]]:
-        return [[1] + list(range(20000, 20000 + PROMPT_TOKENS - 1))] * conditioning.batch
+        return [list(self.ids)] * conditioning.batch
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A released model's shape: its transformer (width, layers, heads, MLP width) and image grid."""
+
+    family: str  # llamagen, chameleon or janus
+    width: int
+    layers: int
+    heads: int
+    grid: tuple[int, int]
+    ffn: int | None = None  # LlamaGen derives it from the width
+    row_end: bool = False  # Lumina-mGPT's row-end tokens
+
+    def build(self, layers: int | None = None, grid: tuple[int, int] | None = None):
+        layers, grid = layers or self.layers, grid or self.grid
+        if self.family == "llamagen":
+            return LlamaGenGPT(LlamaGenConfig(dim=self.width, n_layer=layers, n_head=self.heads, vocab_size=16384,
+                                              grid=grid))
+        if self.family == "chameleon":  # Chameleon-7B's decoder: 8192 image codes in a 65536-token vocabulary
+            cfg = ChameleonConfig(hidden_size=self.width, n_layer=layers, n_head=self.heads, n_kv_head=self.heads,
+                                  ffn_hidden=self.ffn, vocab_size=65536, image_ids=list(range(4, 8196)), boi=8197,
+                                  eoi=8196, grid=grid, row_end=8803 if self.row_end else None,
+                                  size_ids=[8800 + grid[0] // 2, 8800 + grid[1] // 2])
+            return ChameleonGPT(cfg, prompts=FixedPrompts(), what="a Chameleon-7B-shaped model")
+        # Janus-Pro: a DeepSeek-LLM decoder (102400 tokens) with the 16384-code generation path at its width
+        decoder = DecoderConfig(hidden_size=self.width, n_layer=layers, n_head=self.heads, n_kv_head=self.heads,
+                                ffn_hidden=self.ffn, vocab_size=102400, rms_eps=1e-6)
+        cfg = JanusConfig(decoder=decoder, codes=16384, code_width=8, aligner_layers=2, head_width=self.width,
+                          grid=grid, pad=100015, bos=100000, boi=100016)
+        return JanusGPT(cfg, prompts=FixedPrompts(bos=cfg.bos, boi=cfg.boi), what="a Janus-Pro-shaped model")
+
+
+SHAPES = {
+    "tiny": Shape("llamagen", 64, 2, 4, (8, 8)),  # for a quick smoke run
+    "demo": Shape("llamagen", 256, 4, 8, (16, 16)),
+    "llamagen-b": Shape("llamagen", 768, 12, 12, (16, 16)),
+    "llamagen-l": Shape("llamagen", 1024, 24, 16, (16, 16)),
+    "llamagen-xl": Shape("llamagen", 1280, 36, 20, (16, 16)),
+    "llamagen-xxl": Shape("llamagen", 1536, 48, 24, (16, 16)),
+    "lumina-mgpt-7b-768": Shape("chameleon", 4096, 32, 32, (48, 48), ffn=11008, row_end=True),
+    "anole-7b": Shape("chameleon", 4096, 32, 32, (32, 32), ffn=11008),
+    "janus-tiny": Shape("janus", 64, 2, 4, (6, 6), ffn=96),  # for a quick smoke run
+    "janus-pro-1b": Shape("janus", 2048, 24, 16, (24, 24), ffn=5632),
+    "janus-pro-7b": Shape("janus", 4096, 30, 32, (24, 24), ffn=11008),
+}
 
 
 @dataclass
@@ -91,12 +128,14 @@ class Timing:
             torch.cuda.synchronize(self.device)
 
 
-def build(shape: str, device: torch.device, dtype: torch.dtype):
+def build(shape: str, device: torch.device, dtype: torch.dtype, *, layers: int | None = None,
+          grid: tuple[int, int] | None = None, seed: int = 0):
+    """A random-weight model of ``shape`` (``layers``, ``grid``: overrides)."""
     if shape not in SHAPES:
         raise FastARError(f"--shape {shape}: choose one of {', '.join(SHAPES)}")
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     with torch.device(device):
-        model = SHAPES[shape]()
+        model = SHAPES[shape].build(layers, grid)
     with torch.no_grad():  # small random weights keep activations finite in fp16
         for name, p in model.named_parameters():
             p.normal_(1.0 if "norm" in name else 0.0, 0.02)
@@ -139,17 +178,44 @@ def forward_costs(model, timing: Timing, batch: int, windows: list[int]) -> dict
             for w in windows}
 
 
-@torch.no_grad()
-def iteration_costs(model, batch: int) -> dict:
-    """ms per target forward of whole images (decoder overheads included), one run each after a warm-up."""
-    sampling = SamplingSettings(cfg_scale=3.0)
-    costs = {}
-    for name in DECODERS:
-        decode(model, conditioning(model, batch), sampling, DecoderSpec(name), seed=0)
-        _, stats = decode(model, conditioning(model, batch), sampling, DecoderSpec(name), seed=1)
-        costs[name] = {"ms_per_iteration": stats.wall_time_s / stats.target_forwards * 1e3,
-                       "target_forwards": stats.target_forwards, "image_s": stats.wall_time_s}
-    return costs
+def image_costs(runs: dict, timing: Timing, rounds: int) -> dict:
+    """Whole images of each run (``seed -> forwards per image``), interleaved A B C A B C ... after one warm-up
+    each: the median seconds per image and the ms per forward (sampling and verification included)."""
+    for run in runs.values():
+        run(0)
+    seconds, forwards = {name: [] for name in runs}, {name: [] for name in runs}
+    for round_ in range(rounds):
+        for name, run in runs.items():
+            timing.sync()
+            t0 = time.perf_counter()
+            forwards[name].append(run(1 + round_))
+            timing.sync()
+            seconds[name].append(time.perf_counter() - t0)
+    return {name: {"image_s": statistics.median(seconds[name]),
+                   "ms_per_iteration": sum(seconds[name]) / sum(forwards[name]) * 1e3,
+                   "target_forwards": statistics.mean(forwards[name])} for name in runs}
+
+
+def decoder_runs(model, drafter, batch: int, sampling: SamplingSettings) -> dict:
+    """``ar``, ``sjd``, ``gsd`` and (with a drafter) ``spec`` at their defaults, as ``seed -> forwards``."""
+    def run(name):
+        return lambda seed: decode(model, conditioning(model, batch), sampling, DecoderSpec(name), seed=seed,
+                                   drafter=drafter if name == "spec" else None)[1].target_forwards
+    return {name: run(name) for name in DECODERS if name != "spec" or drafter is not None}
+
+
+def baseline_runs(model, batch: int, sampling: SamplingSettings) -> dict:
+    """The family's usual loop (loop_baselines.py) on the same weights, as ``seed -> forwards``."""
+    baseline = baseline_for(model)
+    if baseline is None:
+        return {}
+    name, loop = baseline
+    tokens = model.grid[0] * model.grid[1]
+
+    def run(seed):
+        loop(conditioning(model, batch), sampling, torch.Generator(model.device).manual_seed(seed))
+        return tokens
+    return {name: run}
 
 
 def load(path: str, device: torch.device, dtype: torch.dtype):
@@ -162,29 +228,53 @@ def load(path: str, device: torch.device, dtype: torch.dtype):
     return model.eval()
 
 
+def subject(args, device: torch.device, dtype: torch.dtype):
+    """The model profiled (a random shape or ``--model``) and the drafter of its ``spec`` runs (None: no spec)."""
+    if args.model:
+        model = load(args.model, device, dtype)
+        if args.grid:
+            raise FastARError("--grid resizes a random shape; a checkpoint keeps its own grid")
+        return model, (load_drafter(args.drafter, model) if args.drafter else None)
+    if args.drafter:
+        raise FastARError("--drafter goes with --model; a random shape drafts with a random "
+                          f"{DRAFTER_LAYERS}-layer model of its own shape")
+    grid = parse_grid(args.grid) if args.grid else None
+    model = build(args.shape, device, dtype, grid=grid)
+    return model, SmallARDrafter(build(args.shape, device, dtype, layers=DRAFTER_LAYERS, grid=grid, seed=1))
+
+
+def parse_grid(text: str) -> tuple[int, int]:
+    try:
+        rows, cols = (int(n) for n in text.lower().split("x"))
+    except ValueError:
+        raise FastARError(f"--grid {text}: give rows x columns of image tokens, e.g. 8x8") from None
+    if rows < 2 or cols < 2:
+        raise FastARError(f"--grid {text}: give at least 2 x 2 image tokens")
+    return rows, cols
+
+
 def run_profile(args) -> dict:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     args.dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     windows = sorted({int(w) for w in args.windows.split(",")} | {1})
     timing = Timing(device, args.repeats)
-    make = (lambda: load(args.model, device, dtype)) if getattr(args, "model", None) else \
-        (lambda: build(args.shape, device, dtype))
-    model = make()
-    eager_twin = make() if args.compile else None  # the same weights, timed beside the compiled steps
+    model, drafter = subject(args, device, dtype)
+    eager_twin = subject(args, device, dtype)[0] if args.compile else None  # the same weights, beside it
     if args.compile:
         compile_steps(model)
     bytes_per_s = bandwidth(timing)
     N = model.grid[0] * model.grid[1]
-    prefix = PROMPT_TOKENS + 3 if getattr(model, "conditioning_kind", "") == "prompt" else 1
-    name = Path(args.model).name if getattr(args, "model", None) else args.shape
+    prefix = model.cache_slots(conditioning(model, 1), 0) - N  # conditioning (and layout) slots
+    name = Path(args.model).name if args.model else args.shape
     report = {"shape": name, "device": str(device), "dtype": args.dtype, "machine": platform.machine(),
               "compiled": getattr(model, "compiled_mode", None),
               "params": sum(p.numel() for p in model.parameters()), "grid": list(model.grid),
-              "bandwidth_gb_s": bytes_per_s / 1e9, "batches": {}}
+              "drafter": getattr(drafter, "name", None), "bandwidth_gb_s": bytes_per_s / 1e9, "batches": {}}
     print(f"[profile] {name}: {report['params'] / 1e6:.1f}M parameters on {device} ({args.dtype}"
           + (f", compiled: {report['compiled']}" if report["compiled"] else "") + "), "
           f"copy bandwidth {bytes_per_s / 1e9:.1f} GB/s", flush=True)
+    sampling = SamplingSettings(cfg_scale=3.0)
     for batch in args.batches:
         rows = 2 * batch  # CFG
         floor_ms = (weight_bytes_read(model) + kv_bytes_read(model, rows, prefix + N // 2)) / bytes_per_s * 1e3
@@ -193,32 +283,49 @@ def run_profile(args) -> dict:
                  "forward_ms": {str(w): ms for w, ms in forward.items()},
                  "window_cost": {str(w): ms / forward[1] for w, ms in forward.items()},
                  "forward_over_floor": forward[1] / floor_ms}
-        if not args.no_decoders:
-            iterations = iteration_costs(model, batch)
-            for cost in iterations.values():
-                cost["over_floor"] = cost["ms_per_iteration"] / floor_ms
-            entry["decoders"] = iterations
         if eager_twin is not None:
             entry["eager"] = {"forward_ms": {str(w): ms for w, ms in forward_costs(eager_twin, timing, batch,
                                                                                   windows).items()}}
-            if not args.no_decoders:
-                entry["eager"]["decoders"] = iteration_costs(eager_twin, batch)
+        if not args.no_decoders or args.baselines:
+            runs = decoder_runs(model, drafter, batch, sampling)
+            if args.no_decoders:  # the baselines still need ar to compare with
+                runs = {"ar": runs["ar"]}
+            if eager_twin is not None:
+                runs |= {f"eager {k}": run for k, run in decoder_runs(eager_twin, drafter, batch, sampling).items()
+                         if k in runs}
+            baselines = baseline_runs(eager_twin or model, batch, sampling) if args.baselines else {}
+            costs = image_costs(runs | baselines, timing, rounds=min(args.repeats, 5))
+            for cost in costs.values():
+                cost["over_floor"] = cost["ms_per_iteration"] / floor_ms
+            entry["decoders"] = {k: c for k, c in costs.items() if k in runs and not k.startswith("eager ")}
+            if eager_twin is not None:
+                entry["eager"]["decoders"] = {k[len("eager "):]: c for k, c in costs.items() if k.startswith("eager ")}
+            entry["baselines"] = {k: c | {"ar_speedup": c["image_s"] / costs["ar"]["image_s"]}
+                                  for k, c in costs.items() if k in baselines}
         report["batches"][str(batch)] = entry
-        print(f"[profile] batch {batch} (CFG, {rows} rows): floor {floor_ms:.2f} ms, 1-token forward "
-              f"{forward[1]:.2f} ms ({entry['forward_over_floor']:.2f}x floor); c(W): "
-              + ", ".join(f"{w}: {c:.2f}" for w, c in entry["window_cost"].items()), flush=True)
-        for decoder, cost in entry.get("decoders", {}).items():
-            print(f"[profile]   {decoder}: {cost['ms_per_iteration']:.2f} ms per iteration "
-                  f"({cost['over_floor']:.2f}x floor), {cost['target_forwards']} iterations per image, "
-                  f"{cost['image_s']:.3f} s per image", flush=True)
-        if "eager" in entry:
-            eager = entry["eager"]
-            print("[profile]   eager (the same weights): 1-token forward "
-                  f"{eager['forward_ms']['1']:.2f} ms; " + ", ".join(
-                      f"{decoder} {cost['image_s']:.3f} s per image" for decoder, cost in eager.get("decoders", {}).items()),
-                  flush=True)
+        print_batch(batch, entry)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
         print(f"[profile] wrote {args.out}")
     return report
+
+
+def print_batch(batch: int, entry: dict) -> None:
+    print(f"[profile] batch {batch} (CFG, {2 * batch} rows): floor {entry['floor_ms']:.2f} ms, 1-token forward "
+          f"{entry['forward_ms']['1']:.2f} ms ({entry['forward_over_floor']:.2f}x floor); c(W): "
+          + ", ".join(f"{w}: {c:.2f}" for w, c in entry["window_cost"].items()), flush=True)
+    for decoder, cost in entry.get("decoders", {}).items():
+        print(f"[profile]   {decoder}: {cost['ms_per_iteration']:.2f} ms per iteration "
+              f"({cost['over_floor']:.2f}x floor), {cost['target_forwards']:.0f} iterations per image, "
+              f"{cost['image_s']:.3f} s per image", flush=True)
+    if "eager" in entry:
+        eager = entry["eager"]
+        print("[profile]   eager (the same weights): 1-token forward "
+              f"{eager['forward_ms']['1']:.2f} ms; " + ", ".join(
+                  f"{decoder} {cost['image_s']:.3f} s per image" for decoder, cost in eager.get("decoders", {}).items()),
+              flush=True)
+    for loop, cost in entry.get("baselines", {}).items():
+        print(f"[profile]   {loop} (same weights): {cost['ms_per_iteration']:.2f} ms per token "
+              f"({cost['over_floor']:.2f}x floor), {cost['image_s']:.3f} s per image: FastAR ar is "
+              f"{cost['ar_speedup']:.2f}x faster", flush=True)
