@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 from .errors import FastARError, FastARWarning
+from .model_loaders.compiled import SWITCH
 from .samplers.acceptance import PROB_FILTERS
 from .samplers.cspd import VERIFY_MODES, CSpDSettings
 from .samplers.decoders import DECODERS, LOSSLESS, NEEDS_DRAFTER, DecoderSpec, check_decoder
@@ -76,9 +77,10 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                    help="LANTERN k: latent neighbours considered per draft (capped at the codebook size)")
     p.add_argument("--lantern-delta", type=float, default=SPEC_DEFAULTS.lantern_delta,
                    help="LANTERN delta: total-variation budget per token (0 = exact speculative decoding)")
-    p.add_argument("--compile", action="store_true",
-                   help="token models: run every decoding step through torch.compile (same tokens; the first image of "
-                   "each batch and window compiles, tens of seconds on a CPU, later ones run faster)")
+    p.add_argument("--compile", nargs="?", const="on", default="off", choices=SWITCH,
+                   help="token models: every decoding step through torch.compile (same tokens as eager). The first "
+                   "image of each batch and window compiles (3-20 s on a CPU), later ones run up to 1.7x faster, so "
+                   "a one-shot run leaves it off; auto: on where proven equal (CPU; not yet CUDA); --compile = on")
     p.add_argument("--flow-steps", type=int, default=SPEC_DEFAULTS.flow_steps,
                    help="fm: solver steps of the flow-matching map that turns each token's noise into its code")
     dd = p.add_argument_group("Distilled Decoding students (dd)")
@@ -253,7 +255,7 @@ def command_generate(args) -> int:
     from .pipeline import conditioning_for, load_models
 
     models = load_models(args.model, args.vq, args.device, args.dtype, drafter_path=drafter_choice(args, args.decoder),
-                         image_size=args.image_size, compiled=args.compile)
+                         image_size=args.image_size, compile_switch=args.compile)
     args.decoder = args.decoder or DEFAULT_DECODER[models.ar.kind]
     classes = args.classes.split(",") if args.classes else [args.class_] if args.class_ else None
     conditioning = conditioning_for(models.ar, classes=classes, batch=args.batch, prompts=args.prompt,

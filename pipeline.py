@@ -131,10 +131,11 @@ class LoadedModels:
 
 
 def load_models(model_path: str | None, vq_path: str | None, device: str = "auto", dtype: str = "auto",
-                drafter_path: str | None = None, image_size: int | None = None, compiled: bool = False) -> LoadedModels:
+                drafter_path: str | None = None, image_size: int | None = None, compile_switch: str = "off") -> LoadedModels:
     """The AR model, VQ decoder and optional drafter; model and VQ default to the bundled demo models,
     ``drafter_path="demo"`` is the bundled demo drafter. ``image_size`` (pixels) overrides the model's.
-    ``compiled``: the token model's decoding steps run through torch.compile (model_loaders/compiled.py)."""
+    ``compile_switch`` (on, auto, off): the token model's decoding steps through torch.compile
+    (model_loaders/compiled.py)."""
     from .model_loaders import load_ar_model, load_image_decoder
     from .model_loaders.compiled import compile_steps
     from .model_loaders.demo import DEMO_AR, DEMO_VQ
@@ -143,8 +144,7 @@ def load_models(model_path: str | None, vq_path: str | None, device: str = "auto
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     ar = load_ar_model(model_path or DEMO_AR, device=dev, dtype=dt, image_size=image_size)
-    if compiled:
-        compile_steps(ar)
+    compile_steps(ar, compile_switch)
     if vq_path is None and model_path is None:
         vq_path = DEMO_VQ
     vq = load_image_decoder(vq_path, device=dev, dtype=torch.float32 if dev.type == "cpu" else dt) if vq_path else None

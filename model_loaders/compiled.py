@@ -10,37 +10,82 @@ same seed: tests/test_compiled.py.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
-from ..errors import FastARError
+from ..errors import FastARError, FastARWarning
 
 # widths a model meets: prefill-free steps of 1, the windows a session or the profiler asks for, per batch
 COMPILED_SHAPES = 64
+# device types where compiled steps are proven to give eager's tokens (tests/test_compiled.py runs on CPU);
+# CUDA joins once a GPU run has shown the same (none lent yet): until then "auto" leaves it eager there
+PROVEN_DEVICES = ("cpu",)
+SWITCH = ("auto", "on", "off")
 
 
-def compile_steps(model, mode: str | None = None):
-    """Make ``model``'s sessions compile their step (in place, returns ``model``). ``mode``: torch.compile's;
-    default 'reduce-overhead' on CUDA, 'default' elsewhere. The first generation of each shape pays the
-    compilation (seconds to a minute); nothing else about the model changes."""
+def compile_steps(model, when: str = "on", mode: str | None = None):
+    """Set ``model``'s compile switch (in place, returns ``model``). ``when``: 'on' (every device), 'auto' (the
+    device types in PROVEN_DEVICES) or 'off'; it is read at each session start, since ComfyUI moves a model
+    between devices. ``mode``: torch.compile's; default 'reduce-overhead' (CUDA graphs) on CUDA, 'default'
+    elsewhere. The first generation of each shape pays the compilation (seconds to a minute). Models that are
+    not token models have no static-cache step: 'on' refuses them, 'auto' and 'off' leave them as they are."""
+    if when not in SWITCH:
+        raise FastARError(f"compile switch '{when}': choose one of {', '.join(SWITCH)}")
     if getattr(model, "kind", "token-ar") != "token-ar":
-        raise FastARError(f"compiled steps are for token models (their static-cache step); this is {model.what}")
-    if getattr(model, "compiled_mode", None):
+        if when == "on":
+            raise FastARError(f"compiled steps are for token models (their static-cache step); this is {model.what}")
         return model
-    mode = mode or ("reduce-overhead" if model.device.type == "cuda" else "default")
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, COMPILED_SHAPES)
-    eager_start = model.start
+    if not hasattr(model, "compile_switch"):
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, COMPILED_SHAPES)
+        eager_start = model.start
 
-    def start(*args, **kwargs):
-        session = eager_start(*args, **kwargs)
-        session.forward = functools.partial(compiled_forward(type(session), mode), session)
-        return session
+        def start(*args, **kwargs):
+            session = eager_start(*args, **kwargs)
+            step_mode = compiled_mode(model)
+            if step_mode:
+                session.forward = functools.partial(compiled_forward(type(session), step_mode), session)
+            return session
 
-    model.start, model.compiled_mode = start, mode
+        model.start = start
+    model.compile_switch, model.compile_mode = when, mode
     return model
 
 
+def compiled_mode(model) -> str | None:
+    """The torch.compile mode ``model``'s next session steps with on its current device; None: eager."""
+    when = getattr(model, "compile_switch", "off")
+    device = model.device.type
+    if when == "off" or (when == "auto" and device not in PROVEN_DEVICES):
+        return None
+    return model.compile_mode or ("reduce-overhead" if device == "cuda" else "default")
+
+
 @functools.cache
-def compiled_forward(session_class: type, mode: str):
+def compiled_forward(session_class: type, mode: str) -> "CompiledStep":
     """One compiled step per session class and mode, shared by every session (and model) of that class."""
-    return torch.compile(session_class.forward, mode=mode, dynamic=False)
+    return CompiledStep(session_class.forward, mode)
+
+
+class CompiledStep:
+    """``forward`` through torch.compile; where compiling fails on this machine (no C++ compiler for the CPU
+    kernels, an unsupported platform or op) it warns once and runs eagerly from then on: same tokens, eager's
+    speed. A call that fails eagerly too raises eager's error, so mistakes are not hidden behind compiling."""
+
+    def __init__(self, forward, mode: str):
+        self.eager, self.compiled, self.mode = forward, torch.compile(forward, mode=mode, dynamic=False), mode
+        self.failure: str | None = None
+
+    def __call__(self, session, *args, **kwargs):
+        if self.failure is None:
+            try:
+                return self.compiled(session, *args, **kwargs)
+            except Exception as error:  # noqa: BLE001 - whatever compiling raises, eager is the answer
+                result = self.eager(session, *args, **kwargs)
+                self.failure = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"
+                warnings.warn(f"compiled steps are off: torch.compile failed on this machine ({self.failure}); "
+                              "decoding runs eagerly (same images, without the speed-up). Install a C++ compiler "
+                              "(g++) for CPU kernels, or turn the compile switch off to skip the attempt",
+                              FastARWarning, stacklevel=2)
+                return result
+        return self.eager(session, *args, **kwargs)

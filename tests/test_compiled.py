@@ -6,7 +6,7 @@ import torch
 
 from fastar.errors import FastARError
 from fastar.model_loaders.ar_drafter import SmallARDrafter
-from fastar.model_loaders.compiled import compile_steps
+from fastar.model_loaders.compiled import compile_steps, compiled_mode
 from fastar.samplers.decoders import DecoderSpec, decode
 from fastar.samplers.processing import SamplingSettings
 from tiny_llamagen import tiny_conditioning, tiny_model
@@ -48,19 +48,70 @@ def test_compiled_logits_match_eager(models):
         outputs.append(session.forward(torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]]), torch.tensor([2, 5])))
     assert torch.allclose(outputs[0].cond, outputs[1].cond, atol=1e-5)
     assert torch.allclose(outputs[0].uncond, outputs[1].uncond, atol=1e-5)
-    assert compiled.compiled_mode == "default" and not hasattr(eager, "compiled_mode")
+    assert compiled_mode(compiled) == "default" and compiled_mode(eager) is None
 
 
 def test_only_token_models_take_compiled_steps():
     with pytest.raises(FastARError, match="compiled steps are for token models.*this is a MAR model"):
         compile_steps(tiny_mar(0))
+    mar = tiny_mar(0)
+    assert compile_steps(mar, "auto") is mar and compiled_mode(mar) is None  # auto: where it applies
+    with pytest.raises(FastARError, match="compile switch 'yes': choose one of auto, on, off"):
+        compile_steps(tiny_model(seed=3), "yes")
+
+
+def test_auto_compiles_where_proven_and_the_switch_is_read_at_each_start(monkeypatch):
+    """auto: compiled on CPU (proven here), eager on a device type not yet proven (CUDA until a GPU run shows
+    the same tokens); the device is read when a session starts, as ComfyUI moves models between devices."""
+    import fastar.model_loaders.compiled as compiled
+
+    model = compile_steps(tiny_model(seed=3), "auto")
+    assert compiled_mode(model) == "default"
+    assert isinstance(model.start(tiny_conditioning(model), cfg=True, max_window=4).forward.func, compiled.CompiledStep)
+    monkeypatch.setattr(compiled, "PROVEN_DEVICES", ())
+    assert compiled_mode(model) is None
+    assert not isinstance(getattr(model.start(tiny_conditioning(model), cfg=True, max_window=4).forward, "func", None),
+                          compiled.CompiledStep)
+    assert compiled_mode(compile_steps(model, "on")) == "default"  # on: every device
+    assert compiled_mode(compile_steps(model, "off")) is None
 
 
 def test_the_switch_at_load_time():
     from fastar.model_loaders.demo import DEMO_KL, DEMO_MAR
     from fastar.pipeline import load_models
 
-    assert load_models(None, None, "cpu", compiled=True).ar.compiled_mode == "default"
-    assert not hasattr(load_models(None, None, "cpu").ar, "compiled_mode")
+    assert compiled_mode(load_models(None, None, "cpu", compile_switch="on").ar) == "default"
+    assert compiled_mode(load_models(None, None, "cpu").ar) is None  # off unless asked: a one-shot run never repays it
     with pytest.raises(FastARError, match="compiled steps are for token models"):
-        load_models(str(DEMO_MAR), str(DEMO_KL), "cpu", compiled=True)
+        load_models(str(DEMO_MAR), str(DEMO_KL), "cpu", compile_switch="on")
+
+
+def test_a_machine_that_cannot_compile_decodes_eagerly_with_a_warning(tmp_path):
+    """No C++ compiler for inductor's CPU kernels (CXX points nowhere, an empty kernel cache): one warning that
+    says so and what to do, then the same tokens as eager."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import warnings, torch\n"
+        "from fastar.model_loaders.compiled import compile_steps\n"
+        "from fastar.samplers.decoders import DecoderSpec, decode\n"
+        "from fastar.samplers.processing import SamplingSettings\n"
+        "from tiny_llamagen import tiny_conditioning, tiny_model\n"
+        "eager, compiled = tiny_model(seed=3), compile_steps(tiny_model(seed=3))\n"
+        "s = SamplingSettings(cfg_scale=2.0, top_k=20)\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    for seed in (0, 1):\n"
+        "        got, _ = decode(compiled, tiny_conditioning(compiled), s, DecoderSpec('sjd', window=3), seed=seed)\n"
+        "        want, _ = decode(eager, tiny_conditioning(eager), s, DecoderSpec('sjd', window=3), seed=seed)\n"
+        "        assert torch.equal(got, want)\n"
+        "notes = [str(w.message) for w in caught if 'compiled steps are off' in str(w.message)]\n"
+        "print(len(notes), notes[0])\n")
+    env = os.environ | {"CXX": str(tmp_path / "no-such-compiler"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"),
+                        "PYTHONPATH": os.pathsep.join(filter(None, [os.path.dirname(__file__), os.environ.get("PYTHONPATH")]))}
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    count, note = r.stdout.split(" ", 1)
+    assert count == "1" and "torch.compile failed on this machine" in note and "Install a C++ compiler" in note

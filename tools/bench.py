@@ -21,6 +21,7 @@ import torch
 from ..cli import sampling_from, spec_from
 from ..errors import FastARError
 from ..model_loaders.ar_drafter import SmallARDrafter
+from ..model_loaders.compiled import compiled_mode
 from ..model_loaders.protocol import ClassConditioning, PromptConditioning
 from ..pipeline import class_conditioning, conditioning_type, load_models, outputs_to_images
 from ..samplers.decoders import DECODERS, LOSSLESS, NEEDS_DRAFTER, WITH_DRAFTER, DecoderSpec, decode
@@ -236,7 +237,7 @@ def run_bench(args) -> dict:
 
     drafter_path = args.drafter or ("demo" if args.model is None else None)
     models = load_models(args.model, args.vq, args.device, args.dtype, drafter_path=drafter_path,
-                         image_size=args.image_size, compiled=args.compile)
+                         image_size=args.image_size, compile_switch=args.compile)
     if models.vq is None:
         raise FastARError("the benchmark decodes images: give --vq with --model")
     if models.drafter is None and any(e.drafted for e in entries.values()):
@@ -276,7 +277,7 @@ def run_bench(args) -> dict:
         "model": str(args.model or "bundled demo model"),
         "device": str(models.ar.device),
         "dtype": str(models.ar.dtype).replace("torch.", ""),
-        "compiled": getattr(models.ar, "compiled_mode", None),
+        "compiled": compiled_mode(models.ar),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
         "samples": args.samples,
         "sampling": asdict(sampling),

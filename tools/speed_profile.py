@@ -34,7 +34,7 @@ import torch
 from ..errors import FastARError
 from ..model_loaders.ar_drafter import SmallARDrafter
 from ..model_loaders.chameleon_model import ChameleonConfig, ChameleonGPT
-from ..model_loaders.compiled import compile_steps
+from ..model_loaders.compiled import compile_steps, compiled_mode
 from ..model_loaders.drafters import load_drafter
 from ..model_loaders.janus_model import JanusConfig, JanusGPT
 from ..model_loaders.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
@@ -268,7 +268,7 @@ def run_profile(args) -> dict:
     prefix = model.cache_slots(conditioning(model, 1), 0) - N  # conditioning (and layout) slots
     name = Path(args.model).name if args.model else args.shape
     report = {"shape": name, "device": str(device), "dtype": args.dtype, "machine": platform.machine(),
-              "compiled": getattr(model, "compiled_mode", None),
+              "compiled": compiled_mode(model),
               "params": sum(p.numel() for p in model.parameters()), "grid": list(model.grid),
               "drafter": getattr(drafter, "name", None), "bandwidth_gb_s": bytes_per_s / 1e9, "batches": {}}
     print(f"[profile] {name}: {report['params'] / 1e6:.1f}M parameters on {device} ({args.dtype}"
