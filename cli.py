@@ -283,7 +283,8 @@ def generate_tokens(args, models, conditioning, progress):
     drafted = f", {stats.drafter_forwards} drafter forwards ({stats.drafter_time_s:.2f} s)" if models.drafter else ""
     print(f"{stats.decoder}: {stats.num_tokens} tokens x {stats.batch} in {stats.target_forwards} forwards "
           f"(step compression {stats.step_compression:.2f}x, mean accepted {stats.mean_accepted:.2f}){drafted}, "
-          f"{stats.wall_time_s:.2f} s")
+          f"{stats.wall_time_s:.2f} s" + (f" ({stats.compile_time_s:.1f} s of it compiling steps)"
+                                          if stats.compile_time_s else ""))
     return codes, stats
 
 

@@ -10,6 +10,7 @@ same seed: tests/test_compiled.py.
 from __future__ import annotations
 
 import functools
+import time
 import warnings
 
 import torch
@@ -79,7 +80,11 @@ class CompiledStep:
     def __call__(self, session, *args, **kwargs):
         if self.failure is None:
             try:
-                return self.compiled(session, *args, **kwargs)
+                graphs, t0 = unique_graphs(), time.perf_counter()
+                out = self.compiled(session, *args, **kwargs)
+                if unique_graphs() != graphs:  # this call compiled a new shape: its time is compilation
+                    COMPILE_CLOCK.seconds += time.perf_counter() - t0
+                return out
             except Exception as error:  # noqa: BLE001 - whatever compiling raises, eager is the answer
                 result = self.eager(session, *args, **kwargs)
                 self.failure = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"
@@ -89,3 +94,17 @@ class CompiledStep:
                               FastARWarning, stacklevel=2)
                 return result
         return self.eager(session, *args, **kwargs)
+
+
+class CompileClock:
+    """Seconds spent compiling steps so far in this process (decode() reports a generation's share apart from
+    its decoding time, so that a first run's compilation does not read as a slow decoder)."""
+
+    seconds = 0.0
+
+
+COMPILE_CLOCK = CompileClock()
+
+
+def unique_graphs() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]

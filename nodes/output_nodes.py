@@ -138,8 +138,10 @@ def summary(stats: DecodeStats, baseline: DecodeStats | None = None) -> str:
         f"model forwards: {stats.target_forwards} ({plain_text})",
         f"step compression: {stats.step_compression:.2f} tokens/forward",
         f"mean accepted per iteration: {stats.mean_accepted:.2f}",
-        f"wall time: {stats.wall_time_s:.2f} s, {tokens / max(stats.wall_time_s, 1e-9):.0f} tokens/s",
+        f"wall time: {stats.wall_time_s:.2f} s, {tokens / max(stats.decode_time_s, 1e-9):.0f} tokens/s",
     ]
+    if stats.compile_time_s > 0:  # the first run of a shape with compiled steps: said, and left out of the speeds
+        lines[-1] += f" (compiling steps: {stats.compile_time_s:.1f} s, once per shape; not in the speeds)"
     if not stats.accepted_per_iteration or stats.settings.get("model_kind") == NEXT_SCALE:
         del lines[4]  # DD has no iterations of accepted tokens; VAR's scales are not accepted drafts
     if stats.decoder == "dd":
@@ -156,9 +158,9 @@ def summary(stats: DecodeStats, baseline: DecodeStats | None = None) -> str:
                      f"({stats.acceptance_rate:.1%}); {stats.resample_tries} residual redraws, "
                      f"{stats.resample_fallbacks} plain model samples after {stats.settings.get('max_tries')} "
                      "refused redraws")
-    if baseline is not None and baseline.wall_time_s > 0 and stats.wall_time_s > 0:
-        per_token = baseline.wall_time_s / (baseline.num_tokens * baseline.batch)
-        lines.append(f"speed-up vs {baseline_name(stats)} (measured): {per_token * tokens / stats.wall_time_s:.2f}x")
+    if baseline is not None and baseline.decode_time_s > 0 and stats.decode_time_s > 0:
+        per_token = baseline.decode_time_s / (baseline.num_tokens * baseline.batch)
+        lines.append(f"speed-up vs {baseline_name(stats)} (measured): {per_token * tokens / stats.decode_time_s:.2f}x")
     else:
         unpriced = ", drafter not counted" if stats.drafter_forwards else ""  # only a measured baseline prices it
         lines.append(f"speed-up vs {baseline_name(stats)} (estimate, forwards{unpriced}): "

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..errors import FastARError, FastARWarning
+from ..model_loaders.compiled import COMPILE_CLOCK
 from .acceptance import ExactRule, GroupedRule, LanternRule
 from .jacobi import ar_decode, jacobi_decode
 from .latent_neighbours import latent_neighbours
@@ -128,8 +129,10 @@ def decode(model, conditioning, sampling: SamplingSettings, spec: DecoderSpec, *
     notes = quality_warnings(spec, drafter)
     for note in notes:
         warnings.warn(note, FastARWarning, stacklevel=2)
+    compiling = COMPILE_CLOCK.seconds
     codes, stats = run_decoder(model, conditioning, sampling, spec, make_generator(seed, model.device),
                                on_iteration, drafter, codebook)
+    stats.compile_time_s = COMPILE_CLOCK.seconds - compiling
     stats.warnings.extend(notes)
     return codes, stats
 

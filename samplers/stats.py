@@ -26,8 +26,14 @@ class DecodeStats:
     forward_time_s: float = 0.0
     verify_time_s: float = 0.0
     drafter_time_s: float = 0.0
+    compile_time_s: float = 0.0  # compiling steps of shapes met for the first time (part of wall_time_s)
     settings: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # quality warnings about this run's settings
+
+    @property
+    def decode_time_s(self) -> float:
+        """The wall time without compilation: what the decoder costs from its second run of a shape on."""
+        return self.wall_time_s - self.compile_time_s
 
     @property
     def num_tokens(self) -> int:

@@ -115,3 +115,15 @@ def test_a_machine_that_cannot_compile_decodes_eagerly_with_a_warning(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     count, note = r.stdout.split(" ", 1)
     assert count == "1" and "torch.compile failed on this machine" in note and "Install a C++ compiler" in note
+
+
+def test_a_first_run_reports_its_compilation_apart():
+    """The run that compiles a shape says how long compiling took (kept out of decode_time_s, which speed-ups
+    use); the next run of that shape compiles nothing."""
+    model = compile_steps(tiny_model(seed=5))
+    spec = DecoderSpec("sjd", window=5)  # a width no other test compiles
+    _, first = decode(model, tiny_conditioning(model), SAMPLING, spec, seed=0)
+    _, second = decode(model, tiny_conditioning(model), SAMPLING, spec, seed=1)
+    assert 0 < first.compile_time_s < first.wall_time_s  # tracing alone takes a while, even from a warm kernel cache
+    assert first.decode_time_s == first.wall_time_s - first.compile_time_s
+    assert second.compile_time_s == 0.0 and second.decode_time_s == second.wall_time_s

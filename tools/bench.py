@@ -134,7 +134,7 @@ def timed_runs(models, sampling, entries: dict[str, Entry], runs: int, num_class
         cond = demo_rows(models.ar, [r % num_classes], r)
         for name, entry in entries.items():
             _, stats = run_decoder(models, cond, sampling, entry, seed + 1000 + r)
-            times[name].append(stats.wall_time_s)
+            times[name].append(stats.decode_time_s)
             drafter_share[name].append(stats.drafter_time_s / stats.wall_time_s)
     return {name: {"median_time_s": statistics.median(times[name]),
                    "drafter_time_share": statistics.median(drafter_share[name])} for name in entries}

@@ -142,6 +142,7 @@ def demo(object_info):
     ("FastARSamplerSJD", "cfg", "strong", "Failed to convert an input value to a FLOAT value"),
     ("FastARSamplerSJD", "top_p", "most", "Failed to convert an input value to a FLOAT value"),
     ("FastARLoadModel", "image_size", "1000", "unknown image size '1000'"),
+    ("FastARLoadModel", "compile", "always", "unknown compile setting 'always': choose one of auto, on, off"),
     ("FastARSamplerSJD", "window", 1, "smaller than min of 2"),
     ("FastARSamplerSJD", "batch", 0, "smaller than min of 1"),
     ("FastARSamplerSJD", "init", "diagonal", "unknown initialisation 'diagonal'"),
