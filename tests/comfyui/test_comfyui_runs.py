@@ -81,6 +81,26 @@ def test_same_seed_same_image_and_another_seed_another(comfy, object_info):
     assert not np.array_equal(first[0], other[0])
 
 
+def test_compiled_steps_draw_the_eager_images_and_say_when_they_compile(comfy, object_info):
+    """The loader's compile switch in the real ComfyUI: compiled and eager steps give the same images for the
+    same seed; the run that compiles a new shape says so on the Stats node, the next one does not."""
+    prompt = workflow_prompt("fastar_demo_sjd", object_info)
+    node_of(prompt, "FastARSamplerSJD")["inputs"].update(batch=3, window=5, seed=321)  # a shape no other test runs
+    stats_texts = lambda entry: [out["text"][0] for out in entry["outputs"].values() if "text" in out]  # noqa: E731
+    node_of(prompt, "FastARLoadModel")["inputs"]["compile"] = "off"
+    eager = fresh_run(comfy, prompt)
+    node_of(prompt, "FastARLoadModel")["inputs"]["compile"] = "on"
+    first = comfy.run(prompt)
+    assert first["status"]["status_str"] == "success", harness.execution_error(first)
+    compiled = images_of(comfy, first)  # the 3 images and their acceptance maps
+    assert len(compiled) == len(eager) == 6 and all(np.array_equal(a, b) for a, b in zip(compiled, eager))
+    assert any("compiling steps:" in text for text in stats_texts(first))
+    comfy.request("/free", {"free_memory": True})
+    time.sleep(0.5)
+    again = comfy.run(prompt)
+    assert not any("compiling steps:" in text for text in stats_texts(again))
+
+
 def test_progress_and_live_previews_arrive_while_decoding(comfy, object_info, events):
     prompt = workflow_prompt("fastar_compare_ar_sjd_gsd", object_info)
     node_of(prompt, "FastARSamplerAR")["inputs"]["seed"] = 99  # not cached
