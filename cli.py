@@ -161,11 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
     prof = sub.add_parser("profile", help="ms per target forward and decoder iteration against the memory-bandwidth "
                                           "floor, on a random-weight model of a real shape")
     prof.add_argument("--shape", default="demo", help="tiny, demo, llamagen-b/-l/-xl/-xxl, lumina-mgpt-7b-768, anole-7b, "
-                      "janus-tiny, janus-pro-1b, janus-pro-7b")
+                      "janus-tiny, janus-pro-1b, janus-pro-7b; MAR: mar-tiny, mar-b, mar-l, mar-h")
     prof.add_argument("--grid", help="a random shape's image grid, rows x columns of tokens (e.g. 8x8 for a quick CPU "
                       "run of a big shape; default: the release's)")
-    prof.add_argument("--model", help="a token model's checkpoint instead of a random shape (e.g. the bundled "
-                      "demo/demo_c2i.safetensors)")
+    prof.add_argument("--model", help="a token model's or a MAR's checkpoint instead of a random shape (e.g. the "
+                      "bundled demo/demo_c2i.safetensors or demo/demo_mar.safetensors)")
     prof.add_argument("--device", help="cuda or cpu (default: cuda when there is one)")
     prof.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), help="default: bf16 on cuda, fp32 on cpu")
     prof.add_argument("--windows", default="1,2,4,8,16,32,64", help="window widths W whose forward is timed")

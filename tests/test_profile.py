@@ -9,6 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from fastar.errors import FastARError
+
 from fastar.tools.speed_profile import build, kv_bytes_read, run_profile, weight_bytes_read
 
 
@@ -51,8 +53,8 @@ def test_an_unknown_shape_is_refused_with_the_choices():
     assert r.returncode == 2 and "--shape gpt-5: choose one of tiny, demo, llamagen-b" in r.stderr
 
 
-def test_a_checkpoint_is_profiled_and_a_mar_refused(tmp_path):
-    from fastar.model_loaders.demo import DEMO_AR, DEMO_MAR
+def test_a_checkpoint_is_profiled_and_a_var_refused(tmp_path):
+    from fastar.model_loaders.demo import DEMO_AR, DEMO_VAR
 
     args = SimpleNamespace(shape="demo", model=str(DEMO_AR), device="cpu", dtype=None, windows="1,4", batches=[1],
                            repeats=1, no_decoders=False, out=None, compile=False, grid=None, drafter="demo",
@@ -62,6 +64,39 @@ def test_a_checkpoint_is_profiled_and_a_mar_refused(tmp_path):
     assert report["grid"] == [16, 16] and set(report["batches"]["1"]["forward_ms"]) == {"1", "4"}
     spec = report["batches"]["1"]["decoders"]["spec"]  # the demo's EAGLE drafter: real acceptance
     assert report["drafter"] == "eagle" and spec["target_forwards"] < 100
-    r = subprocess.run([sys.executable, "-m", "fastar", "profile", "--model", str(DEMO_MAR)], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "fastar", "profile", "--model", str(DEMO_VAR)], capture_output=True,
                        text=True, timeout=300)
-    assert r.returncode != 0 and "profile times token models' steps; demo_mar.safetensors is a MAR model" in r.stderr
+    assert r.returncode != 0 and "profile times the steps of token models and MAR; demo_var.safetensors is a VAR" \
+        in r.stderr
+
+
+def mar_args(**changes):
+    args = dict(shape="mar-tiny", model=None, device="cpu", dtype=None, windows="1", batches=[2], repeats=1,
+                no_decoders=False, out=None, compile=False, grid=None, drafter=None, baselines=False)
+    return SimpleNamespace(**(args | changes))
+
+
+def test_a_mar_profile_times_its_transformer_call_head_and_images():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from fastar.tools.mar_profile import build_mar, transformer_gflop
+
+    report = run_profile(mar_args())
+    entry = report["batches"]["2"]
+    assert report["drafter"].startswith("a MAR of") and report["grid"] == [4, 4]
+    assert entry["head_ms"] == entry["head_step_ms"] * 100 and entry["forward_ms"] > 0
+    assert entry["decoders"]["ar"]["target_forwards"] == 16 and entry["decoders"]["cspd"]["ms_per_iteration"] > 0
+    # its arithmetic is what PyTorch counts for the same call (4 rows, half the tokens known); PyTorch's
+    # counter leaves attention's products out on the CPU, so they are compared without them
+    model = build_mar("mar-tiny", torch.device("cpu"), torch.float32)
+    known = torch.zeros(4, 16, dtype=torch.bool)
+    known[:, :8] = True
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model.conditions(torch.randn(4, 16, 16), known, model.class_emb(torch.zeros(4, dtype=torch.long)))
+    assert transformer_gflop(model, 4, 8, attention=False) * 1e9 == pytest.approx(counter.get_total_flops(), rel=1e-9)
+    assert entry["forward_gflop"] == transformer_gflop(model, 4, 8) > transformer_gflop(model, 4, 8, attention=False)
+
+
+def test_mar_profiles_refuse_the_token_options():
+    with pytest.raises(FastARError, match="--compile, --baselines: for token models; a MAR profile times"):
+        run_profile(mar_args(compile=True, baselines=True))

@@ -17,6 +17,8 @@ checkpoint (``--model``).
 - ``--compile``: the steps through torch.compile (model_loaders/compiled.py), and the same measurements on an
   eager twin with the same weights, side by side in the report (``eager``).
 - ``--baselines``: the family's usual loop on the same weights (loop_baselines.py), as a multiple of ``ar``.
+- MAR shapes and checkpoints: a transformer call, the diffusion head and whole ``ar`` / ``cspd`` images
+  (mar_profile.py).
 Times are medians of interleaved repeats after a warm-up (whole images: A B C A B C ..., at most 5 rounds);
 CUDA is synchronised around each.
 """
@@ -43,6 +45,7 @@ from ..model_loaders.protocol import ClassConditioning, PromptConditioning
 from ..samplers.decoders import DecoderSpec, decode
 from ..samplers.processing import SamplingSettings
 from .loop_baselines import baseline_for
+from .mar_profile import MAR_SHAPES, build_mar, check_mar_options, mar_batch, print_mar_batch, random_draft
 
 DECODERS = ("ar", "sjd", "gsd", "spec")
 PROMPT_TOKENS = 32  # a typical prompt's length for the text-to-image shapes
@@ -132,7 +135,7 @@ def build(shape: str, device: torch.device, dtype: torch.dtype, *, layers: int |
           grid: tuple[int, int] | None = None, seed: int = 0):
     """A random-weight model of ``shape`` (``layers``, ``grid``: overrides)."""
     if shape not in SHAPES:
-        raise FastARError(f"--shape {shape}: choose one of {', '.join(SHAPES)}")
+        raise FastARError(f"--shape {shape}: choose one of {', '.join([*SHAPES, *MAR_SHAPES])}")
     torch.manual_seed(seed)
     with torch.device(device):
         model = SHAPES[shape].build(layers, grid)
@@ -223,8 +226,8 @@ def load(path: str, device: torch.device, dtype: torch.dtype):
     from ..model_loaders import load_ar_model
 
     model = load_ar_model(path, device=device, dtype=dtype)
-    if getattr(model, "kind", "token-ar") != "token-ar":
-        raise FastARError(f"profile times token models' steps; {Path(path).name} is {model.what}")
+    if getattr(model, "kind", "token-ar") not in ("token-ar", "masked-ar"):
+        raise FastARError(f"profile times the steps of token models and MAR; {Path(path).name} is {model.what}")
     return model.eval()
 
 
@@ -236,11 +239,19 @@ def subject(args, device: torch.device, dtype: torch.dtype):
             raise FastARError("--grid resizes a random shape; a checkpoint keeps its own grid")
         return model, (load_drafter(args.drafter, model) if args.drafter else None)
     if args.drafter:
-        raise FastARError("--drafter goes with --model; a random shape drafts with a random "
-                          f"{DRAFTER_LAYERS}-layer model of its own shape")
+        raise FastARError("--drafter goes with --model; a random shape drafts with a random smaller model of its "
+                          f"shape ({DRAFTER_LAYERS} layers; MAR-L and MAR-H: MAR-B)")
+    if args.shape in MAR_SHAPES:
+        return build_mar(args.shape, device, dtype), random_draft(args.shape, device, dtype)
     grid = parse_grid(args.grid) if args.grid else None
     model = build(args.shape, device, dtype, grid=grid)
     return model, SmallARDrafter(build(args.shape, device, dtype, layers=DRAFTER_LAYERS, grid=grid, seed=1))
+
+
+def drafter_name(drafter) -> str | None:
+    if drafter is None or hasattr(drafter, "name"):
+        return getattr(drafter, "name", None)
+    return f"a MAR of {sum(p.numel() for p in drafter.parameters()) / 1e6:.0f}M parameters"
 
 
 def parse_grid(text: str) -> tuple[int, int]:
@@ -257,58 +268,74 @@ def run_profile(args) -> dict:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     args.dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
-    windows = sorted({int(w) for w in args.windows.split(",")} | {1})
     timing = Timing(device, args.repeats)
     model, drafter = subject(args, device, dtype)
+    mar = model.kind == "masked-ar"
+    if mar:
+        check_mar_options(args)
     eager_twin = subject(args, device, dtype)[0] if args.compile else None  # the same weights, beside it
     if args.compile:
         compile_steps(model)
     bytes_per_s = bandwidth(timing)
-    N = model.grid[0] * model.grid[1]
-    prefix = model.cache_slots(conditioning(model, 1), 0) - N  # conditioning (and layout) slots
     name = Path(args.model).name if args.model else args.shape
     report = {"shape": name, "device": str(device), "dtype": args.dtype, "machine": platform.machine(),
-              "compiled": compiled_mode(model),
+              "compiled": None if mar else compiled_mode(model),
               "params": sum(p.numel() for p in model.parameters()), "grid": list(model.grid),
-              "drafter": getattr(drafter, "name", None), "bandwidth_gb_s": bytes_per_s / 1e9, "batches": {}}
+              "drafter": drafter_name(drafter),
+              "bandwidth_gb_s": bytes_per_s / 1e9, "batches": {}}
     print(f"[profile] {name}: {report['params'] / 1e6:.1f}M parameters on {device} ({args.dtype}"
           + (f", compiled: {report['compiled']}" if report["compiled"] else "") + "), "
           f"copy bandwidth {bytes_per_s / 1e9:.1f} GB/s", flush=True)
-    sampling = SamplingSettings(cfg_scale=3.0)
+    rounds = min(args.repeats, 5)
     for batch in args.batches:
-        rows = 2 * batch  # CFG
-        floor_ms = (weight_bytes_read(model) + kv_bytes_read(model, rows, prefix + N // 2)) / bytes_per_s * 1e3
-        forward = forward_costs(model, timing, batch, windows)
-        entry = {"floor_ms": floor_ms,
-                 "forward_ms": {str(w): ms for w, ms in forward.items()},
-                 "window_cost": {str(w): ms / forward[1] for w, ms in forward.items()},
-                 "forward_over_floor": forward[1] / floor_ms}
-        if eager_twin is not None:
-            entry["eager"] = {"forward_ms": {str(w): ms for w, ms in forward_costs(eager_twin, timing, batch,
-                                                                                  windows).items()}}
-        if not args.no_decoders or args.baselines:
-            runs = decoder_runs(model, drafter, batch, sampling)
-            if args.no_decoders:  # the baselines still need ar to compare with
-                runs = {"ar": runs["ar"]}
-            if eager_twin is not None:
-                runs |= {f"eager {k}": run for k, run in decoder_runs(eager_twin, drafter, batch, sampling).items()
-                         if k in runs}
-            baselines = baseline_runs(eager_twin or model, batch, sampling) if args.baselines else {}
-            costs = image_costs(runs | baselines, timing, rounds=min(args.repeats, 5))
-            for cost in costs.values():
-                cost["over_floor"] = cost["ms_per_iteration"] / floor_ms
-            entry["decoders"] = {k: c for k, c in costs.items() if k in runs and not k.startswith("eager ")}
-            if eager_twin is not None:
-                entry["eager"]["decoders"] = {k[len("eager "):]: c for k, c in costs.items() if k.startswith("eager ")}
-            entry["baselines"] = {k: c | {"ar_speedup": c["image_s"] / costs["ar"]["image_s"]}
-                                  for k, c in costs.items() if k in baselines}
+        if mar:
+            entry = mar_batch(model, drafter, timing, batch, bytes_per_s, not args.no_decoders, rounds, image_costs)
+            print_mar_batch(batch, entry)
+        else:
+            entry = token_batch(args, model, drafter, eager_twin, timing, batch, bytes_per_s, rounds)
+            print_batch(batch, entry)
         report["batches"][str(batch)] = entry
-        print_batch(batch, entry)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
         print(f"[profile] wrote {args.out}")
     return report
+
+
+def token_batch(args, model, drafter, eager_twin, timing: Timing, batch: int, bytes_per_s: float,
+                rounds: int) -> dict:
+    """A token model's measurements at one batch size (see the module doc)."""
+    windows = sorted({int(w) for w in args.windows.split(",")} | {1})
+    N = model.grid[0] * model.grid[1]
+    prefix = model.cache_slots(conditioning(model, 1), 0) - N  # conditioning (and layout) slots
+    sampling = SamplingSettings(cfg_scale=3.0)
+    floor_ms = (weight_bytes_read(model) + kv_bytes_read(model, 2 * batch, prefix + N // 2)) / bytes_per_s * 1e3
+    forward = forward_costs(model, timing, batch, windows)
+    entry = {"floor_ms": floor_ms,
+             "forward_ms": {str(w): ms for w, ms in forward.items()},
+             "window_cost": {str(w): ms / forward[1] for w, ms in forward.items()},
+             "forward_over_floor": forward[1] / floor_ms}
+    if eager_twin is not None:
+        entry["eager"] = {"forward_ms": {str(w): ms for w, ms in forward_costs(eager_twin, timing, batch,
+                                                                              windows).items()}}
+    if args.no_decoders and not args.baselines:
+        return entry
+    runs = decoder_runs(model, drafter, batch, sampling)
+    if args.no_decoders:  # the baselines still need ar to compare with
+        runs = {"ar": runs["ar"]}
+    if eager_twin is not None:
+        runs |= {f"eager {k}": run for k, run in decoder_runs(eager_twin, drafter, batch, sampling).items()
+                 if k in runs}
+    baselines = baseline_runs(eager_twin or model, batch, sampling) if args.baselines else {}
+    costs = image_costs(runs | baselines, timing, rounds)
+    for cost in costs.values():
+        cost["over_floor"] = cost["ms_per_iteration"] / floor_ms
+    entry["decoders"] = {k: c for k, c in costs.items() if k in runs and not k.startswith("eager ")}
+    if eager_twin is not None:
+        entry["eager"]["decoders"] = {k[len("eager "):]: c for k, c in costs.items() if k.startswith("eager ")}
+    entry["baselines"] = {k: c | {"ar_speedup": c["image_s"] / costs["ar"]["image_s"]}
+                          for k, c in costs.items() if k in baselines}
+    return entry
 
 
 def print_batch(batch: int, entry: dict) -> None:
