@@ -21,6 +21,17 @@ def models():
     return tiny_model(seed=3), compile_steps(tiny_model(seed=3))
 
 
+@pytest.fixture(autouse=True)
+def steps_really_compile():
+    """A machine that cannot compile falls back to eager (tested below, in a subprocess): here that would make
+    every equality eager against eager, so it fails instead."""
+    yield
+    from fastar.model_loaders.compiled import compiled_forward
+    from fastar.model_loaders.llamagen_gpt import LlamaGenSession
+
+    assert compiled_forward(LlamaGenSession, "default").failure is None
+
+
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.decoder}-{s.window}")
 def test_compiled_steps_give_eagers_tokens(models, spec):
     eager, compiled = models
