@@ -20,7 +20,8 @@ from ..errors import FastARError, FastARWarning
 # widths a model meets: prefill-free steps of 1, the windows a session or the profiler asks for, per batch
 COMPILED_SHAPES = 64
 # device types where compiled steps are proven to give eager's tokens (tests/test_compiled.py runs on CPU);
-# CUDA joins once a GPU run has shown the same (none lent yet): until then "auto" leaves it eager there
+# CUDA joins once a GPU run has shown the same (`profile --compile` reports it; none lent yet): until then
+# "auto" leaves it eager there
 PROVEN_DEVICES = ("cpu",)
 SWITCH = ("auto", "on", "off")
 

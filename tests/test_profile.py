@@ -42,8 +42,11 @@ def test_a_cpu_profile_times_every_window_and_decoder(tmp_path, compiled):
         assert entry["decoders"]["ar"]["target_forwards"] == 63  # 8 x 8 tokens, the first from the prefill
         assert entry["decoders"]["sjd"]["target_forwards"] < 63 and entry["decoders"]["gsd"]["over_floor"] > 0
         assert entry["decoders"]["spec"]["ms_per_iteration"] > 0  # drafted by a random 2-layer model of the shape
-        if compiled:
+        if compiled:  # the evidence for turning compiled steps on: same tokens, logits within float noise
             assert set(entry["eager"]["decoders"]) == set(entry["decoders"]) == {"ar", "sjd", "gsd", "spec"}
+            assert entry["eager"]["same_tokens"] == {"ar": True, "sjd": True, "gsd": True, "spec": True}
+            assert set(entry["eager"]["max_logit_gap"]) == {"1", "4", "16"}
+            assert all(0 <= gap < 1e-4 for gap in entry["eager"]["max_logit_gap"].values())
     assert report["drafter"] == "small-ar"
 
 

@@ -111,9 +111,12 @@ def mar_batch(model: MAR, draft, timing, batch: int, bytes_per_s: float, decoder
         conditioning = ClassConditioning(torch.zeros(batch, dtype=torch.long))
 
         def run(name):
-            return lambda seed: decode_masked(model, conditioning, settings, name, seed=seed,
-                                              drafter=draft if name == "cspd" else None)[1].target_forwards
-        costs = image_costs({name: run(name) for name in MAR_DECODERS if name == "ar" or draft is not None},
+            def image(seed):
+                tokens, stats = decode_masked(model, conditioning, settings, name, seed=seed,
+                                              drafter=draft if name == "cspd" else None)
+                return stats.target_forwards, tokens
+            return image
+        costs, _ = image_costs({name: run(name) for name in MAR_DECODERS if name == "ar" or draft is not None},
                             timing, rounds)
         for cost in costs.values():
             cost["over_floor"] = cost["ms_per_iteration"] / floor_ms

@@ -181,34 +181,54 @@ def forward_costs(model, timing: Timing, batch: int, windows: list[int]) -> dict
             for w in windows}
 
 
-def image_costs(runs: dict, timing: Timing, rounds: int) -> dict:
-    """Whole images of each run (``seed -> forwards per image``), interleaved A B C A B C ... after one warm-up
-    each: the median seconds per image and the ms per forward (sampling and verification included)."""
+@torch.no_grad()
+def logit_gaps(model, twin, batch: int, windows: list[int]) -> dict:
+    """The largest |logit difference| between ``model`` and ``twin`` (same weights: compiled and eager) for the
+    same window at mid-image, cond and uncond rows."""
+    N = model.grid[0] * model.grid[1]
+    start = torch.full((batch,), N // 2, dtype=torch.long, device=model.device)
+    tokens = {w: torch.randint(0, model.vocab_size, (batch, w), generator=torch.Generator().manual_seed(w)
+                               ).to(model.device) for w in windows}
+    ours, theirs = ({w: session.forward(tokens[w], start) for w in windows} for session in
+                    (each.start(conditioning(each, batch), cfg=True, max_window=max(windows)) for each in (model, twin)))
+    return {str(w): max((ours[w].cond - theirs[w].cond).abs().max().item(),
+                        (ours[w].uncond - theirs[w].uncond).abs().max().item()) for w in windows}
+
+
+def image_costs(runs: dict, timing: Timing, rounds: int) -> tuple[dict, dict]:
+    """Whole images of each run (``seed -> (forwards per image, codes)``), interleaved A B C A B C ... after
+    one warm-up each: the median seconds per image and the ms per forward (sampling and verification included),
+    and each run's codes of the last round (the same seed for every run)."""
     for run in runs.values():
         run(0)
-    seconds, forwards = {name: [] for name in runs}, {name: [] for name in runs}
+    seconds, forwards, codes = {name: [] for name in runs}, {name: [] for name in runs}, {}
     for round_ in range(rounds):
         for name, run in runs.items():
             timing.sync()
             t0 = time.perf_counter()
-            forwards[name].append(run(1 + round_))
+            count, codes[name] = run(1 + round_)
             timing.sync()
             seconds[name].append(time.perf_counter() - t0)
-    return {name: {"image_s": statistics.median(seconds[name]),
-                   "ms_per_iteration": sum(seconds[name]) / sum(forwards[name]) * 1e3,
-                   "target_forwards": statistics.mean(forwards[name])} for name in runs}
+            forwards[name].append(count)
+    costs = {name: {"image_s": statistics.median(seconds[name]),
+                    "ms_per_iteration": sum(seconds[name]) / sum(forwards[name]) * 1e3,
+                    "target_forwards": statistics.mean(forwards[name])} for name in runs}
+    return costs, codes
 
 
 def decoder_runs(model, drafter, batch: int, sampling: SamplingSettings) -> dict:
-    """``ar``, ``sjd``, ``gsd`` and (with a drafter) ``spec`` at their defaults, as ``seed -> forwards``."""
+    """``ar``, ``sjd``, ``gsd`` and (with a drafter) ``spec`` at their defaults, as ``seed -> (forwards, codes)``."""
     def run(name):
-        return lambda seed: decode(model, conditioning(model, batch), sampling, DecoderSpec(name), seed=seed,
-                                   drafter=drafter if name == "spec" else None)[1].target_forwards
+        def image(seed):
+            codes, stats = decode(model, conditioning(model, batch), sampling, DecoderSpec(name), seed=seed,
+                                  drafter=drafter if name == "spec" else None)
+            return stats.target_forwards, codes
+        return image
     return {name: run(name) for name in DECODERS if name != "spec" or drafter is not None}
 
 
 def baseline_runs(model, batch: int, sampling: SamplingSettings) -> dict:
-    """The family's usual loop (loop_baselines.py) on the same weights, as ``seed -> forwards``."""
+    """The family's usual loop (loop_baselines.py) on the same weights, as ``seed -> (forwards, codes)``."""
     baseline = baseline_for(model)
     if baseline is None:
         return {}
@@ -216,8 +236,7 @@ def baseline_runs(model, batch: int, sampling: SamplingSettings) -> dict:
     tokens = model.grid[0] * model.grid[1]
 
     def run(seed):
-        loop(conditioning(model, batch), sampling, torch.Generator(model.device).manual_seed(seed))
-        return tokens
+        return tokens, loop(conditioning(model, batch), sampling, torch.Generator(model.device).manual_seed(seed))
     return {name: run}
 
 
@@ -317,7 +336,8 @@ def token_batch(args, model, drafter, eager_twin, timing: Timing, batch: int, by
              "forward_over_floor": forward[1] / floor_ms}
     if eager_twin is not None:
         entry["eager"] = {"forward_ms": {str(w): ms for w, ms in forward_costs(eager_twin, timing, batch,
-                                                                              windows).items()}}
+                                                                              windows).items()},
+                          "max_logit_gap": logit_gaps(model, eager_twin, batch, windows)}
     if args.no_decoders and not args.baselines:
         return entry
     runs = decoder_runs(model, drafter, batch, sampling)
@@ -327,12 +347,13 @@ def token_batch(args, model, drafter, eager_twin, timing: Timing, batch: int, by
         runs |= {f"eager {k}": run for k, run in decoder_runs(eager_twin, drafter, batch, sampling).items()
                  if k in runs}
     baselines = baseline_runs(eager_twin or model, batch, sampling) if args.baselines else {}
-    costs = image_costs(runs | baselines, timing, rounds)
+    costs, codes = image_costs(runs | baselines, timing, rounds)
     for cost in costs.values():
         cost["over_floor"] = cost["ms_per_iteration"] / floor_ms
     entry["decoders"] = {k: c for k, c in costs.items() if k in runs and not k.startswith("eager ")}
-    if eager_twin is not None:
+    if eager_twin is not None:  # the evidence that compiled steps may be on by default on this device
         entry["eager"]["decoders"] = {k[len("eager "):]: c for k, c in costs.items() if k.startswith("eager ")}
+        entry["eager"]["same_tokens"] = {k: torch.equal(codes[k], codes[f"eager {k}"]) for k in entry["decoders"]}
     entry["baselines"] = {k: c | {"ar_speedup": c["image_s"] / costs["ar"]["image_s"]}
                           for k, c in costs.items() if k in baselines}
     return entry
@@ -352,6 +373,11 @@ def print_batch(batch: int, entry: dict) -> None:
               f"{eager['forward_ms']['1']:.2f} ms; " + ", ".join(
                   f"{decoder} {cost['image_s']:.3f} s per image" for decoder, cost in eager.get("decoders", {}).items()),
               flush=True)
+        print("[profile]   compiled vs eager: largest |logit difference| "
+              + ", ".join(f"W={w}: {gap:.1e}" for w, gap in eager["max_logit_gap"].items())
+              + ("; same tokens for the same seed: " + ", ".join(
+                  f"{decoder} {'yes' if same else 'NO'}" for decoder, same in eager["same_tokens"].items())
+                 if "same_tokens" in eager else ""), flush=True)
     for loop, cost in entry.get("baselines", {}).items():
         print(f"[profile]   {loop} (same weights): {cost['ms_per_iteration']:.2f} ms per token "
               f"({cost['over_floor']:.2f}x floor), {cost['image_s']:.3f} s per image: FastAR ar is "
