@@ -63,6 +63,18 @@ def test_same_seed_same_tokens_and_class_repeats_over_batch(tmp_path):
 
 
 @needs_demo
+def test_compile_gives_the_eager_tokens_and_says_what_compiling_cost(tmp_path):
+    runs = {}
+    for switch in ("off", "on"):
+        r = fastar("generate", "--classes", "1,5", "--decoder", "sjd", "--seed", 4, "--compile", switch,
+                   "--tokens-out", tmp_path / f"{switch}.json", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        runs[switch] = (json.loads((tmp_path / f"{switch}.json").read_text())["tokens"], r.stdout)
+    assert runs["on"][0] == runs["off"][0]
+    assert "s of it compiling steps" in runs["on"][1] and "compiling" not in runs["off"][1]
+
+
+@needs_demo
 @pytest.mark.parametrize("args,message", [
     (["--class", "99"], "out of range"),
     (["--class", "not-a-class"], "unknown class"),
@@ -70,6 +82,7 @@ def test_same_seed_same_tokens_and_class_repeats_over_batch(tmp_path):
     (["--window", "1"], "window"),
     (["--model", "missing.safetensors"], "missing.safetensors"),
     (["--threads", "0"], "--threads 0: give at least 1"),
+    (["--compile", "always"], "argument --compile: invalid choice: 'always'"),
 ])
 def test_bad_input_gives_a_clear_error_and_exit_code(tmp_path, args, message):
     r = fastar("generate", "--quiet", *args, cwd=tmp_path)
