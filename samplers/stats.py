@@ -92,28 +92,66 @@ class DecodeStats:
 
 
 class Stopwatch:
-    """Accumulates time per phase. GPU work is asynchronous, so every clock read that ends a timed region
-    first waits for the device: the phases and the total are what the user waits, not launch times."""
+    """Accumulates time per phase. GPU work is asynchronous and the rule is one host sync per decoding
+    iteration, so on CUDA a lap only records an event on the stream (no wait) and the phases are read from the
+    events once, when ``totals`` is asked for after the generation; ``elapsed`` waits for the device once, so the
+    wall time is what the user waits. Elsewhere a lap reads the host clock (MPS waits for its device first)."""
 
-    def __init__(self, device=None):
+    def __init__(self, device=None, events=None):
         self.device = torch.device(device) if device is not None else torch.device("cpu")
-        self.totals: dict[str, float] = {}
+        self.events = events if events is not None else (CudaEvents(self.device) if self.device.type == "cuda" else None)
+        self._totals: dict[str, float] = {}
+        self._marks: list[tuple[str, object]] = []  # (phase, event that ended it), not yet read
         self._start = self._last = self._now()
+        self._previous = self.events.mark() if self.events is not None else None
 
     def _now(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        elif self.device.type == "mps":
+        if self.device.type == "mps":
             torch.mps.synchronize()
         return time.perf_counter()
 
     def lap(self, phase: str) -> None:
+        if self.events is not None:
+            self._marks.append((phase, self.events.mark()))
+            return
         now = self._now()
-        self.totals[phase] = self.totals.get(phase, 0.0) + now - self._last
+        self._totals[phase] = self._totals.get(phase, 0.0) + now - self._last
         self._last = now
 
+    @property
+    def totals(self) -> dict[str, float]:
+        """Seconds per phase so far (on CUDA: waits for the device, once for all laps recorded since)."""
+        if self._marks:
+            self.events.wait()
+            for phase, mark in self._marks:
+                self._totals[phase] = self._totals.get(phase, 0.0) + self.events.seconds(self._previous, mark)
+                self._previous = mark
+            self._marks.clear()
+        return self._totals
+
     def elapsed(self) -> float:
+        if self.events is not None:
+            self.events.wait()
         return self._now() - self._start
+
+
+class CudaEvents:
+    """Timing marks on the device's current stream: recording one does not wait for the device."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def mark(self):
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def wait(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    @staticmethod
+    def seconds(start, end) -> float:
+        return start.elapsed_time(end) / 1e3
 
 
 def acceptance_heatmap(fixed_at: list[int] | torch.Tensor, grid: tuple[int, int], scale: int = 16) -> np.ndarray:
