@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import time
 import warnings
+from dataclasses import dataclass
 
 import torch
 
@@ -88,7 +89,8 @@ class CompiledStep:
                 return out
             except Exception as error:  # noqa: BLE001 - whatever compiling raises, eager is the answer
                 result = self.eager(session, *args, **kwargs)
-                self.failure = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"
+                first_line = (str(error).strip().splitlines() or [""])[0]
+                self.failure = f"{type(error).__name__}: {first_line[:300]}"
                 warnings.warn(f"compiled steps are off: torch.compile failed on this machine ({self.failure}); "
                               "decoding runs eagerly (same images, without the speed-up). Install a C++ compiler "
                               "(g++) for CPU kernels, or turn the compile switch off to skip the attempt",
@@ -97,11 +99,12 @@ class CompiledStep:
         return self.eager(session, *args, **kwargs)
 
 
+@dataclass
 class CompileClock:
     """Seconds spent compiling steps so far in this process (decode() reports a generation's share apart from
     its decoding time, so that a first run's compilation does not read as a slow decoder)."""
 
-    seconds = 0.0
+    seconds: float = 0.0
 
 
 COMPILE_CLOCK = CompileClock()
