@@ -138,3 +138,23 @@ def test_a_first_run_reports_its_compilation_apart():
     assert 0 < first.compile_time_s < first.wall_time_s  # tracing alone takes a while, even from a warm kernel cache
     assert first.decode_time_s == first.wall_time_s - first.compile_time_s
     assert second.compile_time_s == 0.0 and second.decode_time_s == second.wall_time_s
+
+
+@pytest.mark.parametrize("shape", ["lumina-tiny", "janus-tiny"])
+def test_layout_models_compile_to_eagers_tokens(shape):
+    """Chameleon-family (row-end tokens inside windows that cross a row) and Janus sessions, which ComfyUI's
+    auto switch compiles on a CPU like LlamaGen's: the same tokens as eager for ar and sjd."""
+    from fastar.model_loaders.protocol import PromptConditioning
+    from fastar.tools.speed_profile import build
+
+    eager = build(shape, torch.device("cpu"), torch.float32)
+    compiled = compile_steps(build(shape, torch.device("cpu"), torch.float32))
+    prompts = PromptConditioning(["a photo", "a dog"])
+    for spec in (DecoderSpec("ar"), DecoderSpec("sjd", window=6, coupling="maximal")):
+        want, _ = decode(eager, prompts, SAMPLING, spec, seed=1)
+        got, stats = decode(compiled, prompts, SAMPLING, spec, seed=1)
+        assert torch.equal(got, want)
+    from fastar.model_loaders.compiled import compiled_forward
+    from fastar.model_loaders.llm_decoder import LayoutSession
+
+    assert compiled_forward(LayoutSession, "default").failure is None  # compiled, not fallen back to eager

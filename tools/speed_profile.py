@@ -104,6 +104,7 @@ SHAPES = {
     "llamagen-xxl": Shape("llamagen", 1536, 48, 24, (16, 16)),
     "lumina-mgpt-7b-768": Shape("chameleon", 4096, 32, 32, (48, 48), ffn=11008, row_end=True),
     "anole-7b": Shape("chameleon", 4096, 32, 32, (32, 32), ffn=11008),
+    "lumina-tiny": Shape("chameleon", 64, 2, 4, (4, 4), ffn=96, row_end=True),  # smoke runs: row-end layout
     "janus-tiny": Shape("janus", 64, 2, 4, (6, 6), ffn=96),  # for a quick smoke run
     "janus-pro-1b": Shape("janus", 2048, 24, 16, (24, 24), ffn=5632),
     "janus-pro-7b": Shape("janus", 4096, 30, 32, (24, 24), ffn=11008),
