@@ -21,6 +21,7 @@ from ..model_loaders.mar_model import MAR, MARConfig
 from ..model_loaders.protocol import ClassConditioning
 from ..samplers.decoders import decode_masked
 from ..samplers.masked import MaskedSettings
+from .profile_common import Timing, image_costs, randomise
 
 MAR_DECODERS = ("ar", "cspd")
 DRAFT_BLOCKS = 2  # a shape without a smaller release drafts with itself cut to this many encoder/decoder blocks
@@ -53,12 +54,9 @@ MAR_SHAPES = {
 
 
 def build_mar(shape: str, device, dtype, *, depth: int | None = None, seed: int = 0) -> MAR:
-    torch.manual_seed(seed)
     with torch.device(device):
         model = MAR_SHAPES[shape].build(depth)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.02)
+    randomise(model, seed)
     model.to(dtype).diffloss.float()  # the head stays fp32, as the loader keeps it
     return model.eval()
 
@@ -84,8 +82,8 @@ def transformer_gflop(model: MAR, rows: int, known: int, attention: bool = True)
 
 
 @torch.no_grad()
-def mar_batch(model: MAR, draft, timing, batch: int, bytes_per_s: float, decoders: bool, rounds: int,
-              image_costs) -> dict:
+def mar_batch(model: MAR, draft, timing: Timing, batch: int, bytes_per_s: float, decoders: bool,
+              rounds: int) -> dict:
     """The measurements of one batch size (see the module doc)."""
     cfg, L = model.cfg, model.cfg.num_tokens
     settings = MaskedSettings(num_iter=min(64, L), cfg_scale=3.0)

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import json
 import platform
-import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +44,7 @@ from ..samplers.decoders import DecoderSpec, decode
 from ..samplers.processing import SamplingSettings
 from .loop_baselines import baseline_for
 from .mar_profile import MAR_SHAPES, build_mar, check_mar_options, mar_batch, print_mar_batch, random_draft
+from .profile_common import Timing, bandwidth, image_costs, randomise
 
 DECODERS = ("ar", "sjd", "gsd", "spec")
 PROMPT_TOKENS = 32  # a typical prompt's length for the text-to-image shapes
@@ -111,38 +110,14 @@ SHAPES = {
 }
 
 
-@dataclass
-class Timing:
-    device: torch.device
-    repeats: int
-
-    def median_s(self, fn) -> float:
-        fn()  # warm-up
-        samples = []
-        for _ in range(self.repeats):
-            self.sync()
-            t0 = time.perf_counter()
-            fn()
-            self.sync()
-            samples.append(time.perf_counter() - t0)
-        return statistics.median(samples)
-
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-
 def build(shape: str, device: torch.device, dtype: torch.dtype, *, layers: int | None = None,
           grid: tuple[int, int] | None = None, seed: int = 0):
     """A random-weight model of ``shape`` (``layers``, ``grid``: overrides)."""
     if shape not in SHAPES:
         raise FastARError(f"--shape {shape}: choose one of {', '.join([*SHAPES, *MAR_SHAPES])}")
-    torch.manual_seed(seed)
     with torch.device(device):
         model = SHAPES[shape].build(layers, grid)
-    with torch.no_grad():  # small random weights keep activations finite in fp16
-        for name, p in model.named_parameters():
-            p.normal_(1.0 if "norm" in name else 0.0, 0.02)
+    randomise(model, seed)
     return model.to(dtype).eval()
 
 
@@ -150,13 +125,6 @@ def conditioning(model, batch: int):
     if getattr(model, "conditioning_kind", "class") == "prompt":
         return PromptConditioning(["a photo"] * batch)
     return ClassConditioning(torch.zeros(batch, dtype=torch.long))
-
-
-def bandwidth(timing: Timing, megabytes: int = 256) -> float:
-    """Bytes per second a device copy reads and writes."""
-    source = torch.empty(megabytes << 20, dtype=torch.uint8, device=timing.device)
-    target = torch.empty_like(source)
-    return 2 * source.numel() / timing.median_s(lambda: target.copy_(source))
 
 
 def weight_bytes_read(model) -> int:
@@ -196,27 +164,6 @@ def logit_gaps(model, twin, batch: int, windows: list[int]) -> dict:
                         (ours[w].uncond - theirs[w].uncond).abs().max().item()) for w in windows}
 
 
-def image_costs(runs: dict, timing: Timing, rounds: int) -> tuple[dict, dict]:
-    """Whole images of each run (``seed -> (forwards per image, codes)``), interleaved A B C A B C ... after
-    one warm-up each: the median seconds per image and the ms per forward (sampling and verification included),
-    and each run's codes of the last round (the same seed for every run)."""
-    for run in runs.values():
-        run(0)
-    seconds, forwards, codes = {name: [] for name in runs}, {name: [] for name in runs}, {}
-    for round_ in range(rounds):
-        for name, run in runs.items():
-            timing.sync()
-            t0 = time.perf_counter()
-            count, codes[name] = run(1 + round_)
-            timing.sync()
-            seconds[name].append(time.perf_counter() - t0)
-            forwards[name].append(count)
-    costs = {name: {"image_s": statistics.median(seconds[name]),
-                    "ms_per_iteration": sum(seconds[name]) / sum(forwards[name]) * 1e3,
-                    "target_forwards": statistics.mean(forwards[name])} for name in runs}
-    return costs, codes
-
-
 def decoder_runs(model, drafter, batch: int, sampling: SamplingSettings) -> dict:
     """``ar``, ``sjd``, ``gsd`` and (with a drafter) ``spec`` at their defaults, as ``seed -> (forwards, codes)``."""
     def run(name):
@@ -251,21 +198,28 @@ def load(path: str, device: torch.device, dtype: torch.dtype):
     return model.eval()
 
 
-def subject(args, device: torch.device, dtype: torch.dtype):
-    """The model profiled (a random shape or ``--model``) and the drafter of its ``spec`` runs (None: no spec)."""
+def target(args, device: torch.device, dtype: torch.dtype):
+    """The model profiled: a random shape, or ``--model``."""
     if args.model:
-        model = load(args.model, device, dtype)
         if args.grid:
             raise FastARError("--grid resizes a random shape; a checkpoint keeps its own grid")
-        return model, (load_drafter(args.drafter, model) if args.drafter else None)
+        return load(args.model, device, dtype)
     if args.drafter:
         raise FastARError("--drafter goes with --model; a random shape drafts with a random smaller model of its "
                           f"shape ({DRAFTER_LAYERS} layers; MAR-L and MAR-H: MAR-B)")
     if args.shape in MAR_SHAPES:
-        return build_mar(args.shape, device, dtype), random_draft(args.shape, device, dtype)
-    grid = parse_grid(args.grid) if args.grid else None
-    model = build(args.shape, device, dtype, grid=grid)
-    return model, SmallARDrafter(build(args.shape, device, dtype, layers=DRAFTER_LAYERS, grid=grid, seed=1))
+        return build_mar(args.shape, device, dtype)
+    return build(args.shape, device, dtype, grid=parse_grid(args.grid) if args.grid else None)
+
+
+def drafter_for(args, model):
+    """The drafter of the ``spec`` / ``cspd`` runs: ``--drafter`` for a checkpoint (None: those runs are left
+    out), a random smaller model of the shape for a random shape."""
+    if args.model:
+        return load_drafter(args.drafter, model) if args.drafter else None
+    if args.shape in MAR_SHAPES:
+        return random_draft(args.shape, model.device, model.dtype)
+    return SmallARDrafter(build(args.shape, model.device, model.dtype, layers=DRAFTER_LAYERS, grid=model.grid, seed=1))
 
 
 def drafter_name(drafter) -> str | None:
@@ -289,11 +243,12 @@ def run_profile(args) -> dict:
     args.dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     timing = Timing(device, args.repeats)
-    model, drafter = subject(args, device, dtype)
+    model = target(args, device, dtype)
+    drafter = drafter_for(args, model)
     mar = model.kind == "masked-ar"
     if mar:
         check_mar_options(args)
-    eager_twin = subject(args, device, dtype)[0] if args.compile else None  # the same weights, beside it
+    eager_twin = target(args, device, dtype) if args.compile else None  # the same weights, beside it
     if args.compile:
         compile_steps(model)
     bytes_per_s = bandwidth(timing)
@@ -309,7 +264,7 @@ def run_profile(args) -> dict:
     rounds = min(args.repeats, 5)
     for batch in args.batches:
         if mar:
-            entry = mar_batch(model, drafter, timing, batch, bytes_per_s, not args.no_decoders, rounds, image_costs)
+            entry = mar_batch(model, drafter, timing, batch, bytes_per_s, not args.no_decoders, rounds)
             print_mar_batch(batch, entry)
         else:
             entry = token_batch(args, model, drafter, eager_twin, timing, batch, bytes_per_s, rounds)
