@@ -33,8 +33,9 @@ def compile_steps(model, when: str = "on", mode: str | None = None):
     between devices. ``mode``: torch.compile's; default 'reduce-overhead' (CUDA graphs) on CUDA, 'default'
     elsewhere. The first generation of each shape pays the compilation (seconds to a minute). Models that are
     not token models have no static-cache step: 'on' refuses them, 'auto' and 'off' leave them as they are."""
-    if when not in SWITCH:
-        raise FastARError(f"compile switch '{when}': choose one of {', '.join(SWITCH)}")
+    problem = switch_error(when)
+    if problem:
+        raise FastARError(problem)
     if getattr(model, "kind", "token-ar") != "token-ar":
         if when == "on":
             raise FastARError(f"compiled steps are for token models (their static-cache step); this is {model.what}")
@@ -53,6 +54,11 @@ def compile_steps(model, when: str = "on", mode: str | None = None):
         model.start = start
     model.compile_switch, model.compile_mode = when, mode
     return model
+
+
+def switch_error(when: str) -> str | None:
+    """What is wrong with a compile setting (None: nothing); the nodes check it before a run."""
+    return None if when in SWITCH else f"unknown compile setting '{when}': choose one of {', '.join(SWITCH)}"
 
 
 def compiled_mode(model) -> str | None:

@@ -9,7 +9,7 @@ import torch
 from comfy_api.latest import io
 
 from ..errors import FastARError
-from ..model_loaders.compiled import SWITCH, compile_steps
+from ..model_loaders.compiled import SWITCH, compile_steps, switch_error
 from ..model_loaders.demo import DEMO_DRAFTER
 from ..model_loaders.protocol import ClassConditioning, PromptConditioning
 from ..pipeline import DTYPES, check_class_index, conditioning_type
@@ -57,12 +57,6 @@ def raise_if(message: str | None) -> None:
 
 
 IMAGE_SIZES = ("auto", "128", "256", "384", "512")  # pixels; 128 is the demo model's
-
-
-def switch_error(switch: str) -> str | None:
-    if switch not in SWITCH:
-        return f"unknown compile setting '{switch}': choose one of {', '.join(SWITCH)}"
-    return None
 
 
 def image_size_error(image_size: str) -> str | None:

@@ -67,7 +67,7 @@ def test_only_token_models_take_compiled_steps():
         compile_steps(tiny_mar(0))
     mar = tiny_mar(0)
     assert compile_steps(mar, "auto") is mar and compiled_mode(mar) is None  # auto: where it applies
-    with pytest.raises(FastARError, match="compile switch 'yes': choose one of auto, on, off"):
+    with pytest.raises(FastARError, match="unknown compile setting 'yes': choose one of auto, on, off"):
         compile_steps(tiny_model(seed=3), "yes")
 
 
