@@ -1,0 +1,255 @@
+"""Builds the LlamaGen-family conformance fixtures with the official code (run by hand, never by the tests).
+
+    python tests/conformance/build/llamagen.py c2i     --official CHECKOUT_OF_FoundationVision/LlamaGen
+    python tests/conformance/build/llamagen.py t2i     --official CHECKOUT_OF_FoundationVision/LlamaGen
+    python tests/conformance/build/llamagen.py dd      --official CHECKOUT_OF_microsoft/distilled_decoding
+    python tests/conformance/build/llamagen.py lantern --official CHECKOUT_OF_jadohu/LANTERN
+                                                       --llamagen CHECKOUT_OF_FoundationVision/LlamaGen
+
+Each case builds a tiny model with the official classes, saves it as the official save path does, runs the
+official sampler (greedy: top-k 1) and the official decoder, and writes fixtures/<case>/ (weights, expected.json,
+PNGs). Everything runs on a CPU. The tiny VQ tokenizer (made with the official VQ classes) lives in
+fixtures/llamagen_c2i/vq.pt and is shared by the other cases.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from common import FIXTURES, save_image  # noqa: E402
+
+# the tiny sizes: GPT width 32, 2 layers, 2 heads, a 64-code VQ with 2 levels
+# (downsample 2), 6x6 image tokens (12x12 px images)
+VOCAB = 64
+GRID = 6
+DOWNSAMPLE = 2
+DIM, LAYERS, HEADS, KV_HEADS = 32, 2, 2, None  # the official KVCache holds n_head heads: no GQA in generate()
+NUM_CLASSES = 10
+CLASSES = [3, 7]
+CFG = 4.0
+SEED = 0
+
+
+COMMITS: dict = {}  # checkout -> commit given on the command line (for a checkout without .git)
+
+
+def commit_of(checkout: Path) -> str:
+    if checkout in COMMITS:
+        return COMMITS[checkout]
+    return subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def packages(*names) -> dict:
+    from importlib.metadata import version
+    return {name: version(name) for name in names}
+
+
+def write_expected(folder: Path, source: dict, runs: list) -> None:
+    (folder / "expected.json").write_text(json.dumps({"source": source, "runs": runs}, indent=1) + "\n")
+
+
+def official_path(checkout: Path) -> None:
+    sys.path.insert(0, str(checkout))
+
+
+class MarginRecorder:
+    """Wraps the official ``sample`` of generate.py: records the gap between the two largest (CFG-combined)
+    logits at each step, so a greedy fixture never rests on a near tie that float order could flip."""
+
+    def __init__(self, module):
+        self.module, self.original, self.gaps = module, module.sample, []
+
+    def __enter__(self):
+        def sample(logits, *args, **kwargs):
+            top = logits[:, -1, :].float().topk(2, dim=-1).values
+            self.gaps.append((top[:, 0] - top[:, 1]).min().item())
+            return self.original(logits, *args, **kwargs)
+        self.module.sample = sample
+        return self
+
+    def __exit__(self, *exc):
+        self.module.sample = self.original
+
+    def check(self, least=1e-3):
+        worst = min(self.gaps)
+        assert worst > least, f"a greedy step has a near tie (top-2 logit gap {worst:.2e}): change the seed"
+
+
+def reinit_head(linear: torch.nn.Linear, std: float) -> None:
+    """The official output head is zero-initialised (constant logits): give it random weights."""
+    torch.nn.init.normal_(linear.weight, std=std)
+
+
+def check_codes(codes: torch.Tensor, least: int = 10) -> None:
+    for row in codes:
+        distinct = len(set(row.tolist()))
+        assert distinct >= least, f"greedy codes use only {distinct} distinct values: {row.tolist()}"
+
+
+# -- the VQ tokenizer ---------------------------------------------------------------------------------
+
+
+def build_vq(vq_model):
+    """The smallest VQ the official classes allow: the official VQModel (its ModelArgs with 2 levels, a 64-code
+    codebook, z_channels 32, no usage buffer), with its encoder and decoder swapped for the official Encoder and
+    Decoder classes at ch=32 (VQModel hard-codes ch=128) and one residual block per decoder level."""
+    torch.manual_seed(SEED)
+    vq = vq_model.VQModel(vq_model.ModelArgs(
+        codebook_size=VOCAB, codebook_embed_dim=8, codebook_show_usage=False,
+        encoder_ch_mult=[1, 1], decoder_ch_mult=[1, 1], z_channels=32))
+    vq.encoder = vq_model.Encoder(ch=32, ch_mult=(1, 1), num_res_blocks=0, z_channels=32)
+    vq.decoder = vq_model.Decoder(z_channels=32, ch=32, ch_mult=(1, 1), num_res_blocks=0)
+    # GroupNorm affine params start at 1/0: vary them so a norm applied in the wrong place shows
+    for module in vq.modules():
+        if isinstance(module, torch.nn.GroupNorm):
+            torch.nn.init.normal_(module.weight, 1.0, 0.2)
+            torch.nn.init.normal_(module.bias, 0.0, 0.2)
+    # the official init stores unit rows; trained codebooks do not: scale the rows so the lookup's
+    # L2 normalisation matters
+    vq.quantize.embedding.weight.mul_(torch.rand(VOCAB, 1) * 1.5 + 0.5)
+    return vq.eval()
+
+
+def official_decode(vq, codes: torch.Tensor, folder: Path, prefix: str) -> list[str]:
+    """The official decode_code() images of ``codes`` [B, N], saved as PNGs; their file names."""
+    with torch.no_grad():
+        images = vq.decode_code(codes, [codes.shape[0], 8, GRID, GRID])
+    assert 0.05 < (images.abs() < 1).float().mean() and images.std() > 0.1, "degenerate official image"
+    names = []
+    for i, image in enumerate(images):
+        names.append(f"{prefix}_{i}.png")
+        save_image(image.numpy(), folder / names[-1])
+    return names
+
+
+# -- case 1: class-to-image -------------------------------------------------------------------------
+
+
+def train_c2i_args(**overrides) -> argparse.Namespace:
+    """The argparse.Namespace that autoregressive/train/train_c2i.py saves as checkpoint["args"]: its parser's
+    defaults, with the tiny model's values where they differ."""
+    args = dict(
+        code_path="codes", cloud_save_path="ckpt", no_local_save=False, gpt_model="GPT-B", gpt_ckpt=None,
+        gpt_type="c2i", vocab_size=16384, ema=False, cls_token_num=1, dropout_p=0.1, token_dropout_p=0.1,
+        drop_path_rate=0.0, no_compile=False, results_dir="results", dataset="imagenet_code", image_size=256,
+        downsample_size=16, num_classes=1000, epochs=300, lr=1e-4, weight_decay=5e-2, beta1=0.9, beta2=0.95,
+        max_grad_norm=1.0, global_batch_size=256, global_seed=0, num_workers=24, log_every=100,
+        ckpt_every=5000, gradient_accumulation_steps=1, mixed_precision="bf16",
+    )
+    args.update(overrides)
+    return argparse.Namespace(**args)
+
+
+def tiny_gpt(gpt, seed=SEED, **kwargs):
+    torch.manual_seed(seed)
+    model = gpt.Transformer(gpt.ModelArgs(
+        dim=DIM, n_layer=LAYERS, n_head=HEADS, n_kv_head=KV_HEADS, multiple_of=32, vocab_size=VOCAB,
+        block_size=GRID * GRID, **kwargs))
+    reinit_head(model.output, std=DIM ** -0.5 * 3)
+    # the official init (std 0.02) makes a tiny model's next code a function of the last code alone (greedy
+    # codes then cycle): larger weights, spread embeddings and norms so position and context matter
+    for module in model.layers.modules():
+        if isinstance(module, torch.nn.Linear):
+            torch.nn.init.normal_(module.weight, std=module.in_features ** -0.5)
+    torch.nn.init.normal_(model.tok_embeddings.weight, std=1.0)
+    for module in model.modules():
+        if isinstance(module, gpt.RMSNorm):
+            torch.nn.init.normal_(module.weight, 1.0, 0.2)
+    return model.eval()
+
+
+def official_greedy(generate_module, model, cond, **kwargs) -> torch.Tensor:
+    with MarginRecorder(generate_module) as margins:
+        codes = generate_module.generate(model, cond, GRID * GRID, cfg_scale=CFG, cfg_interval=-1,
+                                         temperature=1.0, top_k=1, top_p=1.0, sample_logits=True, **kwargs)
+    margins.check()
+    check_codes(codes)
+    return codes
+
+
+def first_good_seed(make, run, tries=20) -> int:
+    """The first weight seed whose greedy codes vary (a tiny random model often locks onto one code) without
+    near ties."""
+    for seed in range(tries):
+        try:
+            run(make(seed))
+            return seed
+        except AssertionError as e:
+            print(f"seed {seed}: {e}")
+    raise SystemExit("no seed gave varied greedy codes")
+
+
+def build_c2i(checkout: Path) -> None:
+    official_path(checkout)
+    from autoregressive.models import generate as generate_module
+    from autoregressive.models import gpt
+    from tokenizer.tokenizer_image import vq_model
+
+    folder = FIXTURES / "llamagen_c2i"
+    folder.mkdir(parents=True, exist_ok=True)
+    vq = build_vq(vq_model)
+    torch.save({"model": vq.state_dict()}, folder / "vq.pt")  # as vq_train.py saves it (its "model" entry)
+
+    def make(seed):
+        return tiny_gpt(gpt, seed, num_classes=NUM_CLASSES, cls_token_num=1, model_type="c2i")
+
+    seed = first_good_seed(make, lambda model: official_greedy(generate_module, model, torch.tensor(CLASSES)))
+    model = make(seed)
+    args = train_c2i_args(gpt_model="GPT-tiny", vocab_size=VOCAB, image_size=GRID * DOWNSAMPLE,
+                          downsample_size=DOWNSAMPLE, num_classes=NUM_CLASSES)
+    torch.save({"model": model.state_dict(), "optimizer": {}, "steps": 0, "args": args}, folder / "gpt.pt")
+    # no official size has these shapes, so the head count goes where FastAR reads it for a custom size
+    (folder / "gpt.json").write_text(json.dumps({"num_attention_heads": HEADS}) + "\n")
+
+    # the official sampler on the reloaded file, as sample_c2i.py loads it
+    reloaded = make(seed + 1000)
+    reloaded.load_state_dict(torch.load(folder / "gpt.pt", map_location="cpu", weights_only=False)["model"],
+                             strict=False)
+    codes = official_greedy(generate_module, reloaded, torch.tensor(CLASSES))
+    images = official_decode(vq, codes, folder, "c2i")
+    classes = ",".join(map(str, CLASSES))
+    runs = [{"name": f"greedy {decoder} cfg {CFG}",
+             "args": ["--classes", classes, "--cfg", CFG, "--top-k", 1, "--decoder", decoder],
+             "codes": codes.tolist(), "images": images} for decoder in ("ar", "sjd")]
+    write_expected(folder, {
+        "repository": "FoundationVision/LlamaGen", "commit": commit_of(checkout), "packages": packages("torch"),
+        "builder": "tests/conformance/build/llamagen.py c2i",
+        "made_with": "autoregressive.models.gpt.Transformer(ModelArgs(dim=32, n_layer=2, n_head=2, "
+                     "multiple_of=32, vocab_size=64, block_size=36, num_classes=10, model_type='c2i')) (output head, "
+                     "layer Linear weights, token embeddings and RMSNorm weights re-initialised randomly; the first "
+                     "weight seed whose greedy codes vary), saved as train_c2i.py saves it "
+                     "({'model', 'optimizer', 'steps', 'args': Namespace}) + gpt.json with the head count; codes "
+                     "from autoregressive.models.generate.generate(cfg_scale=4.0, top_k=1) on the reloaded file; "
+                     "tokenizer.tokenizer_image.vq_model.VQModel (codebook 64x8, z 32, no usage buffer) with the "
+                     "official Encoder/Decoder at ch=32, ch_mult (1,1), num_res_blocks=0, saved as {'model': sd}; "
+                     "images from VQModel.decode_code",
+    }, runs)
+    print("c2i codes", codes.tolist())
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("case", choices=["c2i", "t2i", "dd", "lantern"])
+    parser.add_argument("--official", required=True, type=Path, help="checkout of the case's official repository")
+    parser.add_argument("--llamagen", type=Path, help="lantern: checkout of FoundationVision/LlamaGen")
+    parser.add_argument("--commit", help="the --official checkout's commit, where it is no git work tree")
+    parser.add_argument("--llamagen-commit", help="the --llamagen checkout's commit, where it is no git work tree")
+    args = parser.parse_args()
+    if args.commit:
+        COMMITS[args.official.resolve()] = args.commit
+    if args.llamagen_commit:
+        COMMITS[args.llamagen.resolve()] = args.llamagen_commit
+    torch.set_grad_enabled(False)
+    {"c2i": build_c2i}[args.case](args.official.resolve())
+
+
+if __name__ == "__main__":
+    main()
