@@ -10,8 +10,12 @@ index, or one file) and the tokenizer (``tokenizer.json``, ``tokenizer_config.js
   of image tokens each ended by ``<reserved08799>``, then ``<eoss>``. 16-pixel tokens: 768 px is 48 x 48.
   The released models draw 512, 768 or 1024 px (the folder name says which); the size is the explicit
   choice, else config.json's ``image_size`` (FastAR's own models), else the folder name, else 768.
-- Anole (and Chameleon): the prompt after bos, then ``<racm3:break>``, 32 x 32 image tokens (512 px), no
-  row or size tokens.
+- Anole (and Chameleon): the prompt after bos, the turn separator ``<reserved08706>``, then ``<racm3:break>``,
+  32 x 32 image tokens (512 px), no row or size tokens; CFG's unconditional row is bos, ``<racm3:break>`` (as in
+  GAIR-NLP/anole, transformers' ChameleonProcessor and LANTERN's Anole generate).
+- The per-head QK norms are stored per head (``[heads, head_dim]``, transformers' conversion) or per
+  model-parallel shard (``[shards, head_dim]``, ``[1, 128]`` for the 7B folders Lumina-mGPT's own classes save);
+  both load.
 The image decoder is Meta's VQGAN (``vqgan.ckpt``, a Lightning checkpoint); a folder's ``model.vqmodel.*``
 weights serve when they include the decoder (transformers' Chameleon conversion keeps only the encoder).
 """
@@ -25,7 +29,7 @@ import torch
 
 from ..errors import FastARError
 from .chameleon_model import ChameleonConfig, ChameleonGPT
-from .checkpoint import IMAGE_DECODER, CheckpointInfo, load_weights, read_json, require_family, select
+from .checkpoint import IMAGE_DECODER, CheckpointInfo, load_weights, read_json, require_family, select, shape_of
 from .protocol import PromptConditioning
 from .vqgan import VQGAN, VQGANConfig
 
@@ -109,8 +113,10 @@ def bos_token(folder: Path, tokenizer) -> int | None:
 
 
 def token_pixels(config: dict) -> int:
-    """Pixels per image token side: the VQ model's downsampling (2 per level after the first)."""
-    levels = (config.get("vq_config") or {}).get("channel_multiplier")
+    """Pixels per image token side: the VQ model's downsampling (2 per level after the first); the level
+    multipliers are ``channel_multiplier`` in transformers' configs, ``ch_mult`` in the 2024 ones."""
+    vq = config.get("vq_config") or {}
+    levels = vq.get("channel_multiplier") or vq.get("ch_mult")
     return 2 ** (len(levels) - 1) if levels else TOKEN
 
 
@@ -140,18 +146,45 @@ def load_chameleon(sd, *, info: CheckpointInfo, image_size: int | None = None, d
                           "(config.json, weights, tokenizer files): pick the folder, not a single file")
     weights = select(sd, {k: k for k in sd if not k.startswith("model.vqmodel.")})  # its VQ loads on its own
     with torch.device("meta"):
-        model = build_chameleon(info.folder, info.config, info.source, image_size)
+        model = build_chameleon(info.folder, info.config, info.source, image_size, qk_norm_rows(weights, info))
     load_weights(model, weights, info.source, device, dtype)
     model.image_ids = torch.tensor(model.cfg.image_ids, dtype=torch.long)  # a buffer built on the meta device
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
-def build_chameleon(folder: Path, config: dict, source: str, image_size: int | None = None) -> ChameleonGPT:
-    """The model a folder's config.json and tokenizer describe, with freshly initialised weights."""
+QK_NORM = "model.layers.0.self_attn.{}_norm.weight"
+
+
+def qk_norm_rows(weights, info: CheckpointInfo) -> tuple[int, int] | None:
+    """The rows of the stored QK-norm weights: None when there is one per head (transformers' layout), else
+    (q rows, k rows), one per model-parallel shard (Lumina-mGPT's own classes); refused when they fit neither."""
+    heads = info.config["num_attention_heads"]
+    kv_heads = info.config.get("num_key_value_heads") or heads
+    head_dim = info.config["hidden_size"] // heads
+    rows = []
+    for which, count in (("q", heads), ("k", kv_heads)):
+        key = QK_NORM.format(which)
+        if key not in weights:
+            return None  # load_weights names what is missing
+        shape = shape_of(weights, key)
+        if len(shape) != 2 or shape[1] != head_dim or count % shape[0]:
+            raise FastARError(
+                f"{info.source}: {key} has shape {list(shape)}; a Chameleon-family QK norm is [{count}, {head_dim}] "
+                f"(one row per head) or [shards, {head_dim}] with the {count} heads split evenly over the shards "
+                "(Lumina-mGPT's model-parallel layout): these weights belong to another model size")
+        rows.append(shape[0])
+    return None if rows == [heads, kv_heads] else tuple(rows)
+
+
+def build_chameleon(folder: Path, config: dict, source: str, image_size: int | None = None,
+                    qk_rows: tuple[int, int] | None = None) -> ChameleonGPT:
+    """The model a folder's config.json and tokenizer describe, with freshly initialised weights (QK norms of
+    ``qk_rows`` rows, see ``qk_norm_rows``)."""
     tokenizer = load_tokenizer(folder, source)
     lumina = is_lumina(config, folder)
     size = chameleon_size(lumina, image_size or config.get("image_size"), folder, source)
     heads = config["num_attention_heads"]
+    bos = bos_token(folder, tokenizer)
     cfg = ChameleonConfig(
         hidden_size=config["hidden_size"], n_layer=config["num_hidden_layers"], n_head=heads,
         n_kv_head=config.get("num_key_value_heads") or heads, ffn_hidden=config["intermediate_size"],
@@ -161,9 +194,10 @@ def build_chameleon(folder: Path, config: dict, source: str, image_size: int | N
         row_end=token_id(tokenizer, ROW_END, source) if lumina else None,
         size_ids=[token_id(tokenizer, size_token(size // PATCH), source)] * 2 if lumina else [],
         rope_theta=float((config.get("rope_parameters") or {}).get("rope_theta", config.get("rope_theta", 10000.0))),
-        rms_eps=config.get("rms_norm_eps", 1e-5), swin_norm=bool(config.get("swin_norm", False)))
-    prompts = ChameleonPrompts(tokenizer, LUMINA_TEMPLATE if lumina else "{prompt}", bos_token(folder, tokenizer),
-                               TURN_END if lumina else "", (size, size))
+        rms_eps=config.get("rms_norm_eps", 1e-5), swin_norm=bool(config.get("swin_norm", False)),
+        qk_norm_rows=qk_rows, bos=bos, uncond_bos=not lumina)
+    # every official path ends the prompt with the turn separator, Anole's as well as Lumina-mGPT's
+    prompts = ChameleonPrompts(tokenizer, LUMINA_TEMPLATE if lumina else "{prompt}", bos, TURN_END, (size, size))
     return ChameleonGPT(cfg, prompts, "a Lumina-mGPT model" if lumina else "an Anole (Chameleon) model")
 
 

@@ -6,7 +6,8 @@ The layout: a prompt (its own tokens, from the adapter's tokenizer), ``boi``, th
 followed by ``row_end`` (Lumina-mGPT; Anole has none). The sampler sees image codes only: logits are the
 image tokens' columns in code order (``image_ids``, read from the vocabulary map), layout tokens are fed
 by the session itself, and a window that crosses a row end carries the row-end token inside it. CFG's
-unconditional rows start at ``boi`` (Lumina-mGPT's second pass). Rows are left-padded to a common prefix,
+unconditional rows start at ``boi`` (Lumina-mGPT's second pass) or at bos, boi (Anole, as Meta's image
+decoder and LANTERN build them). Rows are left-padded to a common prefix,
 their positions counted from their first real token.
 """
 from __future__ import annotations
@@ -38,6 +39,8 @@ class ChameleonConfig:
     rms_eps: float = 1e-5
     swin_norm: bool = False
     bos: int | None = 0
+    qk_norm_rows: tuple[int, int] | None = None  # None: per head; else per model-parallel shard (Lumina-mGPT)
+    uncond_bos: bool = False  # Anole: CFG's unconditional rows are [bos, boi] (Lumina-mGPT's start at boi)
 
     def __post_init__(self):
         self.grid = tuple(self.grid)
@@ -45,7 +48,8 @@ class ChameleonConfig:
     @property
     def decoder(self) -> DecoderConfig:
         return DecoderConfig(self.hidden_size, self.n_layer, self.n_head, self.n_kv_head, self.ffn_hidden,
-                             self.vocab_size, self.rope_theta, self.rms_eps, qk_norm=True, swin_norm=self.swin_norm)
+                             self.vocab_size, self.rope_theta, self.rms_eps, qk_norm=True,
+                             qk_norm_rows=self.qk_norm_rows, swin_norm=self.swin_norm)
 
     @property
     def num_tokens(self) -> int:
@@ -53,8 +57,13 @@ class ChameleonConfig:
 
     @property
     def image_prefix(self) -> list[int]:
-        """What every image starts with, and what CFG's unconditional rows see."""
+        """What every image starts with."""
         return [self.boi, *self.size_ids]
+
+    @property
+    def uncond_prefix(self) -> list[int]:
+        """What CFG's unconditional rows see before the image: the image prefix, after bos for Anole."""
+        return ([self.bos] if self.uncond_bos and self.bos is not None else []) + self.image_prefix
 
 
 class ChameleonGPT(nn.Module):
@@ -126,9 +135,9 @@ class ChameleonGPT(nn.Module):
                              hidden=hidden)
 
     def prefixes(self, prompts: list[list[int]], cfg: bool) -> list[list[int]]:
-        """Each row's tokens before its image: cond rows, then CFG's uncond rows (from boi)."""
+        """Each row's tokens before its image: cond rows, then CFG's uncond rows (``uncond_prefix``)."""
         rows = [p + self.cfg.image_prefix for p in prompts]
-        return rows + [self.cfg.image_prefix] * len(prompts) if cfg else rows
+        return rows + [self.cfg.uncond_prefix] * len(prompts) if cfg else rows
 
     def cache_slots(self, conditioning, max_window: int) -> int:
         """The KV cache length a session for ``conditioning`` allocates (for memory estimates)."""

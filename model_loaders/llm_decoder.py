@@ -5,8 +5,9 @@ layout's tokens itself.
 The math, as transformers' LLaMA-family models compute it (pinned by tests against them):
 - blocks: RMSNorm (fp32 statistics), q/k/v/o projections, SwiGLU MLP; ``swin_norm`` (Chameleon-30B)
   normalises each branch's output instead of its input;
-- optional per-head QK LayerNorm before RoPE (Chameleon): statistics over each head's channels, then that
-  head's own weight and bias (shape ``[heads, head_dim]``), eps 1e-5;
+- optional per-head QK LayerNorm before RoPE (Chameleon): statistics over each head's channels, then an affine
+  stored either per head (``[heads, head_dim]``, transformers' layout) or per model-parallel shard
+  (``[shards, head_dim]``, Lumina-mGPT's own classes: each shard's row serves its consecutive heads), eps 1e-5;
 - 1-D RoPE with rotate_half pairs (channel i with i + head_dim/2), base ``rope_theta``.
 
 The session: each row's prefix (its prompt and the image prefix) left-padded to a common length, then the
@@ -39,6 +40,7 @@ class DecoderConfig:
     rope_theta: float = 10000.0
     rms_eps: float = 1e-5
     qk_norm: bool = False  # Chameleon's per-head QK LayerNorm
+    qk_norm_rows: tuple[int, int] | None = None  # rows of the q and k norm weights; None: one per head
     swin_norm: bool = False
 
     @property
@@ -70,15 +72,22 @@ class ImageLayout:
 
 
 class HeadLayerNorm(nn.Module):
-    """LayerNorm over each head's channels with that head's own affine (Chameleon's QK norm)."""
+    """LayerNorm over each head's channels (Chameleon's QK norm), then an affine of ``rows`` rows: one per head,
+    or one per model-parallel shard shared by that shard's consecutive heads."""
 
-    def __init__(self, heads: int, head_dim: int):
+    def __init__(self, heads: int, head_dim: int, rows: int | None = None):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(heads, head_dim))
-        self.bias = nn.Parameter(torch.zeros(heads, head_dim))
+        self.heads = heads
+        self.weight = nn.Parameter(torch.ones(rows or heads, head_dim))
+        self.bias = nn.Parameter(torch.zeros(rows or heads, head_dim))
 
     def forward(self, x):  # [B, T, H, hd]
-        return F.layer_norm(x, x.shape[-1:], eps=QK_NORM_EPS) * self.weight + self.bias
+        x = F.layer_norm(x, x.shape[-1:], eps=QK_NORM_EPS)
+        rows = self.weight.shape[0]
+        if rows == self.heads:
+            return x * self.weight + self.bias
+        shards = x.unflatten(2, (rows, self.heads // rows))  # [B, T, rows, heads per row, hd]
+        return (shards * self.weight[:, None] + self.bias[:, None]).flatten(2, 3)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -103,8 +112,9 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.n_kv_head * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.hidden_size, bias=False)
         if cfg.qk_norm:
-            self.q_norm = HeadLayerNorm(cfg.n_head, cfg.head_dim)
-            self.k_norm = HeadLayerNorm(cfg.n_kv_head, cfg.head_dim)
+            q_rows, k_rows = cfg.qk_norm_rows or (None, None)
+            self.q_norm = HeadLayerNorm(cfg.n_head, cfg.head_dim, q_rows)
+            self.k_norm = HeadLayerNorm(cfg.n_kv_head, cfg.head_dim, k_rows)
 
     def forward(self, x, rope, mask, cache: KVCache | None = None, slots=None):
         """Attention of ``x`` [B, T, D] over the cache (after writing its keys at ``slots``), or over ``x``

@@ -78,7 +78,7 @@ def test_the_drafter_reads_the_targets_windows_as_the_reference_does(reference, 
     drafting = drafter.start(conditioning, cfg=True, max_window=4, target_session=session)
 
     prefixes = {("cond", b): prompts[b] + model.cfg.image_prefix for b in range(2)}
-    prefixes.update({("uncond", b): list(model.cfg.image_prefix) for b in range(2)})
+    prefixes.update({("uncond", b): list(model.cfg.uncond_prefix) for b in range(2)})
     image = [model.cfg.image_ids[c] for c in codes.tolist()[0]], [model.cfg.image_ids[c] for c in codes.tolist()[1]]
     expected = {key: reference_drafter_logits(reference, model, drafter_files, prefix + image[key[1]])
                 for key, prefix in prefixes.items()}

@@ -92,7 +92,7 @@ def test_teacher_forced_logits_equal_transformers(model, reference):
             starts[b] = min(N - 1, int(starts[b]) + steps[call % len(steps)][b])
         call += 1
     for b in range(2):
-        for kind, prefix in (("cond", prompts[b] + model.cfg.image_prefix), ("uncond", model.cfg.image_prefix)):
+        for kind, prefix in (("cond", prompts[b] + model.cfg.image_prefix), ("uncond", model.cfg.uncond_prefix)):
             expected = reference_image_logits(reference, model, prefix, codes[b].tolist())
             ours = torch.stack([got[(kind, b)][p] for p in range(N)])
             assert torch.allclose(ours, expected, atol=2e-5, rtol=1e-4), (kind, b, (ours - expected).abs().max())
@@ -100,10 +100,10 @@ def test_teacher_forced_logits_equal_transformers(model, reference):
 
 @torch.no_grad()
 def reference_greedy(reference, model, prompt: list[int], cfg_scale: float) -> list[int]:
-    """Lumina-mGPT's decoding loop over transformers: CFG on the logits (the uncond context starts at boi),
+    """Lumina-mGPT's decoding loop over transformers: CFG on the logits (the uncond context: boi, after bos for Anole),
     row ends and eoi forced where the layout puts them, image tokens otherwise; greedy."""
     cfg, ids = model.cfg, torch.tensor(image_ids(model))
-    cond, uncond = prompt + cfg.image_prefix, list(cfg.image_prefix)
+    cond, uncond = prompt + cfg.image_prefix, list(cfg.uncond_prefix)
     w, N = cfg.grid[1], cfg.num_tokens
     written_codes = 0
     while True:

@@ -1,0 +1,67 @@
+"""What every conformance test shares: the fixtures made by each family's official code (weights, the official
+sampler's greedy codes, the official decoder's images) and FastAR run on them as a user runs it.
+
+A fixture folder ``fixtures/<case>/`` holds the tiny checkpoint in the family's release format and
+``expected.json``:
+    {"source": {"repository": "owner/name" or "transformers", "commit": "...", "packages": {...},
+                "builder": "tests/conformance/build/<family>.py", "made_with": "the classes and functions run"},
+     "runs": [{"name": ..., "args": [CLI arguments after the model/decoder ones], "codes": [[...], ...],
+               "images": ["<file>.png", ...]}]}
+The builders in ``build/`` run the official code; they are run by hand when a fixture is (re)made, never by the
+tests, which need only the committed files.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+IMAGE_TOLERANCE = 2  # of 255: the decoded image may differ from the official decoder's by float order only
+
+
+def fixture(case: str) -> Path:
+    folder = FIXTURES / case
+    assert folder.is_dir(), f"conformance fixture {case} is missing: rebuild it with its builder in build/"
+    return folder
+
+
+def expected(case: str) -> dict:
+    return json.loads((fixture(case) / "expected.json").read_text())
+
+
+def fastar(*args, cwd) -> subprocess.CompletedProcess:
+    """``python -m fastar ARGS`` in a subprocess, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "fastar", *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+
+
+def generated_codes(tokens_json: Path) -> list:
+    """The codes ``generate --tokens-out`` wrote, one list per image."""
+    return json.loads(Path(tokens_json).read_text())["tokens"]
+
+
+def image_array(path: Path) -> np.ndarray:
+    return np.asarray(Image.open(path).convert("RGB"), dtype=np.int16)
+
+
+def assert_image_close(produced: Path, official: Path, tolerance: int = IMAGE_TOLERANCE) -> None:
+    """The image FastAR wrote is the official decoder's to within ``tolerance`` of 255 in every channel."""
+    a, b = image_array(produced), image_array(official)
+    assert a.shape == b.shape, f"{produced.name}: {a.shape} where the official image is {b.shape}"
+    worst = int(np.abs(a - b).max())
+    assert worst <= tolerance, f"{produced.name} differs from the official decoder's image by up to {worst}/255"
+
+
+def save_image(pixels, path: Path) -> None:
+    """An official decoder's output (float ``[3, H, W]`` or ``[H, W, 3]`` in -1..1) as the PNG the tests compare
+    with: mapped to 0..255 as FastAR maps its own decoder's output."""
+    array = np.asarray(pixels, dtype=np.float32)
+    if array.shape[0] == 3:
+        array = array.transpose(1, 2, 0)
+    array = np.clip((array + 1) * 127.5 + 0.5, 0, 255).astype(np.uint8)
+    Image.fromarray(array).save(path)
