@@ -33,7 +33,8 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="AR checkpoint file or HF folder: LlamaGen GPT or MAR (default: the bundled demo "
                    "LlamaGen model; demo/demo_mar.safetensors is the demo MAR)")
     p.add_argument("--vq", "--vae", dest="vq", help="image decoder: the VQ tokenizer (LlamaGen) or KL autoencoder (MAR) "
-                   "checkpoint (default: the bundled demo one for a demo model)")
+                   "checkpoint (default: the bundled demo one for a demo model); a Janus folder holds its own: give "
+                   "the --model folder again")
     p.add_argument("--image-size", type=int, help="image size in pixels (square), for a checkpoint that does not say "
                    "it or to run at another size (default: from its training args, config or file name, e.g. 384 for "
                    "c2i_L_384.pt)")
@@ -389,7 +390,9 @@ def write_outputs(args, models, outputs, stats) -> None:
             Image.fromarray(acceptance_heatmap(row, grid)).save(numbered(Path(args.map_out), i, stats.batch))
     if args.out:
         if models.vq is None:
-            print(f"no images written: the model's image decoder is needed to make them (give --vq). Its output is "
+            give = (f"{args.model} holds its own image decoder: give the same folder as --vq"
+                    if getattr(models.ar, "holds_image_decoder", False) else "give --vq")
+            print(f"no images written: the model's image decoder is needed to make them ({give}). Its output is "
                   f"in {tokens_out or latents_out}", file=sys.stderr)
         else:
             save_images(outputs_to_images(models.vq, models.ar, outputs), Path(args.out))

@@ -22,6 +22,7 @@ from .protocol import PromptConditioning
 
 TEMPLATE = "<|User|>: {prompt}\n\n<|Assistant|>:"
 BOI = "<begin_of_image>"
+DEEPSEEK_PAD = "<｜▁pad▁｜>"  # the name VLChatProcessor looks the pad token up by
 IMAGE_SIZE, TOKEN = 384, 16
 
 # original DeepSeek names -> the internal (transformers-converted) ones; None: not part of generation
@@ -102,10 +103,30 @@ class JanusPrompts:
         return ids
 
 
-def special_token(folder, name: str, fallback: str | None) -> str | None:
-    settings = read_json(folder / "tokenizer_config.json") or {}
-    value = settings.get(name, fallback)
-    return value.get("content") if isinstance(value, dict) else value
+def special_token(folder, name: str) -> str | None:
+    """A special token's name (``pad_token``, ``bos_token``) as transformers' tokenizers read it:
+    tokenizer_config.json, else special_tokens_map.json (DeepSeek's releases keep the pad token there only)."""
+    for file in ("tokenizer_config.json", "special_tokens_map.json"):
+        value = (read_json(folder / file) or {}).get(name)
+        value = value.get("content") if isinstance(value, dict) else value
+        if value:
+            return value
+    return None
+
+
+def pad_token(folder, config: dict, tokenizer, converted: bool) -> int | None:
+    """The token CFG's unconditional prompt is made of, as the official sampler of the folder's layout finds it.
+    transformers' image ``generate`` uses the generation config's pad_token_id (generation_config.json, else the
+    text config's); DeepSeek's ``VLChatProcessor.pad_id`` looks ``<｜▁pad▁｜>`` up by name in the vocabulary.
+    Either falls back on the tokenizer's own pad token."""
+    if converted:
+        for settings in (read_json(folder / "generation_config.json") or {}, llm_settings(config)):
+            if isinstance(settings.get("pad_token_id"), int):
+                return settings["pad_token_id"]
+    elif tokenizer.token_to_id(DEEPSEEK_PAD) is not None:
+        return tokenizer.token_to_id(DEEPSEEK_PAD)
+    name = special_token(folder, "pad_token")
+    return tokenizer.token_to_id(name) if name else None
 
 
 def load_janus(sd, *, info: CheckpointInfo, image_size: int | None = None, device="cpu",
@@ -134,12 +155,12 @@ def load_janus(sd, *, info: CheckpointInfo, image_size: int | None = None, devic
         ffn_hidden=shape_of(weights, "language_model.layers.0.mlp.gate_proj.weight")[0], vocab_size=vocab,
         rope_theta=float((llm.get("rope_parameters") or {}).get("rope_theta", llm.get("rope_theta", 10000.0))),
         rms_eps=llm.get("rms_norm_eps", 1e-6))
-    pad_name = special_token(folder, "pad_token", None)
-    pad = tokenizer.token_to_id(pad_name) if pad_name else None
+    pad = pad_token(folder, config, tokenizer, is_converted(sd))
     if pad is None:
-        raise FastARError(f"{info.source}: its tokenizer names no pad token (tokenizer_config.json), which CFG's "
-                          "unconditional prompt is made of: copy the model's tokenizer files into the folder")
-    bos_name = special_token(folder, "bos_token", None)
+        raise FastARError(f"{info.source}: no pad token found (generation_config.json, tokenizer_config.json, "
+                          f"special_tokens_map.json, or {DEEPSEEK_PAD} in tokenizer.json), which CFG's unconditional "
+                          "prompt is made of: copy all of the model's json files from its release into the folder")
+    bos_name = special_token(folder, "bos_token")
     cfg = JanusConfig(
         decoder=decoder, codes=shape_of(weights, "gen_embed.weight")[0], code_width=shape_of(weights, "gen_embed.weight")[1],
         aligner_layers=1 + len({k for k in weights if k.startswith("gen_aligner.hidden_layers.") and k.endswith(".weight")}),

@@ -65,6 +65,7 @@ class JanusGPT(nn.Module):
 
     kind = "token-ar"
     conditioning_kind = "prompt"
+    holds_image_decoder = True  # the release folder has the VQ (load_image_decoder on the folder finds it)
 
     def __init__(self, cfg: JanusConfig, prompts=None, what: str = "a Janus-Pro model"):
         super().__init__()

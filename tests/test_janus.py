@@ -2,16 +2,27 @@
 both folder layouts (transformers' conversion and DeepSeek's original): teacher-forced image logits of cond
 rows and CFG's padded uncond rows, greedy decoding against transformers' own image ``generate``, and the VQ
 decode inside the folder against transformers' ``JanusVQVAE.decode``."""
+import json
+import subprocess
+import sys
+
 import pytest
 import torch
+from PIL import Image
 
 from fastar.model_loaders import load_ar_model, load_image_decoder
+from fastar.model_loaders.janus import special_token
 from fastar.model_loaders.protocol import PromptConditioning
 from fastar.samplers.jacobi import ar_decode
 from fastar.samplers.processing import SamplingSettings
 from fastar.tests.tiny_janus import CODES, GRID, hf_model, vocabulary, write_converted, write_deepseek
 
 PROMPTS = ["a red ring on a blue background", "a dog"]
+
+
+def fastar(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "fastar", *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                          timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +102,38 @@ def test_the_vq_in_the_folder_decodes_as_transformers(folder, reference):
     with torch.no_grad():
         expected = reference.model.vqmodel.decode(codes.flatten(1))
         assert torch.allclose(vq.decode(codes), expected, atol=1e-5), (vq.decode(codes) - expected).abs().max()
+
+
+def without_tokenizer_pad(folder):
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    settings.pop("pad_token")
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+
+
+def test_the_pad_token_is_found_where_the_official_samplers_find_it(reference, tmp_path):
+    vocab = vocabulary()
+    # DeepSeek's VLChatProcessor looks <｜▁pad▁｜> up by name (their tokenizer_config.json names no pad token)
+    deepseek = write_deepseek(tmp_path / "deepseek", reference)
+    without_tokenizer_pad(deepseek)
+    assert load_ar_model(deepseek).cfg.pad == vocab["<｜▁pad▁｜>"]
+    # transformers' image generate takes the generation config's pad_token_id, else the text config's
+    converted = write_converted(tmp_path / "converted", reference)
+    without_tokenizer_pad(converted)
+    assert load_ar_model(converted).cfg.pad == reference.config.text_config.pad_token_id == vocab["<｜▁pad▁｜>"]
+    (converted / "generation_config.json").write_text(json.dumps({"pad_token_id": vocab["<unk>"]}))
+    assert load_ar_model(converted).cfg.pad == vocab["<unk>"]
+    # a tokenizer's special tokens: tokenizer_config.json, else special_tokens_map.json (as transformers reads them)
+    (deepseek / "special_tokens_map.json").write_text(json.dumps({"pad_token": {"content": "<unk>"}, "bos_token": "a"}))
+    assert special_token(deepseek, "pad_token") == "<unk>"
+    assert special_token(deepseek, "bos_token") == "<｜begin▁of▁sentence｜>"  # tokenizer_config.json's comes first
+
+
+def test_without_vq_the_cli_says_the_folder_holds_its_decoder_and_that_advice_works(reference, tmp_path):
+    folder = write_converted(tmp_path / "tiny-janus", reference)
+    args = ["generate", "--model", folder, "--prompt", "a dog", "--decoder", "ar", "--quiet", "--out", tmp_path / "x.png"]
+    r = fastar(*args, cwd=tmp_path)
+    assert r.returncode == 0 and "no images written" in r.stderr, r.stderr
+    assert f"{folder} holds its own image decoder: give the same folder as --vq" in r.stderr
+    r = fastar(*args, "--vq", folder, cwd=tmp_path)  # the advice followed
+    assert r.returncode == 0, r.stderr
+    assert Image.open(tmp_path / "x.png").size == (2 * GRID, 2 * GRID)  # the tiny VQ upsamples twice
