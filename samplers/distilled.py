@@ -38,7 +38,7 @@ class DDSettings:
                               student.cfg.split if self.split is None else self.split, self.regenerate)
         if resolved.steps not in (1, 2):
             raise FastARError(f"Distilled Decoding runs 1 or 2 steps, not {resolved.steps}")
-        if not 0 < resolved.t2 < n:
+        if resolved.steps == 2 and not 0 < resolved.t2 < n:  # one step (t = 0 only) has no t2
             raise FastARError(f"the second DD step's t2 = {resolved.t2} must lie in 1..{n - 1} (the image has {n} "
                               "tokens); the released students were trained with 80")
         if not 0 <= resolved.split <= n:

@@ -35,3 +35,22 @@ def run_case(case: str, model_args: list, tmp_path: Path, only=None) -> None:
 def test_c2i_greedy_ar_and_sjd_give_the_official_codes_and_images(tmp_path):
     folder = fixture(C2I)
     run_case(C2I, ["--model", folder / "gpt.pt", "--vq", shared_vq()], tmp_path)
+
+
+def test_dd_student_one_and_two_steps_give_the_official_latents_and_images(tmp_path):
+    """LlamaGen-DD: one step, and two steps with t2 before and after the split, from the same noise."""
+    import numpy as np
+
+    case = "llamagen_dd"
+    folder = fixture(case)
+    for run in expected(case)["runs"]:
+        tag = run["name"].replace(" ", "_")
+        out, latents = tmp_path / f"{tag}.png", tmp_path / f"{tag}.npy"
+        r = fastar("generate", "--model", folder / "student.pt", "--vq", shared_vq(), "--decoder", "dd",
+                   "--noise-in", folder / "noise.npy", *run["args"], "--quiet", "--latents-out", latents,
+                   "--out", out, cwd=tmp_path)
+        assert r.returncode == 0, f"{run['name']}: {r.stderr}"
+        np.testing.assert_allclose(np.load(latents), np.load(folder / run["latents"]), rtol=0, atol=1e-4,
+                                   err_msg=f"{run['name']}: latents differ from the official sampler's")
+        for i, official in enumerate(run["images"]):
+            assert_image_close(out.with_name(f"{out.stem}_{i}.png"), folder / official)

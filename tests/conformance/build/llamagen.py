@@ -235,6 +235,158 @@ def build_c2i(checkout: Path) -> None:
     print("c2i codes", codes.tolist())
 
 
+# -- case 4: LlamaGen-DD student -----------------------------------------------------------------------
+
+DD_SPLIT = 20  # greedy codes before it, continuous outputs from it (the released B student: 80 of 256)
+DD_T2 = (12, 28)  # second-step data lengths on both sides of the split
+DD_TRIES = 20
+
+
+def load_official_vq(vq_model):
+    """The shared tiny VQ (fixtures/llamagen_c2i/vq.pt) in the official classes, loaded strictly."""
+    vq = build_vq(vq_model)
+    vq.load_state_dict(torch.load(FIXTURES / "llamagen_c2i" / "vq.pt", map_location="cpu")["model"], strict=True)
+    return vq.eval()
+
+
+def tiny_student(dd, codebook, seed):
+    torch.manual_seed(seed)
+    model = dd.DDTransformer(dd.ModelArgs(
+        dim=DIM, n_layer=LAYERS, n_head=HEADS, multiple_of=32, vocab_size=VOCAB, block_size=GRID * GRID,
+        num_classes=NUM_CLASSES, cls_token_num=1, model_type="c2i", codebook_dim=8, codebook=codebook))
+    # the official init is a teacher copy plus zero/0.02 heads: random weights large enough that every input
+    # (noise or data, class, position) moves the outputs
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            torch.nn.init.normal_(module.weight, std=module.in_features ** -0.5)
+            if module.bias is not None:
+                torch.nn.init.normal_(module.bias, std=0.2)
+        elif isinstance(module, torch.nn.Embedding):
+            torch.nn.init.normal_(module.weight, std=1.0)
+        elif isinstance(module, dd.RMSNorm):
+            torch.nn.init.normal_(module.weight, 1.0, 0.2)
+    reinit_head(model.output, std=DIM ** -0.5 * 3)
+    torch.nn.init.normal_(model.final_layer_conti.scale_shift_table, std=0.3)
+    return model.eval()
+
+
+def official_dd(student, fewstep, codebook, labels, noise, t_list):
+    """eval_fewstep.py's sampling loop (its perturb_data, the student's final_predict and get_final_x_BLC) from
+    the given noise: the final sequence [B, N, C]; asserts the greedy parts rest on clear argmaxes."""
+    x = noise
+    for t_ar in t_list:
+        t = torch.zeros([noise.shape[0]]) + t_ar
+        x_t = fewstep.perturb_data(x, t, noise)
+        gt_idx = (codebook[:, None, None, :] - x_t).square().sum(dim=-1).argmin(dim=0)
+        _, logits = student(x_t, labels, t)
+        top = logits[:, t_ar:DD_SPLIT].topk(2, dim=-1).values
+        if top.numel():
+            gap = (top[..., 0] - top[..., 1]).min().item()
+            assert gap > 1e-3, f"near tie in the student's greedy codes (gap {gap:.1e})"
+        final_predict_results = student.final_predict(x_BLC=x_t, cond_idx=labels, timestep=t, idx=gt_idx)
+        x = student.get_final_x_BLC(final_predict_results, DD_SPLIT)
+    return x
+
+
+def build_dd(checkout: Path) -> None:
+    root = checkout / "LlamaGen"
+    official_path(root)
+    sys.path.insert(0, str(root / "autoregressive"))
+    from autoregressive.models import dd
+    from tokenizer.tokenizer_image import vq_model
+    import torch.nn.functional as F
+
+    folder = FIXTURES / "llamagen_dd"
+    folder.mkdir(parents=True, exist_ok=True)
+    vq = load_official_vq(vq_model)
+    codebook = F.normalize(vq.quantize.embedding.weight.data, p=2, dim=-1)  # as eval_fewstep.py reads it
+    labels = torch.tensor(CLASSES)
+    torch.manual_seed(SEED)
+    noise = torch.randn([len(CLASSES), GRID * GRID, 8])
+
+    # eval_fewstep.py stubs nn.Linear/LayerNorm.reset_parameters process-wide when imported: build first
+    students = [tiny_student(dd, codebook, seed) for seed in range(DD_TRIES)]
+    precision = torch.get_float32_matmul_precision()
+    stub_torchvision_save_image()
+    from autoregressive.sample import eval_fewstep as fewstep
+    torch.set_float32_matmul_precision(precision)
+
+    schedules = [("1 step", [0])] + [(f"2 steps t2 {t2}", [0, t2]) for t2 in DD_T2]
+    for seed, student in enumerate(students):
+        try:
+            finals = [official_dd(student, fewstep, codebook, labels, noise, t_list) for _, t_list in schedules]
+            codes = codebook.new_tensor(0)  # the greedy part must vary
+            for final in finals:
+                codes = (codebook[:, None, None, :] - final[:, :DD_SPLIT]).square().sum(-1).argmin(0)
+                check_codes(codes)
+            assert all((a - b).abs().max() > 1e-3 for a, b in zip(finals, finals[1:])), "schedules agree"
+            break
+        except AssertionError as e:
+            print(f"seed {seed}: {e}")
+    else:
+        raise SystemExit("no seed gave a usable student")
+
+    torch.save({"ema": student.state_dict()}, folder / "student.pt")  # read by eval_fewstep.py --ema
+    (folder / "student.json").write_text(json.dumps({"num_attention_heads": HEADS, "block_size": GRID * GRID})
+                                         + "\n")
+    import numpy as np
+    np.save(folder / "noise.npy", noise.numpy())
+    reloaded = tiny_student(dd, codebook, seed + 1000)
+    missing, unexpected = reloaded.load_state_dict(
+        torch.load(folder / "student.pt", map_location="cpu")["ema"], strict=False)
+    assert not missing and not unexpected, (missing, unexpected)
+    runs = []
+    for (name, t_list), _ in zip(schedules, finals):
+        final = official_dd(reloaded, fewstep, codebook, labels, noise, t_list)
+        latents = final.reshape(len(CLASSES), GRID, GRID, 8).permute(0, 3, 1, 2).contiguous()
+        tag = name.replace(" ", "_")
+        np.save(folder / f"{tag}.npy", latents.numpy())
+        images = official_decode_latents(vq, latents, folder, f"dd_{tag}")
+        args = ["--classes", ",".join(map(str, CLASSES)), "--dd-steps", len(t_list), "--dd-split", DD_SPLIT]
+        if len(t_list) == 2:
+            args += ["--dd-t2", t_list[1]]
+        runs.append({"name": name, "args": args, "latents": f"{tag}.npy", "images": images})
+    write_expected(folder, {
+        "repository": "microsoft/distilled_decoding", "commit": commit_of(checkout),
+        "packages": packages("torch", "numpy"), "builder": "tests/conformance/build/llamagen.py dd",
+        "made_with": "LlamaGen/autoregressive/models/dd.py DDTransformer(ModelArgs(dim=32, n_layer=2, n_head=2, "
+                     "multiple_of=32, vocab_size=64, block_size=36, num_classes=10, codebook_dim=8, codebook=the "
+                     "normalised codebook of fixtures/llamagen_c2i/vq.pt)) with every weight re-initialised "
+                     "randomly (first seed whose greedy codes vary), saved as {'ema': sd} (read by "
+                     "eval_fewstep.py --ema), student.json with the head count and block size; latents from "
+                     "eval_fewstep.py's loop (its perturb_data, DDTransformer.final_predict, get_final_x_BLC with "
+                     f"split_t {DD_SPLIT}) for t_list 0, 0,{DD_T2[0]} and 0,{DD_T2[1]} from noise.npy; images from "
+                     "the official VQModel.decode of those latents (torchvision.utils.save_image stubbed for the import "
+                     "where torchvision is absent)",
+    }, runs)
+    print("dd done, seed", seed)
+
+
+def stub_torchvision_save_image() -> None:
+    """eval_fewstep.py imports torchvision.utils.save_image at the top (for writing its PNGs, which the builder
+    does itself): a stand-in module where torchvision is not installed."""
+    try:
+        import torchvision.utils  # noqa: F401
+    except ImportError:
+        import types
+
+        def save_image(*args, **kwargs):
+            raise RuntimeError("torchvision stand-in: not used by the builder")
+        package, utils = types.ModuleType("torchvision"), types.ModuleType("torchvision.utils")
+        utils.save_image, package.utils = save_image, utils
+        sys.modules.update({"torchvision": package, "torchvision.utils": utils})
+
+
+def official_decode_latents(vq, latents, folder: Path, prefix: str) -> list[str]:
+    with torch.no_grad():
+        images = vq.decode(latents)
+    names = []
+    for i, image in enumerate(images):
+        names.append(f"{prefix}_{i}.png")
+        save_image(image.numpy(), folder / names[-1])
+    return names
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("case", choices=["c2i", "t2i", "dd", "lantern"])
@@ -248,7 +400,7 @@ def main():
     if args.llamagen_commit:
         COMMITS[args.llamagen.resolve()] = args.llamagen_commit
     torch.set_grad_enabled(False)
-    {"c2i": build_c2i}[args.case](args.official.resolve())
+    {"c2i": build_c2i, "dd": build_dd}[args.case](args.official.resolve())
 
 
 if __name__ == "__main__":
