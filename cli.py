@@ -38,11 +38,15 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image-size", type=int, help="image size in pixels (square), for a checkpoint that does not say "
                    "it or to run at another size (default: from its training args, config or file name, e.g. 384 for "
                    "c2i_L_384.pt)")
-    p.add_argument("--cfg", type=float, help=f"classifier-free guidance (1 = off; default {SAMPLING_DEFAULTS.cfg_scale}, "
-                   "and 1 for a DD student, which has none)")
+    p.add_argument("--cfg", type=float, help="classifier-free guidance. Token models and MAR: 1 = off, default "
+                   f"{SAMPLING_DEFAULTS.cfg_scale}; VAR: ramped from none at the first scale to --cfg at the last "
+                   f"(1 still guides), 0 = off, default the release's {VAR_SAMPLING.cfg_scale}; a DD student has "
+                   "none (1)")
     p.add_argument("--temperature", type=float, default=SAMPLING_DEFAULTS.temperature, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=SAMPLING_DEFAULTS.top_k, help="0 = off")
-    p.add_argument("--top-p", type=float, default=SAMPLING_DEFAULTS.top_p, help="1 = off")
+    p.add_argument("--top-k", type=int, help=f"0 = off; default off ({SAMPLING_DEFAULTS.top_k}), for VAR the "
+                   f"release's {VAR_SAMPLING.top_k} (give 0 to turn it off)")
+    p.add_argument("--top-p", type=float, help=f"1 = off; default off ({SAMPLING_DEFAULTS.top_p:g}), for VAR the "
+                   f"release's {VAR_SAMPLING.top_p:g} (give 1 to turn it off)")
     p.add_argument("--window", type=int, default=SPEC_DEFAULTS.window,
                    help="SJD/GSD: tokens per forward (last fixed token + drafts)")
     p.add_argument("--init", choices=INIT_STRATEGIES, default=SPEC_DEFAULTS.init, help="SJD/GSD: draft initialisation")
@@ -197,7 +201,7 @@ def spec_from(args, decoder: str) -> DecoderSpec:
 
 
 def masked_settings_from(args) -> MaskedSettings:
-    if args.top_k != SAMPLING_DEFAULTS.top_k or args.top_p != SAMPLING_DEFAULTS.top_p:
+    if top_k_of(args) != SAMPLING_DEFAULTS.top_k or top_p_of(args) != SAMPLING_DEFAULTS.top_p:
         raise FastARError("--top-k and --top-p act on token probabilities; a MAR model samples continuous tokens: "
                           "leave them out (--temperature and --cfg apply)")
     return MaskedSettings(num_iter=args.num_iter, cfg_scale=cfg_of(args), cfg_schedule=args.cfg_schedule,
@@ -222,9 +226,19 @@ def cfg_of(args) -> float:
     return SAMPLING_DEFAULTS.cfg_scale if args.cfg is None else args.cfg
 
 
+def top_k_of(args, default: int = SAMPLING_DEFAULTS.top_k) -> int:
+    """--top-k, or ``default`` when the flag is absent (0 given means off, never the default)."""
+    return default if args.top_k is None else args.top_k
+
+
+def top_p_of(args, default: float = SAMPLING_DEFAULTS.top_p) -> float:
+    """--top-p, or ``default`` when the flag is absent (1 given means off, never the default)."""
+    return default if args.top_p is None else args.top_p
+
+
 def sampling_from(args) -> SamplingSettings:
-    return SamplingSettings(cfg_scale=cfg_of(args), temperature=args.temperature, top_k=args.top_k,
-                            top_p=args.top_p).validate()
+    return SamplingSettings(cfg_scale=cfg_of(args), temperature=args.temperature, top_k=top_k_of(args),
+                            top_p=top_p_of(args)).validate()
 
 
 class ProgressLine:
@@ -263,15 +277,16 @@ def command_generate(args) -> int:
                                     t5_folder=args.t5)
     kind = "lossless" if LOSSLESS[args.decoder] else "relaxed (trades fidelity for speed)"
     progress = ProgressLine(f"{args.decoder} ({kind})", enabled=not args.quiet, batch=conditioning.batch)
+    token_maps = None
     if models.ar.kind == "masked-ar":
         outputs, stats = generate_masked(args, models, conditioning, progress)
     elif models.ar.kind == "few-step":
         outputs, stats = generate_distilled(args, models, conditioning, progress)
     elif models.ar.kind == "next-scale":
-        outputs, stats = generate_next_scale(args, models, conditioning, progress)
+        outputs, stats, token_maps = generate_next_scale(args, models, conditioning, progress)
     else:
         outputs, stats = generate_tokens(args, models, conditioning, progress)
-    write_outputs(args, models, outputs, stats)
+    write_outputs(args, models, outputs, stats, token_maps)
     return 0
 
 
@@ -308,19 +323,18 @@ def generate_masked(args, models, conditioning, progress):
 def generate_next_scale(args, models, conditioning, progress):
     from .samplers.decoders import decode_next_scale
 
-    if args.tokens_out:
-        raise FastARError("--tokens-out is for raster token models; a VAR model writes the VQVAE's f_hat: use "
-                          "--latents-out")
     check_decoder(args.decoder, models.ar, None)
     sampling = SamplingSettings(cfg_scale=VAR_SAMPLING.cfg_scale if args.cfg is None else args.cfg,
-                                temperature=args.temperature, top_k=args.top_k or VAR_SAMPLING.top_k,
-                                top_p=VAR_SAMPLING.top_p if args.top_p == 1.0 else args.top_p)
+                                temperature=args.temperature, top_k=top_k_of(args, VAR_SAMPLING.top_k),
+                                top_p=top_p_of(args, VAR_SAMPLING.top_p))
+    token_maps = []
     f_hat, stats = decode_next_scale(models.ar, conditioning, sampling, seed=args.seed, vqvae=models.vq,
-                                     decoder=args.decoder, on_iteration=progress, flow_steps=args.flow_steps)
+                                     decoder=args.decoder, on_iteration=progress, flow_steps=args.flow_steps,
+                                     scale_codes=token_maps)
     print(f"{stats.decoder}: {len(models.ar.cfg.patch_nums)} scales ({models.ar.cfg.seq_len} tokens) x {stats.batch} in "
           f"{stats.target_forwards} forwards, cfg {sampling.cfg_scale} ramped over the scales, top-k {sampling.top_k}, "
           f"top-p {sampling.top_p}, {stats.wall_time_s:.2f} s")
-    return f_hat, stats
+    return f_hat, stats, token_maps
 
 
 def generate_distilled(args, models, conditioning, progress):
@@ -332,7 +346,7 @@ def generate_distilled(args, models, conditioning, progress):
 
     if (args.teacher is None) != (args.dd_regenerate is None):
         raise FastARError("the DD hybrid needs both --teacher (the student's teacher) and --dd-regenerate S")
-    tuned = args.cfg not in (None, 1.0) or args.temperature != SAMPLING_DEFAULTS.temperature or args.top_k or args.top_p < 1
+    tuned = args.cfg not in (None, 1.0) or args.temperature != SAMPLING_DEFAULTS.temperature or top_k_of(args) or top_p_of(args) < 1
     if tuned and args.teacher is None:
         raise FastARError("a Distilled Decoding student maps noise to an image deterministically: --cfg, "
                           "--temperature, --top-k and --top-p do not apply (its teacher's settings are baked in); "
@@ -362,7 +376,7 @@ def generate_distilled(args, models, conditioning, progress):
     return latents, stats
 
 
-def write_outputs(args, models, outputs, stats) -> None:
+def write_outputs(args, models, outputs, stats, token_maps=None) -> None:
     from PIL import Image
 
     from .pipeline import outputs_to_images
@@ -378,7 +392,7 @@ def write_outputs(args, models, outputs, stats) -> None:
             tokens_out = str(Path(args.out).with_suffix(".tokens.json"))
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     if tokens_out:
-        Path(tokens_out).write_text(json.dumps({"tokens": codes_of(models, outputs).tolist(), "grid": list(grid)}))
+        Path(tokens_out).write_text(json.dumps(tokens_json(models, outputs, token_maps)))
     if latents_out:
         import numpy as np
 
@@ -398,11 +412,23 @@ def write_outputs(args, models, outputs, stats) -> None:
             save_images(outputs_to_images(models.vq, models.ar, outputs), Path(args.out))
 
 
+def tokens_json(models, outputs, token_maps=None) -> dict:
+    """What --tokens-out writes. Raster models: ``{"tokens": [image][h*w], "grid": [h, w]}``. VAR and VAR-DD: every
+    scale's token map, ``{"scales": [[pn, pn], ...], "tokens": [image][scale][pn*pn], "grid": [h, w]}`` (VAR: the
+    codes it drew, ``token_maps`` [B, pn, pn] per scale; a VAR-DD student: the nearest code of each vector, its
+    greedy codes before the split)."""
+    grid = list(models.ar.grid)
+    if getattr(models.ar, "decoder_kind", "codes") != "multi-scale":
+        return {"tokens": codes_of(models, outputs).tolist(), "grid": grid}
+    patch_nums = models.ar.cfg.patch_nums
+    if token_maps is None:
+        token_maps = codes_of(models, outputs).split([p * p for p in patch_nums], dim=1)
+    tokens = [[m[row].flatten().tolist() for m in token_maps] for row in range(outputs.shape[0])]
+    return {"scales": [[p, p] for p in patch_nums], "tokens": tokens, "grid": grid}
+
+
 def codes_of(models, outputs):
     """Image codes ``[B, h*w]``: a token model's own, or the nearest code of each of a DD student's vectors."""
-    if getattr(models.ar, "decoder_kind", "codes") == "multi-scale":
-        raise FastARError("--tokens-out is for raster token models; a VAR-DD student writes every scale's vectors: "
-                          "use --latents-out (f_hat)")
     if models.ar.kind != "few-step":
         return outputs
     from .samplers.flow_map import nearest_code
@@ -449,17 +475,41 @@ def command_decode(args) -> int:
     else:
         try:
             saved = json.loads(Path(args.tokens_in).read_text())
-            inputs = torch.tensor(saved["tokens"], dtype=torch.long).view(-1, *saved["grid"])
+            if "scales" in saved:  # VAR: every scale's token map, joined in the scales' order
+                scales = [tuple(s) for s in saved["scales"]]
+                inputs = torch.tensor([sum(row, []) for row in saved["tokens"]], dtype=torch.long)
+            else:
+                scales = None
+                inputs = torch.tensor(saved["tokens"], dtype=torch.long).view(-1, *saved["grid"])
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
             raise FastARError(f"{args.tokens_in} is not a tokens file ({type(e).__name__}: {e}): give the JSON "
                               "--tokens-out wrote") from e
         want = "codes"
-    if want == "codes" and decoder.input_kind != "codes":
-        raise FastARError(f"{args.vq} is {decoder.what}, which decodes latents, but codes were given: use a VQ "
-                          "tokenizer for --tokens-in")
+    if want == "codes":
+        inputs = scale_codes_input(decoder, inputs, scales, args) if scales else inputs
+        if scales is None and decoder.input_kind != "codes":
+            raise FastARError(f"{args.vq} is {decoder.what}, which does not decode a raster model's codes: use the "
+                              "model's VQ tokenizer for --tokens-in")
     check_decoder_input(decoder, inputs)
+    if want == "codes" and scales:
+        inputs = decoder.codebook()[inputs]  # every scale's code vectors [B, L, C]: the VQVAE accumulates them
     save_images(decode_images(decoder, inputs), Path(args.out))
     return 0
+
+
+def scale_codes_input(decoder, codes, scales, args):
+    """A VAR tokens file's codes ``[B, L]``, checked against the multi-scale VQVAE that is to decode them."""
+    if decoder.input_kind != "multi-scale":
+        raise FastARError(f"{args.tokens_in} holds a VAR model's token maps of scales {[s[0] for s in scales]}, but "
+                          f"{args.vq} is {decoder.what}: use the VAR's multi-scale VQVAE for --vq")
+    if [tuple(s) for s in scales] != [(p, p) for p in decoder.cfg.patch_nums]:
+        raise FastARError(f"{args.tokens_in} holds token maps of scales {[s[0] for s in scales]} but the VQVAE works "
+                          f"over {list(decoder.cfg.patch_nums)}: use the VQVAE the model was trained with (or give it "
+                          "the model's patch_nums in its NAME.json)")
+    if codes.shape[1] != sum(p * p for p in decoder.cfg.patch_nums):
+        raise FastARError(f"{args.tokens_in}: {codes.shape[1]} codes per image do not fill its scales: give the "
+                          "JSON --tokens-out wrote")
+    return codes
 
 
 def check_decoder_input(decoder, inputs) -> None:

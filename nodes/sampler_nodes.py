@@ -135,17 +135,19 @@ class SamplerBase(io.ComfyNode):
         """The sampling widgets between seed and batch."""
         return [
             slider("cfg", SAMPLING.cfg_scale, 0.0, 20.0, 0.1,
-                   "Classifier-free guidance scale: higher follows the class or prompt more closely, 1.0 turns "
-                   "guidance off (and halves the work)."),
+                   "Classifier-free guidance scale: higher follows the class or prompt more closely. Token and MAR "
+                   "models: 1.0 turns guidance off (and halves the work). VAR models: guidance ramps from none at "
+                   "the first scale to cfg at the last, so 1.0 still guides and 0 turns it off (the release uses "
+                   "1.5)."),
             slider("temperature", SAMPLING.temperature, 0.0, 2.0, 0.01,
                    "Sampling temperature: 1.0 is the model's distribution, lower is more conservative, 0 is greedy "
                    "(token models; MAR needs a temperature above 0: it scales the noise of each diffusion step)."),
             io.Int.Input("top_k", default=SAMPLING.top_k, min=0, max=1_000_000,
-                         tooltip="Token models: sample only among the k most likely codes (0 = off). MAR models "
-                                 "sample continuous tokens: keep 0."),
+                         tooltip="Token and VAR models: sample only among the k most likely codes (0 = off; the VAR "
+                                 "release uses 900). MAR models sample continuous tokens: keep 0."),
             slider("top_p", SAMPLING.top_p, 0.0, 1.0, 0.01,
-                   "Token models: nucleus sampling, keep the most likely codes that cover this probability mass "
-                   "(1.0 = off, must be above 0). MAR models: keep 1.0."),
+                   "Token and VAR models: nucleus sampling, keep the most likely codes that cover this probability "
+                   "mass (1.0 = off, must be above 0; the VAR release uses 0.96). MAR models: keep 1.0."),
         ]
 
     @classmethod
@@ -415,7 +417,8 @@ class SamplerAR(SamplerBase):
     DISPLAY = "FastAR Sampler (AR baseline)"
     DESCRIPTION = ("Plain sampling, the exact baseline the accelerated samplers are measured against: one model "
                    "forward per token for token models (LlamaGen), MAR's own masked sampler (num_iter steps) for MAR "
-                   "models.")
+                   "models, VAR's scale-by-scale sampler (one forward per scale, through the VQVAE connected as "
+                   "preview_vq) for VAR models.")
 
     @classmethod
     def decoder_inputs(cls) -> list:

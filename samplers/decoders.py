@@ -198,10 +198,12 @@ def decode_masked(model, conditioning, settings: MaskedSettings, decoder: str = 
 
 
 def decode_next_scale(model, conditioning, sampling: SamplingSettings, *, seed: int, vqvae, decoder: str = "ar",
-                      on_iteration: ProgressFn | None = None, noise=None, flow_steps: int = FlowMapSettings.steps):
+                      on_iteration: ProgressFn | None = None, noise=None, flow_steps: int = FlowMapSettings.steps,
+                      scale_codes: list | None = None):
     """VAR's sampler: f_hat ``[B, C, h, w]`` (the VQVAE decoder's input) and its DecodeStats. ``vqvae`` (the
     model's multi-scale VQVAE) turns each scale's codes into the next scale's input. ``fm`` draws every token by
-    the flow map of its own noise (``noise`` [B, L, C], or seeded): the same distribution, a deterministic image."""
+    the flow map of its own noise (``noise`` [B, L, C], or seeded): the same distribution, a deterministic image.
+    ``scale_codes``, a list, receives each scale's codes ``[B, pn, pn]``."""
     check_decoder(decoder, model, None)
     if vqvae is None or getattr(vqvae, "input_kind", None) != "multi-scale":
         raise FastARError("a VAR model needs its multi-scale VQVAE (vae_ch160v4096z32.pth for the release) as the "
@@ -214,7 +216,7 @@ def decode_next_scale(model, conditioning, sampling: SamplingSettings, *, seed: 
         draw = NoiseToCode(noise.to(model.device), vqvae.codebook().float().to(model.device),
                            FlowMapSettings(steps=flow_steps)).span
     return next_scale_decode(model, vqvae, conditioning, sampling.validate(), generator=generator,
-                             on_iteration=on_iteration, draw=draw, name=decoder)
+                             on_iteration=on_iteration, draw=draw, name=decoder, scale_codes=scale_codes)
 
 
 def check_hybrid_teacher(student, teacher) -> None:

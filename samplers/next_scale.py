@@ -49,10 +49,11 @@ class RecordedDraw:
 @torch.no_grad()
 def next_scale_decode(model, vqvae, conditioning, sampling: SamplingSettings, *, generator: Optional[torch.Generator],
                       on_iteration: Optional[ProgressFn] = None, watch: Optional[Stopwatch] = None,
-                      draw: Optional[ScaleDrawFn] = None, name: str = "ar"):
+                      draw: Optional[ScaleDrawFn] = None, name: str = "ar", scale_codes: Optional[list] = None):
     """f_hat ``[B, C, h, w]`` (the VQVAE decoder's input) and its DecodeStats (one forward per scale). ``draw``
     picks a scale's codes (tokens ``begin..end`` of the sequence) from their distributions; by default a seeded
-    sample (``fm``: the flow map of each token's own noise)."""
+    sample (``fm``: the flow map of each token's own noise). ``scale_codes``, a list, receives each scale's codes
+    ``[B, pn, pn]`` in order."""
     draw = draw or (lambda dists, _begin, _end: sample(dists, generator))
     watch = watch or Stopwatch(model.device)
     patch_nums = model.cfg.patch_nums
@@ -70,6 +71,8 @@ def next_scale_decode(model, vqvae, conditioning, sampling: SamplingSettings, *,
         out = session.forward(scale, inputs)
         dists = probabilities(out, scale_sampling(sampling, scale, S))
         codes = draw(dists, done, done + pn * pn).view(B, pn, pn)
+        if scale_codes is not None:
+            scale_codes.append(codes)
         f_hat, inputs = vqvae.next_input(f_hat, codes.to(vqvae.device), scale, patch_nums)
         stats.target_forwards += 1
         stats.accepted_per_iteration.append([pn * pn] * B)

@@ -213,6 +213,51 @@ def test_cli_generates_with_the_release_sampler_and_refuses_raster_decoders(tmp_
     assert r.returncode == 2 and "its image decoder is its multi-scale VQVAE" in r.stderr
 
 
+def test_top_k_0_and_top_p_1_are_off_and_tokens_out_writes_every_scale_which_decode_reads(tmp_path):
+    """Absent flags take the release's top-k 900 / top-p 0.96 (above); given as 0 and 1 they are off. --tokens-out
+    writes each scale's token map, the codes the sampler drew, and decode --tokens-in turns it into the same image."""
+    import json
+
+    from tiny_var import write_release_files
+
+    write_release_files(tmp_path)
+    common = ("generate", "--model", tmp_path / "var_tiny.pth", "--vq", tmp_path / "vae_var_tiny.pth", "--classes",
+              "1,4", "--quiet", "--seed", 3)
+    r = fastar(*common, "--top-k", 0, "--top-p", 1, "--tokens-out", tmp_path / "t.json", "--out", tmp_path / "a.png",
+               cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "cfg 1.5 ramped over the scales, top-k 0, top-p 1.0" in r.stdout
+    drawn = []
+    next_scale_decode(load_ar_model(tmp_path / "var_tiny.pth"), load_image_decoder(tmp_path / "vae_var_tiny.pth"),
+                      ClassConditioning(torch.tensor([1, 4])), SamplingSettings(1.5, 1.0, 0, 1.0),
+                      generator=torch.Generator().manual_seed(3), scale_codes=drawn)
+    saved = json.loads((tmp_path / "t.json").read_text())
+    assert saved["scales"] == [[1, 1], [2, 2], [3, 3], [4, 4]] and saved["grid"] == [4, 4]
+    assert saved["tokens"] == [[scale[row].flatten().tolist() for scale in drawn] for row in range(2)]
+    r = fastar("decode", "--vq", tmp_path / "vae_var_tiny.pth", "--tokens-in", tmp_path / "t.json", "--out",
+               tmp_path / "b.png", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    from PIL import Image
+
+    for i in range(2):
+        a, b = (np.asarray(Image.open(tmp_path / f"{n}_{i}.png"), dtype=np.int16) for n in "ab")
+        assert np.abs(a - b).max() <= 1
+    r = fastar("decode", "--vq", DEMO_VQ, "--tokens-in", tmp_path / "t.json", "--out", tmp_path / "c.png", cwd=tmp_path)
+    assert r.returncode == 2 and "use the VAR's multi-scale VQVAE for --vq" in r.stderr
+
+
+def test_cfg_help_says_how_each_family_turns_guidance_off():
+    r = fastar("generate", "--help", cwd=".")
+    text = " ".join(r.stdout.split())
+    assert "Token models and MAR: 1 = off, default 2.0; VAR: ramped from none at the first scale to --cfg at the " \
+        "last (1 still guides), 0 = off, default the release's 1.5" in text
+    assert "for VAR the release's 900 (give 0 to turn it off)" in text
+    assert "for VAR the release's 0.96 (give 1 to turn it off)" in text
+    at_one = scale_sampling(SamplingSettings(cfg_scale=1.0), 3, 4)
+    assert at_one.cfg_scale == 2.0 and at_one.use_cfg  # VAR at --cfg 1 still guides at the last scale
+    assert not scale_sampling(SamplingSettings(cfg_scale=0.0), 3, 4).use_cfg
+
+
 def test_fm_on_a_var_samples_the_exact_joint_of_its_scales():
     """Two scales (1 + 4 tokens), three codes: the exact joint is p(scale 0) times the product of scale 1's
     per-token distributions given it; the flow map of each token's noise must sample it (TV under the null

@@ -116,8 +116,19 @@ def test_cli_runs_a_var_dd_student_and_writes_f_hat(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "dd: 30 tokens x 2 in 2 student forward(s)" in r.stdout and (tmp_path / "a_1.png").exists()
     assert np.load(tmp_path / "a.npy").shape == (2, 4, 4, 4)  # f_hat
-    r = run("--tokens-out", tmp_path / "t.json")
-    assert r.returncode == 2 and "use --latents-out (f_hat)" in r.stderr
+    r = run("--dd-steps", "2", "--tokens-out", tmp_path / "t.json")
+    assert r.returncode == 0, r.stderr
+    saved = json.loads((tmp_path / "t.json").read_text())
+    assert saved["scales"] == [[p, p] for p in PATCH_NUMS] and saved["grid"] == [4, 4] and len(saved["tokens"]) == 2
+    assert [len(scale) for scale in saved["tokens"][0]] == [p * p for p in PATCH_NUMS]
+    # each scale's token map: the nearest code of each vector the student wrote (its greedy codes before the split)
+    from fastar.model_loaders import load_image_decoder
+
+    vectors = load_image_decoder(tmp_path / "vae_var_tiny.pth").codebook()
+    out, _ = decode_distilled(load_ar_model(tmp_path / "var-tiny.pth"), ClassConditioning(torch.tensor([1, 2])),
+                              DDSettings(steps=2), seed=0, codebook=vectors)
+    nearest = torch.cdist(out.flatten(0, 1), vectors).argmin(-1).view(2, -1)
+    assert [sum(row, []) for row in saved["tokens"]] == nearest.tolist()
 
 
 def test_distill_dd_makes_a_var_dd_student_from_a_var_teacher(tmp_path):

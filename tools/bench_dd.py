@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..cli import top_k_of, top_p_of
 from ..errors import FastARError
 from ..model_loaders.demo import DEMO_AR, DEMO_DD, DEMO_VAR, DEMO_VAR_VQVAE, DEMO_VQ
 from ..pipeline import LoadedModels, check_image_decoder, class_conditioning, load_models
@@ -86,7 +87,7 @@ def run_dd_bench(args) -> dict:
     student.vq = teacher.vq
     rows = VAR_ROWS if is_var else ROWS
     sampling = SamplingSettings(cfg_scale=2.0 if args.cfg is None else args.cfg, temperature=args.temperature,
-                                top_k=args.top_k, top_p=args.top_p).validate()
+                                top_k=top_k_of(args), top_p=top_p_of(args)).validate()
     dd = dd_settings(args, student.ar)
     judge = load_classifier(device=student.ar.device)
     num_classes = student.ar.cfg.num_classes
