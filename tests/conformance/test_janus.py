@@ -11,7 +11,7 @@ import pytest
 
 from fastar.tests.conformance.common import assert_image_close, expected, fastar, fixture, generated_codes
 
-CASES = ["janus_transformers"]
+CASES = ["janus_transformers", "janus_deepseek"]
 
 
 @pytest.mark.parametrize("decoder", ["ar", "sjd"])

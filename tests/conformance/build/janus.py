@@ -20,6 +20,7 @@ its ``gen_vision_model.decode_code`` for the images.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import subprocess
@@ -175,6 +176,204 @@ CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] | lower == 'user' %}<|U
 
 
 # ---------------------------------------------------------------- DeepSeek's layout
+
+DEEPSEEK_ROLES = ("<|User|>", "<|Assistant|>")  # the Janus-Pro roles of DeepSeek's README and demo/app_januspro.py
+TINY_SIGLIP = "siglip_tiny_patch4_24"  # the understanding tower (unused by generation), registered under this name
+TINY_VQ = dict(ch=32, ch_mult=[1, 1], num_res_blocks=0, z_channels=32)  # 6 x 6 codes -> 12 x 12 pixels
+
+
+def official_generate(official: Path):
+    """``generate`` of the official generation_inference.py, compiled from that file (its module-level model
+    loading from the hub and final call are not run)."""
+    import ast
+
+    source = (official / "generation_inference.py").read_text()
+    tree = ast.parse(source)
+    function = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "generate")
+    namespace = {}
+    imports = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    exec(compile(ast.Module(body=[*imports, function], type_ignores=[]), str(official / "generation_inference.py"),
+                 "exec"), namespace)
+    return namespace["generate"]
+
+
+def build_deepseek(out: Path, seed: int, official: Path) -> None:
+    import os
+    import tempfile
+
+    sys.path.insert(0, str(official))
+    from transformers import LlamaTokenizerFast  # before the stand-in: transformers then knows it has no torchvision
+
+    stub_torchvision()
+
+    from janus.models import MultiModalityCausalLM, VLChatProcessor, VLMImageProcessor
+    from janus.models import modeling_vlm, siglip_vit, vq_model
+
+    # sizes the release's config cannot express: a tiny SigLIP registered by name, and a tiny VQ-16 made of the
+    # official Encoder/Decoder (VQ_16 always builds the 384-px one, ch 128, whatever config.json says)
+    siglip_vit.SigLIP_MODEL_CONFIG[TINY_SIGLIP] = dict(image_size=24, patch_size=4, width=16, layers=1, heads=2,
+                                                      mlp_ratio=2, global_pool="map", use_checkpoint=False)
+
+    def tiny_vq_16(**kwargs):
+        model = vq_model.VQModel(vq_model.ModelArgs(codebook_size=CODES, encoder_ch_mult=TINY_VQ["ch_mult"],
+                                                    decoder_ch_mult=TINY_VQ["ch_mult"], z_channels=TINY_VQ["z_channels"],
+                                                    codebook_show_usage=False, **kwargs))
+        model.encoder = vq_model.Encoder(**TINY_VQ)
+        model.decoder = vq_model.Decoder(**TINY_VQ)
+        return model
+
+    vq_model.VQ_models["VQ-16"] = tiny_vq_16
+
+    specials = [BOS, EOS, PAD, IMAGE, BOI, EOI]
+    tokenizer = LlamaTokenizerFast(tokenizer_object=byte_level_tokenizer(specials), bos_token=BOS, eos_token=EOS,
+                                   unk_token=None, add_bos_token=True, add_eos_token=False, model_max_length=16384,
+                                   additional_special_tokens=[IMAGE, BOI, EOI])  # no pad token: looked up by name
+    image_processor = VLMImageProcessor(image_size=24, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+    processor = VLChatProcessor(image_processor=image_processor, tokenizer=tokenizer, num_image_tokens=GRID * GRID)
+    assert tokenizer.pad_token is None and processor.pad_id == tokenizer.convert_tokens_to_ids(PAD)
+
+    n_embed = 32
+    config = modeling_vlm.MultiModalityConfig(
+        vision_config={"cls": "CLIPVisionTower", "params": {"image_size": 24, "model_name": TINY_SIGLIP,
+                                                            "select_feature": "same", "select_layer": -1},
+                       "num_image_tokens": GRID * GRID},  # kept by VisionConfig's kwargs; the release says nothing
+        aligner_config={"cls": "MlpProjector", "params": {"depth": 2, "input_dim": 16, "n_embed": n_embed,
+                                                          "projector_type": "mlp_gelu"}},
+        gen_vision_config={"cls": "VQ-16", "params": {"image_token_size": CODES, "n_embed": 8}},
+        gen_aligner_config={"cls": "MlpProjector", "params": {"depth": 2, "input_dim": 8, "n_embed": n_embed,
+                                                              "projector_type": "mlp_gelu"}},
+        gen_head_config={"cls": "vision_head", "params": {"image_token_embed": n_embed, "image_token_size": CODES,
+                                                          "n_embed": n_embed}},
+        language_config={"hidden_size": n_embed, "intermediate_size": 64, "num_hidden_layers": 2,
+                         "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 256,
+                         "rms_norm_eps": 1e-6, "vocab_size": len(tokenizer), "torch_dtype": "float32"},
+        architectures=["MultiModalityCausalLM"], torch_dtype="float32")
+    torch.manual_seed(seed)
+    model = MultiModalityCausalLM(config).eval()
+    randomise(model, seed)
+
+    folder = out / "janus_deepseek"
+    shutil.rmtree(folder, ignore_errors=True)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+
+    # the official path, from the saved folder
+    model = MultiModalityCausalLM.from_pretrained(folder).eval()
+    processor = VLChatProcessor.from_pretrained(folder)
+    generate = official_generate(official)
+    codes, pixels = [], []
+    decode_code = model.gen_vision_model.decode_code
+
+    def recording_decode_code(code_b, shape=None, channel_first=True):
+        codes.append(code_b.clone())
+        pixels.append(decode_code(code_b, shape=shape, channel_first=channel_first))
+        return pixels[-1]
+
+    model.gen_vision_model.decode_code = recording_decode_code
+    prompt_ids = []
+    with tempfile.TemporaryDirectory() as scratch, contextlib.chdir(scratch), greedy_on_cpu():
+        for text in PROMPTS:
+            conversation = [{"role": DEEPSEEK_ROLES[0], "content": text}, {"role": DEEPSEEK_ROLES[1], "content": ""}]
+            sft_format = processor.apply_sft_template_for_multi_turn_prompts(
+                conversations=conversation, sft_format=processor.sft_format, system_prompt="")
+            prompt = sft_format + processor.image_start_tag
+            prompt_ids.append(processor.tokenizer.encode(prompt))
+            generate(model, processor, prompt, parallel_size=1, cfg_weight=CFG,
+                     image_token_num_per_image=GRID * GRID, img_size=2 * GRID, patch_size=2)
+            assert os.path.exists("generated_samples/img_0.jpg")
+    codes = torch.cat(codes).long()
+    pixels = torch.cat(pixels)
+    check_codes(codes)
+    runs = [{"name": "greedy-cfg5", "args": [a for p in PROMPTS for a in ("--prompt", p)] + ["--cfg", str(CFG),
+                                                                                            "--top-k", "1"],
+             "prompt_ids": prompt_ids, "codes": codes.tolist(), "images": []}]
+    for i, image in enumerate(pixels):
+        name = f"greedy-cfg5_{i}.png"
+        save_image(image.float().numpy(), folder / name)
+        runs[0]["images"].append(name)
+    commit = subprocess.run(["git", "-C", str(official), "rev-parse", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    source = {"repository": "deepseek-ai/Janus", "commit": commit,
+              "packages": package_versions("torch", "transformers", "tokenizers", "timm", "attrdict", "einops"),
+              "builder": "tests/conformance/build/janus.py --layout deepseek",
+              "made_with": "janus.models MultiModalityCausalLM(MultiModalityConfig) random, norms randomised, "
+                           "save_pretrained; VLChatProcessor(VLMImageProcessor, LlamaTokenizerFast byte-level BPE "
+                           "without a pad token: pad_id is looked up by name).save_pretrained; from_pretrained of "
+                           "both; prompt by apply_sft_template_for_multi_turn_prompts (roles <|User|>/<|Assistant|> "
+                           "as the Janus-Pro README, system prompt '') + image_start_tag; generate() of "
+                           "generation_inference.py compiled from the file and run once per prompt (parallel_size 1, "
+                           "cfg_weight 5) with torch.multinomial replaced by argmax and Tensor.cuda a no-op; its "
+                           "gen_vision_model.decode_code output recorded for the images. Sizes the release config "
+                           "cannot express: VQ_models['VQ-16'] patched to a VQModel whose Encoder/Decoder are the "
+                           "official classes at ch 32, ch_mult [1, 1], num_res_blocks 0, z 32, codebook_show_usage "
+                           "off (the release also stores quantize.codebook_used, 65536 training counts, which FastAR "
+                           "drops); the understanding SigLIP registered in SigLIP_MODEL_CONFIG at width 16, 1 layer. "
+                           "config.json's vision_config carries num_image_tokens 36 (the release's has none: 576 = 24 x 24 is implied; "
+                           "FastAR reads the grid from it). torchvision (used by janus for understanding-image preprocessing only) is a stand-in "
+                           "module: PyPI's torchvision wheel needs CUDA's torch libraries"}
+    write_expected(folder, source, runs)
+    print(folder, sum(f.stat().st_size for f in folder.iterdir()), "bytes")
+
+
+def stub_torchvision() -> None:
+    """janus imports torchvision for the understanding path only (image preprocessing; the SigLIP input
+    normalisation, off without pixel_mean), and timm imports parts of it at import time. Where torchvision cannot be
+    imported (PyPI's wheel needs CUDA's torch libraries), every ``torchvision.*`` module is a stand-in whose names are
+    placeholders that raise when called: generation never calls them."""
+    try:
+        import torchvision  # noqa: F401
+        return
+    except (ImportError, OSError, RuntimeError):
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]
+    import importlib.abc
+    import importlib.machinery
+    import types
+
+    class Placeholder(type):
+        def __getattr__(cls, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return Placeholder(name, (), {})
+
+        def __call__(cls, *args, **kwargs):
+            raise RuntimeError(f"torchvision stand-in: {cls.__name__} is not part of image generation")
+
+    class StandIn(types.ModuleType):
+        def __getattr__(self, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return Placeholder(name, (), {})
+
+    class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, fullname, path, target=None):
+            if fullname == "torchvision" or fullname.startswith("torchvision."):
+                return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+            return None
+
+        def create_module(self, spec):
+            module = StandIn(spec.name)
+            module.__path__ = []
+            return module
+
+        def exec_module(self, module):
+            module.__version__ = "0.0+stand-in"
+
+    sys.meta_path.insert(0, Finder())
+
+
+@contextlib.contextmanager
+def greedy_on_cpu():
+    """torch.multinomial -> argmax (greedy), Tensor.cuda -> itself, while the official loop runs."""
+    multinomial, cuda = torch.multinomial, torch.Tensor.cuda
+    torch.multinomial = lambda probs, num_samples, **kw: probs.argmax(-1, keepdim=True)
+    torch.Tensor.cuda = lambda self, *a, **kw: self
+    try:
+        yield
+    finally:
+        torch.multinomial, torch.Tensor.cuda = multinomial, cuda
+
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
