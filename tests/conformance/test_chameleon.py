@@ -1,0 +1,57 @@
+"""Chameleon family against its official code (fixtures from build/chameleon.py): Anole as LANTERN's Anole class
+generates it (prompt, ``<reserved08706>``, boi; the CFG row bos, boi), Lumina-mGPT as its own inference solver
+generates it from a folder its own classes saved (QK norms stored per model-parallel shard, row ends, CFG from the
+image start); both decoded by Meta's VQGAN through Anole's TokenManager / Lumina-mGPT's ImageTokenizer."""
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from fastar.errors import FastARError
+from fastar.model_loaders import load_ar_model
+
+from fastar.tests.conformance.common import assert_image_close, expected, fastar, fixture, generated_codes
+
+VQGAN = "chameleon_vqgan/vqgan.ckpt"
+
+
+def run_case(case: str, decoder: str, tmp_path):
+    run = expected(case)["runs"][0]
+    r = fastar("generate", "--model", fixture(case), "--vq", fixture("chameleon_vqgan") / "vqgan.ckpt",
+               *run["args"], "--decoder", decoder, "--dtype", "fp32", "--quiet", "--tokens-out", tmp_path / "t.json",
+               "--out", tmp_path / "image.png", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    return run, generated_codes(tmp_path / "t.json")
+
+
+def test_anole_gives_lanterns_greedy_codes_and_metas_image(tmp_path):
+    run, codes = run_case("anole", "ar", tmp_path)
+    for row, (ours, official) in enumerate(zip(codes, run["codes"])):
+        first = next((i for i, (a, b) in enumerate(zip(ours, official)) if a != b), None)
+        assert first is None, f"prompt {row}: code {first} differs from LANTERN's Anole generate"
+    assert_image_close(tmp_path / "image_0.png", fixture("anole") / run["images"][0])
+
+
+@pytest.mark.parametrize("decoder", ["ar", "sjd"])
+def test_lumina_mgpt_gives_its_solvers_greedy_codes_and_image(decoder, tmp_path):
+    run, codes = run_case("lumina_mgpt", decoder, tmp_path)
+    assert codes == run["codes"]
+    assert_image_close(tmp_path / "image_0.png", fixture("lumina_mgpt") / run["images"][0])
+
+
+def test_the_lumina_fixture_keeps_the_released_qk_norm_layout():
+    """[model_parallel_size, head_dim] = [1, 8]: the layout that did not load before; the test above proves it."""
+    with safe_open(str(fixture("lumina_mgpt") / "model.safetensors"), "pt") as f:
+        assert list(f.get_slice("model.layers.0.self_attn.q_norm.weight").get_shape()) == [1, 8]
+
+
+def test_a_qk_norm_of_neither_layout_is_refused_with_its_shape(tmp_path):
+    folder = tmp_path / "lumina_mgpt"
+    folder.mkdir()
+    for f in fixture("lumina_mgpt").iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    weights = load_file(str(folder / "model.safetensors"))
+    weights["model.layers.0.self_attn.q_norm.weight"] = torch.ones(3, 8, dtype=torch.float16)  # 2 heads: no fit
+    save_file(weights, str(folder / "model.safetensors"))
+    with pytest.raises(FastARError, match=r"q_norm.weight has shape \[3, 8\].*\[2, 8\] \(one row per head\)"):
+        load_ar_model(folder, image_size=128)
