@@ -54,3 +54,50 @@ def test_dd_student_one_and_two_steps_give_the_official_latents_and_images(tmp_p
                                    err_msg=f"{run['name']}: latents differ from the official sampler's")
         for i, official in enumerate(run["images"]):
             assert_image_close(out.with_name(f"{out.stem}_{i}.png"), folder / official)
+
+
+LANTERN = "llamagen_lantern"
+
+
+def test_lantern_drafter_drafts_what_the_official_drafter_drafts():
+    """The LANTERN LlamaGen drafter folder (config.json + pytorch_model.bin) bound to its target: over the
+    target's hidden states and the official greedy codes, every row's greedy draft (CFG-combined) is the
+    official Model.forward's, and the sampled rows' logits agree to 1e-4."""
+    import numpy as np
+    import torch
+
+    from fastar.model_loaders import load_ar_model
+    from fastar.model_loaders.drafters import load_drafter
+    from fastar.model_loaders.protocol import ClassConditioning
+
+    folder, run = fixture(LANTERN), expected(LANTERN)["runs"][0]
+    target = load_ar_model(folder / "gpt.pt")
+    drafter = load_drafter(folder / "drafter", target)
+    codes = torch.tensor(run["codes"])
+    labels = torch.tensor([int(c) for c in run["args"][run["args"].index("--classes") + 1].split(",")])
+    cfg = float(run["args"][run["args"].index("--cfg") + 1])
+    with torch.no_grad():
+        conditioning = ClassConditioning(labels)
+        hidden = torch.cat([target.training_hidden(conditioning, codes),
+                            target.training_hidden(conditioning, codes, drop=torch.ones(len(labels), dtype=torch.bool))])
+        logits = drafter.logits(drafter.training_features(hidden, torch.cat([codes, codes])))
+    cond, uncond = logits.chunk(2)
+    combined = uncond + (cond - uncond) * cfg
+    assert combined.argmax(-1).tolist() == run["drafts"], "greedy drafts differ from the official drafter's"
+    np.testing.assert_allclose(combined[:, run["drafter_logit_rows"]].numpy(), np.load(folder / "drafter_logits.npy"),
+                               rtol=0, atol=1e-4)
+
+
+def test_lantern_drafter_greedy_spec_gives_the_official_codes_and_acceptance(tmp_path):
+    """Greedy speculative decoding with the drafter: the target's official greedy codes, each fixed at the
+    iteration where the official drafter's chains (topK_genrate, top-1) let it be fixed."""
+    import json
+
+    folder, run = fixture(LANTERN), expected(LANTERN)["runs"][0]
+    tokens, stats = tmp_path / "t.json", tmp_path / "s.json"
+    r = fastar("generate", "--model", folder / "gpt.pt", "--drafter", folder / "drafter", *run["args"], "--quiet",
+               "--tokens-out", tokens, "--stats-out", stats, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert generated_codes(tokens) == run["codes"], "codes differ from the target's official greedy codes"
+    assert json.loads(stats.read_text())["fixed_at"] == run["fixed_at"], \
+        "tokens were accepted at other iterations than with the official drafter's chains"

@@ -148,11 +148,11 @@ def train_c2i_args(**overrides) -> argparse.Namespace:
     return argparse.Namespace(**args)
 
 
-def tiny_gpt(gpt, seed=SEED, **kwargs):
+def tiny_gpt(gpt, seed=SEED, grid=GRID, **kwargs):
     torch.manual_seed(seed)
     model = gpt.Transformer(gpt.ModelArgs(
         dim=DIM, n_layer=LAYERS, n_head=HEADS, n_kv_head=KV_HEADS, multiple_of=32, vocab_size=VOCAB,
-        block_size=GRID * GRID, **kwargs))
+        block_size=grid * grid, **kwargs))
     reinit_head(model.output, std=DIM ** -0.5 * 3)
     # the official init (std 0.02) makes a tiny model's next code a function of the last code alone (greedy
     # codes then cycle): larger weights, spread embeddings and norms so position and context matter
@@ -166,9 +166,9 @@ def tiny_gpt(gpt, seed=SEED, **kwargs):
     return model.eval()
 
 
-def official_greedy(generate_module, model, cond, **kwargs) -> torch.Tensor:
+def official_greedy(generate_module, model, cond, grid=GRID, **kwargs) -> torch.Tensor:
     with MarginRecorder(generate_module) as margins:
-        codes = generate_module.generate(model, cond, GRID * GRID, cfg_scale=CFG, cfg_interval=-1,
+        codes = generate_module.generate(model, cond, grid * grid, cfg_scale=CFG, cfg_interval=-1,
                                          temperature=1.0, top_k=1, top_p=1.0, sample_logits=True, **kwargs)
     margins.check()
     check_codes(codes)
@@ -387,6 +387,190 @@ def official_decode_latents(vq, latents, folder: Path, prefix: str) -> list[str]
     return names
 
 
+# -- case 3: LANTERN's LlamaGen drafter ----------------------------------------------------------------
+
+LANTERN_GRID = 24  # cnets_llamagen.Model hard-codes the grid per input_type: c2i = 24x24 (block_size 576)
+GAMMA = 4  # drafts per target forward (topK_genrate with top_k 1: depth GAMMA - 1, total_token GAMMA + 1)
+DRAFTER_CONFIG = {  # data/configs/llamagen_t2i_config.json's keys, at the tiny target's sizes, for c2i
+    "architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+    "hidden_size": DIM, "initializer_range": 0.02, "intermediate_size": 96, "max_position_embeddings": 2048,
+    "model_type": "llama", "num_attention_heads": HEADS, "num_hidden_layers": 1, "num_key_value_heads": HEADS,
+    "pretraining_tp": 1, "rms_norm_eps": 1e-06, "rope_scaling": None, "tie_word_embeddings": False,
+    "torch_dtype": "float32", "transformers_version": "4.32.0.dev0", "use_cache": True, "vocab_size": VOCAB,
+    "input_type": "c2i",
+}
+
+
+def target_hidden(gpt, state, seed, labels, codes):
+    """The official GPT's final-norm hidden states [2B, N, D] (cond rows, then null-class rows) over the
+    greedy codes, teacher-forced: slot 0 the class, slot s the image token s-1 (a fresh model, no KV cache)."""
+    model = tiny_gpt(gpt, seed, LANTERN_GRID, num_classes=NUM_CLASSES, cls_token_num=1, model_type="c2i")
+    model.load_state_dict(state)
+    seen = {}
+    model.norm.register_forward_hook(lambda module, args, out: seen.update(h=out))
+    both = torch.cat([labels, torch.full_like(labels, NUM_CLASSES)])
+    idx = torch.cat([codes, codes])[:, :-1]
+    model(idx, both, input_pos=torch.arange(idx.shape[1] + 1))
+    return seen["h"], model.output
+
+
+def cfg_combine(logits):
+    cond, uncond = logits.chunk(2)
+    return uncond + (cond - uncond) * CFG
+
+
+def train_drafter(drafter, hidden, codes, head, steps=300):
+    """Weights for the tiny drafter: regress the target's next hidden state from (hidden, token) rows, as EAGLE
+    trains, so its chains get accepted and the spec test exercises drafting past the first token."""
+    ids = torch.cat([codes, codes])[:, :-1]
+    drafter.train()
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    optimiser = torch.optim.Adam(params, lr=3e-3)
+    with torch.enable_grad():
+        for step in range(steps):
+            out = drafter(hidden[:, :-1], input_ids=ids)
+            loss = (out - hidden[:, 1:]).square().mean() + torch.nn.functional.cross_entropy(
+                cfg_combine(head(out)).flatten(0, 1), codes[:, 1:].flatten())
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+    drafter.gradient_checkpointing = False
+    drafter.eval()
+    print(f"drafter loss {loss.item():.3f}")
+
+
+class HeadGaps:
+    """The target's output head as topK_genrate calls it, recording the CFG-combined top-2 gap of each call."""
+
+    def __init__(self, head):
+        self.head, self.gaps = head, []
+
+    def __call__(self, x):
+        logits = self.head(x)
+        top = cfg_combine(logits.float()).topk(2, dim=-1).values
+        self.gaps.append((top[..., 0] - top[..., 1]).min().item())
+        return logits
+
+
+def official_spec(drafter, hidden, codes, head, batch):
+    """Greedy speculative decoding with the official drafter: at n accepted codes, topK_genrate (top_k 1) drafts a
+    chain of GAMMA codes from the target's hidden states of slots 0..n-1 and the codes; the target (its
+    official greedy codes) accepts the leading matches plus one code. Returns fixed_at [B][N] (iteration that
+    fixed each code; 0 = the prefill) and asserts no counted draft rests on a near tie."""
+    N = codes.shape[1]
+    fixed_at = []
+    for b in range(batch):
+        rows = [b, batch + b]
+        at, n, iteration = [0] * N, 1, 0
+        while n < N:
+            iteration += 1
+            drafter.reset_kv()
+            ids = torch.cat([torch.zeros(1, dtype=torch.long), codes[b, :n]])[None].repeat(2, 1)
+            recorder = HeadGaps(head)
+            draft_tokens = drafter.topK_genrate(hidden[rows, :n], ids, recorder, None, CFG)[0]
+            drafts = draft_tokens[0, 1:1 + GAMMA].tolist()
+            accepted = 0
+            while accepted < GAMMA and n + accepted < N and drafts[accepted] == codes[b, n + accepted].item():
+                accepted += 1
+            counted = min(accepted + 1, GAMMA)  # the drafts whose argmax decided the outcome
+            assert min(recorder.gaps[:counted]) > 1e-3, f"near tie in a draft ({min(recorder.gaps[:counted]):.1e})"
+            for position in range(n, min(n + accepted + 1, N)):
+                at[position] = iteration
+            n += accepted + 1
+        fixed_at.append(at)
+    return fixed_at
+
+
+def build_lantern(checkout: Path, llamagen: Path) -> None:
+    official_path(llamagen)
+    from autoregressive.models import generate as generate_module
+    from autoregressive.models import gpt
+
+    folder = FIXTURES / "llamagen_lantern"
+    (folder / "drafter").mkdir(parents=True, exist_ok=True)
+    labels = torch.tensor(CLASSES)
+
+    def make(seed):
+        return tiny_gpt(gpt, seed, LANTERN_GRID, num_classes=NUM_CLASSES, cls_token_num=1, model_type="c2i")
+
+    def run(model):
+        return official_greedy(generate_module, model, labels, grid=LANTERN_GRID)
+
+    seed = first_good_seed(make, run)
+    model = make(seed)
+    args = train_c2i_args(gpt_model="GPT-tiny", vocab_size=VOCAB, image_size=LANTERN_GRID * DOWNSAMPLE,
+                          downsample_size=DOWNSAMPLE, num_classes=NUM_CLASSES)
+    torch.save({"model": model.state_dict(), "optimizer": {}, "steps": 0, "args": args}, folder / "gpt.pt")
+    (folder / "gpt.json").write_text(json.dumps({"num_attention_heads": HEADS}) + "\n")
+    state = torch.load(folder / "gpt.pt", map_location="cpu", weights_only=False)["model"]
+    reloaded = make(seed + 1000)
+    reloaded.load_state_dict(state, strict=False)
+    codes = run(reloaded).long()
+    hidden, head = target_hidden(gpt, state, seed + 2000, labels, codes)
+
+    # the drafter: LANTERN's classes, saved as the release is laid out (config.json + pytorch_model.bin)
+    # LANTERN's models/__init__.py imports every family's EaModel (transformers 4.45 only); the drafter needs
+    # none of them: register the package by path without running its __init__
+    import types
+    package = types.ModuleType("models")
+    package.__path__ = [str(checkout / "models")]
+    sys.modules["models"] = package
+    from models.configs.configs import EConfig
+    from models.drafters import cnets_llamagen
+
+    torch.manual_seed(SEED)
+    drafter = cnets_llamagen.Model(EConfig(**DRAFTER_CONFIG), bias=True, total_tokens=GAMMA + 1, depth=GAMMA - 1,
+                                   top_k=1)
+    drafter.embed_tokens.weight.data.copy_(state["tok_embeddings.weight"])  # the target's, frozen as released
+    train_drafter(drafter, hidden, codes, head)
+    (folder / "drafter" / "config.json").write_text(json.dumps(DRAFTER_CONFIG, indent=2) + "\n")
+    torch.save(drafter.state_dict(), folder / "drafter" / "pytorch_model.bin")
+
+    # reloaded as ea_model_llamagen.EaModel loads it: EConfig from config.json, bias from it, strict state dict
+    config = json.loads((folder / "drafter" / "config.json").read_text())
+    official = cnets_llamagen.Model(EConfig(**config), bias=config.get("bias", True), total_tokens=GAMMA + 1,
+                                    depth=GAMMA - 1, top_k=1)
+    official.load_state_dict(torch.load(folder / "drafter" / "pytorch_model.bin", map_location="cpu"), strict=True)
+    official.gradient_checkpointing = False
+    official.eval()
+    official.init_tree()
+
+    # teacher-forced drafter logits over the whole sequence: row p pairs hidden slot p with code p
+    official.reset_kv()
+    features = official(hidden[:, :-1], input_ids=torch.cat([codes, codes])[:, :-1])
+    logits = cfg_combine(head(features).float())  # [B, N-1, V]: row p drafts code p+1
+    top = logits.topk(2, dim=-1).values
+    assert (top[..., 0] - top[..., 1]).min() > 1e-3, "near tie in the teacher-forced drafts"
+    sampled_rows = list(range(0, codes.shape[1] - 1, 23))
+    import numpy as np
+    np.save(folder / "drafter_logits.npy", logits[:, sampled_rows].numpy())
+    fixed_at = official_spec(official, hidden, codes, head, len(CLASSES))
+    accepted = sum(max(row) for row in fixed_at)
+    print("spec iterations per image", [max(row) for row in fixed_at], "of", codes.shape[1] - 1)
+    assert accepted < len(CLASSES) * (codes.shape[1] - 1) * 0.8, "the drafter's chains are hardly accepted"
+
+    classes = ",".join(map(str, CLASSES))
+    write_expected(folder, {
+        "repository": "jadohu/LANTERN", "commit": commit_of(checkout),
+        "target_repository": "FoundationVision/LlamaGen", "target_commit": commit_of(llamagen),
+        "packages": packages("torch", "transformers"), "builder": "tests/conformance/build/llamagen.py lantern",
+        "made_with": "target: LlamaGen's gpt.Transformer as in the c2i case but block_size 576 (the 24x24 grid "
+                     "cnets_llamagen hard-codes for c2i), codes from generate.generate(cfg 4, top_k 1); drafter: "
+                     "models/drafters/cnets_llamagen.Model(EConfig(config.json), bias=True) with the target's token "
+                     "embeddings, trained briefly (feature regression + CE on the target's greedy codes) so chains "
+                     "get accepted (the LANTERN package imported without its models/__init__.py, which imports every "
+                     "EaModel), saved as the release (config.json + pytorch_model.bin: its state_dict); "
+                     "drafter_logits.npy: CFG-combined target-head logits of the official Model.forward "
+                     f"(teacher-forced, rows {sampled_rows[0]}::{sampled_rows[1] - sampled_rows[0]}) over the target's "
+                     "final-norm hidden states and the codes; fixed_at: greedy speculative decoding where each chain "
+                     f"comes from Model.topK_genrate(top_k=1, depth={GAMMA - 1}, total_tokens={GAMMA + 1}, cfg 4, "
+                     "logits_processor None) and the target's greedy codes accept the leading matches plus one",
+    }, [{"name": f"greedy spec gamma {GAMMA} cfg {CFG}",
+         "args": ["--classes", classes, "--cfg", CFG, "--top-k", 1, "--decoder", "spec", "--gamma", GAMMA],
+         "codes": codes.tolist(), "fixed_at": fixed_at, "images": [],
+         "drafter_logit_rows": sampled_rows, "drafts": logits.argmax(-1).tolist()}])
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("case", choices=["c2i", "t2i", "dd", "lantern"])
@@ -400,7 +584,12 @@ def main():
     if args.llamagen_commit:
         COMMITS[args.llamagen.resolve()] = args.llamagen_commit
     torch.set_grad_enabled(False)
-    {"c2i": build_c2i, "dd": build_dd}[args.case](args.official.resolve())
+    if args.case == "lantern":
+        if args.llamagen is None:
+            parser.error("lantern needs --llamagen (the target's official code)")
+        build_lantern(args.official.resolve(), args.llamagen.resolve())
+    else:
+        {"c2i": build_c2i, "dd": build_dd}[args.case](args.official.resolve())
 
 
 if __name__ == "__main__":
