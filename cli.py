@@ -91,10 +91,11 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     dd = p.add_argument_group("Distilled Decoding students (dd)")
     dd.add_argument("--dd-steps", type=int, choices=(1, 2), default=DD_DEFAULTS.steps,
                     help="student forwards: 1 (t = 0) or 2 (t = 0, then t2 with the same noise)")
-    dd.add_argument("--dd-t2", type=int, help="the second step's data length (default: the student's, 80 for the "
-                    "released ones)")
+    dd.add_argument("--dd-t2", type=int, help="the second step's data length in tokens (default: the student's, 80 "
+                    "for the released LlamaGen-DD ones; VAR-DD whole scales, d16 55, d20/d24 30)")
     dd.add_argument("--dd-split", type=int, help="positions before it take the logits' greedy code, later ones the "
-                    "continuous output (default: the student's; released B 80, L 130)")
+                    "continuous output (default: the student's; released B 80, L 130, VAR-DD as t2). A VAR-DD "
+                    "student of another depth without split_t in its NAME.json needs both")
     dd.add_argument("--dd-regenerate", type=int, help="hybrid (the paper's Alg. 4, needs --teacher and --dd-steps 2): "
                     "the teacher keeps the first S codes of DD's first step and samples positions S..t2-1 itself "
                     "(at --cfg, --temperature, --top-k, --top-p) before DD's second step")

@@ -107,7 +107,11 @@ def check_image_decoder(model, decoder) -> None:
                               "it was trained with (its teacher's, for a student)")
         if decoder.cfg.patch_nums != model.cfg.patch_nums:
             raise FastARError(f"the VQVAE works over the scales {list(decoder.cfg.patch_nums)} but the model over "
-                              f"{list(model.cfg.patch_nums)}: pick the VQVAE it was trained with")
+                              f"{list(model.cfg.patch_nums)}. A VQVAE's weights do not show its scales: it takes "
+                              "them from NAME.json beside its file (vae_x.json for vae_x.pth), else the release's "
+                              "256 px ones. If it is the model's VQVAE, write {\"patch_nums\": "
+                              f"{list(model.cfg.patch_nums)}}} into its NAME.json; if not, pick the VQVAE the model "
+                              "was trained with")
         return
     if decoder.input_kind != "codes":
         raise FastARError(f"{model.what} writes VQ codes: its image decoder is its VQ tokenizer, not {decoder.what}")

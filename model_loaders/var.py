@@ -3,11 +3,15 @@
 
 Sizes come from the weights: width and code width from ``word_embed``, depth from the blocks, heads from
 ``scale_mul_1H11``, classes from ``class_emb`` (minus the null class). The scales (``patch_nums``) are the
-release's 256 px ones when the sequence has their 680 slots; other files need them in ``fastar_config`` or a
-config.json / NAME.json (``patch_nums``). The block-causal mask and level ids are rebuilt when a file lacks
-them (they follow from the scales).
+release's 256 px ones when the sequence has their 680 slots; other files need them in ``fastar_config`` or in
+``NAME.json`` beside ``NAME.pth`` (config.json in a model folder): ``{"patch_nums": [...]}``, and the VQVAE its own
+NAME.json with the same scales (its weights do not show them). A VAR-DD student of a depth the release does not
+have takes its ``split_t`` (scales given as data at step 2) from NAME.json, or the DD run's t2 and split. The
+block-causal mask and level ids are rebuilt when a file lacks them (they follow from the scales).
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
@@ -49,11 +53,20 @@ def var_dd_config(sd, info: CheckpointInfo) -> VARDDConfig:
     shared = var_config(sd, info, extra_scale=1)
     scales = OFFICIAL_SCALES.get(shared.depth)
     said = first_setting(info.settings(), ("split_t", "loss_split_t"), scales)
-    if said is None:
-        raise FastARError(f"{info.source}: a depth-{shared.depth} VAR-DD student is none of the released sizes (16, "
-                          "20, 24); put its split_t (teacher scales given as data at step 2) in a config.json beside it")
+    if said is None:  # none of the released depths and no split_t: the DD run must give t2 and split
+        return VARDDConfig(**vars(shared), t2=None, split=None,
+                           unknown_split=(f"{info.source} is a depth-{shared.depth} VAR-DD student, none of the "
+                                          f"released sizes (16, 20, 24), and {config_file_hint(info)} gives no "
+                                          "split_t"))
     data = sum(p * p for p in shared.patch_nums[: int(said)])
     return VARDDConfig(**vars(shared), t2=data, split=data)
+
+
+def config_file_hint(info: CheckpointInfo) -> str:
+    """Where a file's settings go: NAME.json beside NAME.pth, or a model folder's config.json."""
+    if info.folder is not None:
+        return f"its config.json ({info.folder.name}/config.json)"
+    return f"{Path(info.source).stem}.json beside it"
 
 
 def var_config(sd, info: CheckpointInfo, extra_scale: int = 0) -> VARConfig:
@@ -75,17 +88,20 @@ def var_config(sd, info: CheckpointInfo, extra_scale: int = 0) -> VARConfig:
         mlp_ratio=weight_shape(sd, "blocks.0.ffn.fc1.weight", source)[0] / dim,
         vocab_size=weight_shape(sd, "head.weight", source)[0], channels=channels,
         num_classes=weight_shape(sd, "class_emb.weight", source)[0] - 1,
-        patch_nums=patch_nums_of(info.settings(), seq_len - extra_scale, scales - extra_scale, source),
+        patch_nums=patch_nums_of(info.settings(), seq_len - extra_scale, scales - extra_scale, source,
+                                 config_file_hint(info)),
     )
 
 
-def patch_nums_of(settings: dict, seq_len: int, scales: int, source: str) -> tuple[int, ...]:
+def patch_nums_of(settings: dict, seq_len: int, scales: int, source: str, hint: str = "NAME.json beside it") \
+        -> tuple[int, ...]:
     said = first_setting(settings, ("patch_nums", "pn"), None)
     if said is None and seq_len == sum(p * p for p in VAR_PATCH_NUMS) and scales == len(VAR_PATCH_NUMS):
         said = VAR_PATCH_NUMS
     if said is None:
         raise FastARError(f"{source}: a VAR model of {scales} scales and {seq_len} tokens is not the release's 256 px "
-                          "layout; put its patch_nums in a config.json beside it (e.g. {\"patch_nums\": [1, 2, 3, 4]})")
+                          f"layout; put its patch_nums in {hint} (e.g. {{\"patch_nums\": [1, 2, 3, 4]}}), and the "
+                          "same in its VQVAE's NAME.json")
     patch_nums = tuple(int(p) for p in said)
     if len(patch_nums) != scales or sum(p * p for p in patch_nums) != seq_len:
         raise FastARError(f"{source}: patch_nums {list(patch_nums)} give {len(patch_nums)} scales and "

@@ -35,9 +35,10 @@ OFFICIAL_SCALES = {16: 5, 20: 4, 24: 4}
 class VARDDConfig(VARConfig):
     """``patch_nums`` are the teacher's (the student adds the leading 1 itself)."""
 
-    t2: int = 55  # tokens given as data at the second step
-    split: int = 55  # greedy codes before it, continuous outputs from it
+    t2: int | None = 55  # tokens given as data at the second step (None: unknown, the DD run must give it)
+    split: int | None = 55  # greedy codes before it, continuous outputs from it (None: as t2)
     teacher: str = ""  # fingerprint of the teacher distill-dd distilled it from (empty for released students)
+    unknown_split: str = ""  # why t2 and split are unknown (a student of no released size without split_t)
 
     def student(self) -> VARConfig:
         fields = {k: getattr(self, k) for k in VARConfig.__dataclass_fields__}

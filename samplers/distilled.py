@@ -34,8 +34,13 @@ class DDSettings:
     def resolve(self, student) -> "DDSettings":
         """These settings with the student's defaults filled in, checked against its token count."""
         n = student.num_tokens
-        resolved = DDSettings(self.steps, student.cfg.t2 if self.t2 is None else self.t2,
-                              student.cfg.split if self.split is None else self.split, self.regenerate)
+        t2 = student.cfg.t2 if self.t2 is None else self.t2
+        split = student.cfg.split if self.split is None else self.split
+        if split is None or (t2 is None and self.steps == 2):
+            why = getattr(student.cfg, "unknown_split", "") or f"{student.what} does not say where its split lies"
+            raise FastARError(f"{why}: give the split in tokens (--dd-split, and --dd-t2 for two steps; in ComfyUI "
+                              "the DD sampler's split and t2), or the student's split_t in its NAME.json")
+        resolved = DDSettings(self.steps, split if t2 is None else t2, split, self.regenerate)
         if resolved.steps not in (1, 2):
             raise FastARError(f"Distilled Decoding runs 1 or 2 steps, not {resolved.steps}")
         if resolved.steps == 2 and not 0 < resolved.t2 < n:  # one step (t = 0 only) has no t2

@@ -176,13 +176,33 @@ def test_release_layout_files_load(tmp_path):
     assert torch.equal(load_ar_model(tmp_path / "var_tiny.pth").attn_bias_for_masking, model.attn_bias_for_masking)
 
 
-def test_a_var_file_of_unknown_scales_says_what_to_add(tmp_path):
+def test_a_var_file_of_unknown_scales_says_what_to_add_and_that_works(tmp_path):
     torch.save(release_var_state_dict(tiny_var()), tmp_path / "var_tiny.pth")
-    with pytest.raises(FastARError, match="put its patch_nums in a config.json"):
+    (tmp_path / "config.json").write_text('{"patch_nums": [1, 2, 3, 4]}')  # not read beside a single file
+    with pytest.raises(FastARError, match=r"put its patch_nums in var_tiny.json beside it \(e.g. "):
         load_ar_model(tmp_path / "var_tiny.pth")
     (tmp_path / "var_tiny.json").write_text('{"patch_nums": [1, 2, 5]}')
     with pytest.raises(FastARError, match=r"patch_nums \[1, 2, 5\] give 3 scales and 30 tokens but the weights have 4"):
         load_ar_model(tmp_path / "var_tiny.pth")
+    (tmp_path / "var_tiny.json").write_text('{"patch_nums": [1, 2, 3, 4]}')  # the advice, followed
+    assert load_ar_model(tmp_path / "var_tiny.pth").cfg.patch_nums == PATCH_NUMS
+
+
+def test_a_vqvae_without_its_name_json_says_to_add_the_models_scales_and_that_works(tmp_path):
+    """The VQVAE's weights do not show its scales: without its NAME.json it takes the release's, and the model's
+    check says what to write where (even though it is the right VQVAE)."""
+    from tiny_var import write_release_files
+
+    write_release_files(tmp_path)
+    (tmp_path / "vae_var_tiny.json").unlink()
+    args = ("generate", "--model", tmp_path / "var_tiny.pth", "--vq", tmp_path / "vae_var_tiny.pth", "--classes", "1",
+            "--quiet", "--latents-out", tmp_path / "f.npy")
+    r = fastar(*args, cwd=tmp_path)
+    assert r.returncode == 2 and 'write {"patch_nums": [1, 2, 3, 4]} into its NAME.json' in r.stderr
+    assert "(vae_x.json for vae_x.pth)" in r.stderr
+    (tmp_path / "vae_var_tiny.json").write_text('{"patch_nums": [1, 2, 3, 4]}')  # the advice, followed
+    r = fastar(*args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
 
 
 def fastar(*args, cwd):

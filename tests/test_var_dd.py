@@ -131,6 +131,35 @@ def test_cli_runs_a_var_dd_student_and_writes_f_hat(tmp_path):
     assert [sum(row, []) for row in saved["tokens"]] == nearest.tolist()
 
 
+def test_a_student_of_no_released_depth_without_split_t_runs_with_dd_split_and_t2(tmp_path):
+    """Without split_t in NAME.json the student still loads; the DD run says to give --dd-split/--dd-t2 (or
+    split_t), and following either gives the same image."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from tiny_var import write_release_files
+
+    write_release_files(tmp_path)
+    torch.save({"trainer": {"ema_parameters": tiny_student().state_dict()}}, tmp_path / "var-tiny.pth")
+    (tmp_path / "var-tiny.json").write_text(json.dumps({"patch_nums": list(PATCH_NUMS)}))
+    run = lambda *a: subprocess.run([sys.executable, "-m", "fastar", "generate", "--model", tmp_path / "var-tiny.pth",  # noqa: E731
+                                     "--vq", tmp_path / "vae_var_tiny.pth", "--classes", "1,2", "--quiet",
+                                     "--dd-steps", "2", *map(str, a)],
+                                    cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    r = run("--latents-out", tmp_path / "none.npy")
+    assert r.returncode == 2, r.stderr
+    assert "var-tiny.pth is a depth-2 VAR-DD student, none of the released sizes (16, 20, 24), and var-tiny.json " \
+        "beside it gives no split_t: give the split in tokens (--dd-split, and --dd-t2 for two steps" in r.stderr
+    r = run("--dd-split", 5, "--dd-t2", 5, "--latents-out", tmp_path / "flags.npy")
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "var-tiny.json").write_text(json.dumps({"patch_nums": list(PATCH_NUMS), "split_t": 2}))
+    r = run("--latents-out", tmp_path / "split_t.npy")
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "flags.npy"), np.load(tmp_path / "split_t.npy"))
+
+
 def test_distill_dd_makes_a_var_dd_student_from_a_var_teacher(tmp_path):
     """A whole tiny run: the pairs are the teacher's scale-by-scale flow map of their noise, the student starts as
     the teacher (its first token's slot and level copied from the class slot's) and loads as a VAR-DD student."""
