@@ -37,6 +37,13 @@ def test_c2i_greedy_ar_and_sjd_give_the_official_codes_and_images(tmp_path):
     run_case(C2I, ["--model", folder / "gpt.pt", "--vq", shared_vq()], tmp_path)
 
 
+def test_t2i_greedy_ar_and_sjd_give_the_official_codes_and_images(tmp_path):
+    """Text-to-image: caption features from the T5 folder as the official T5Embedder and sample_t2i.py make them
+    (left padding and mask), the null caption under CFG 7.5."""
+    folder = fixture("llamagen_t2i")
+    run_case("llamagen_t2i", ["--model", folder / "gpt.pt", "--vq", shared_vq(), "--t5", folder / "t5"], tmp_path)
+
+
 def test_dd_student_one_and_two_steps_give_the_official_latents_and_images(tmp_path):
     """LlamaGen-DD: one step, and two steps with t2 before and after the split, from the same noise."""
     import numpy as np

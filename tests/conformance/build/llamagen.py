@@ -235,6 +235,127 @@ def build_c2i(checkout: Path) -> None:
     print("c2i codes", codes.tolist())
 
 
+# -- case 2: text-to-image ---------------------------------------------------------------------------------
+
+T2I_CFG = 7.5  # sample_t2i.py's default
+PROMPTS = ["A Red cat sits on the  green mat", "one blue dog under the sky"]
+T5_WORDS = "a red cat sits on the green mat under blue sky with one two three dog".split()
+
+
+def make_t5_folder(folder: Path) -> None:
+    """A tiny T5 encoder folder as transformers saves one (T5EncoderModel.save_pretrained + a fast tokenizer
+    that appends </s> as T5's does), laid out like a downloaded google/flan-t5-xl folder."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = {word: i for i, word in enumerate(["<pad>", "</s>", "<unk>", *T5_WORDS])}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", eos_token="</s>",
+                                         unk_token="<unk>").save_pretrained(folder)
+    config = transformers.T5Config(vocab_size=len(vocab), d_model=16, d_kv=8, num_heads=2, d_ff=32, num_layers=2,
+                                   feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=1,
+                                   decoder_start_token_id=0)
+    torch.manual_seed(SEED)
+    transformers.T5EncoderModel(config).save_pretrained(folder)
+
+
+def train_t2i_args(**overrides) -> argparse.Namespace:
+    """The argparse.Namespace autoregressive/train/train_t2i.py saves as checkpoint["args"]: its parser's
+    defaults, with the tiny model's values where they differ."""
+    args = dict(
+        data_path="data", t5_feat_path="t5", short_t5_feat_path=None, cloud_save_path="ckpt", no_local_save=False,
+        vq_model="VQ-16", vq_ckpt=None, codebook_size=16384, codebook_embed_dim=8, gpt_model="GPT-B",
+        gpt_ckpt=None, gpt_type="t2i", vocab_size=16384, cls_token_num=120, dropout_p=0.1, token_dropout_p=0.1,
+        drop_path=0.0, no_compile=False, results_dir="results", dataset="t2i", image_size=384, downsample_size=16,
+        num_classes=1000, epochs=300, lr=1e-4, weight_decay=5e-2, beta1=0.9, beta2=0.95, max_grad_norm=1.0,
+        global_batch_size=256, global_seed=0, num_workers=24, log_every=100, ckpt_every=5000,
+        gradient_accumulation_steps=1, mixed_precision="bf16",
+    )
+    args.update(overrides)
+    return argparse.Namespace(**args)
+
+
+def official_captions(checkout: Path, t5_parent: Path, t5_name: str):
+    """sample_t2i.py's caption features: the official T5Embedder (local_cache: cache_dir/dir_or_name) at fp32,
+    then its left padding (inline in sample_t2i.main, restated: roll each row by its valid count, flip the mask)
+    and the padding zeroed."""
+    from language.t5 import T5Embedder
+
+    embedder = T5Embedder(device="cpu", local_cache=True, cache_dir=str(t5_parent), dir_or_name=t5_name,
+                          torch_dtype=torch.float32, model_max_length=120)
+    caption_embs, emb_masks = embedder.get_text_embeddings(PROMPTS)
+    new_emb_masks = torch.flip(emb_masks, dims=[-1])
+    new_caption_embs = torch.stack([torch.cat([emb[int(mask.sum()):], emb[:int(mask.sum())]])
+                                    for emb, mask in zip(caption_embs, emb_masks)])
+    assert len(set(emb_masks.sum(1).tolist())) == len(PROMPTS), "prompts of one length: left padding untested"
+    return new_caption_embs * new_emb_masks[:, :, None], new_emb_masks
+
+
+def build_t2i(checkout: Path) -> None:
+    official_path(checkout)
+    from autoregressive.models import generate as generate_module
+    from autoregressive.models import gpt
+    from tokenizer.tokenizer_image import vq_model
+
+    folder = FIXTURES / "llamagen_t2i"
+    folder.mkdir(parents=True, exist_ok=True)
+    make_t5_folder(folder / "t5")
+    c_indices, c_emb_masks = official_captions(checkout, folder, "t5")
+    vq = load_official_vq(vq_model)
+
+    def make(seed):
+        model = tiny_gpt(gpt, seed, caption_dim=16, cls_token_num=120, model_type="t2i")
+        # caption projection and null caption at the scale of the other weights (a trained null caption is far
+        # from real captions)
+        for linear in (model.cls_embedding.cap_proj.fc1, model.cls_embedding.cap_proj.fc2):
+            torch.nn.init.normal_(linear.weight, std=linear.in_features ** -0.5 * 2)
+        torch.nn.init.normal_(model.cls_embedding.uncond_embedding, std=1.0)
+        return model
+
+    def run(model):
+        with MarginRecorder(generate_module) as margins:
+            codes = generate_module.generate(model, c_indices, GRID * GRID, c_emb_masks, cfg_scale=T2I_CFG,
+                                             temperature=1.0, top_k=1, top_p=1.0, sample_logits=True)
+        margins.check()
+        check_codes(codes)
+        return codes
+
+    seed = first_good_seed(make, run, tries=60)
+    model = make(seed)
+    args = train_t2i_args(gpt_model="GPT-tiny", vocab_size=VOCAB, codebook_size=VOCAB, image_size=GRID * DOWNSAMPLE,
+                          downsample_size=DOWNSAMPLE)
+    torch.save({"model": model.state_dict(), "optimizer": {}, "steps": 0, "args": args}, folder / "gpt.pt")
+    (folder / "gpt.json").write_text(json.dumps({"num_attention_heads": HEADS}) + "\n")
+    reloaded = make(seed + 1000)
+    reloaded.load_state_dict(torch.load(folder / "gpt.pt", map_location="cpu", weights_only=False)["model"],
+                             strict=False)
+    codes = run(reloaded)
+    images = official_decode(vq, codes, folder, "t2i")
+    prompt_args = [arg for prompt in PROMPTS for arg in ("--prompt", prompt)]
+    runs = [{"name": f"greedy {decoder} cfg {T2I_CFG}",
+             "args": [*prompt_args, "--cfg", T2I_CFG, "--top-k", 1, "--decoder", decoder],
+             "codes": codes.tolist(), "images": images} for decoder in ("ar", "sjd")]
+    import transformers
+    write_expected(folder, {
+        "repository": "FoundationVision/LlamaGen", "commit": commit_of(checkout),
+        "packages": packages("torch", "transformers", "tokenizers", "accelerate", "ftfy", "beautifulsoup4"),
+        "builder": "tests/conformance/build/llamagen.py t2i",
+        "made_with": "t5/: transformers.T5EncoderModel(T5Config(d_model=16, 2 layers, gated-gelu)).save_pretrained "
+                     "+ a word-level PreTrainedTokenizerFast appending </s>; caption features from language/t5.py "
+                     "T5Embedder(local_cache=True, model_max_length=120, torch_dtype fp32, its default device_map) "
+                     ".get_text_embeddings (its caption cleaning included), left-padded as sample_t2i.py does; "
+                     "gpt.pt: autoregressive.models.gpt.Transformer(ModelArgs(dim=32, n_layer=2, n_head=2, "
+                     "multiple_of=32, vocab_size=64, block_size=36, caption_dim=16, cls_token_num=120, "
+                     "model_type='t2i')) with layer/head/embedding/cap_proj weights and uncond_embedding re-initialised "
+                     "randomly (first weight seed whose greedy codes vary), saved as train_t2i.py saves it + "
+                     f"gpt.json with the head count; codes from generate.generate(emb_masks, cfg_scale={T2I_CFG}, "
+                     "top_k=1); images from the shared VQ's decode_code (fixtures/llamagen_c2i/vq.pt)",
+    }, runs)
+    print("t2i codes", codes.tolist(), "mask lengths", c_emb_masks.sum(1).tolist())
+
+
 # -- case 4: LlamaGen-DD student -----------------------------------------------------------------------
 
 DD_SPLIT = 20  # greedy codes before it, continuous outputs from it (the released B student: 80 of 256)
@@ -589,7 +710,7 @@ def main():
             parser.error("lantern needs --llamagen (the target's official code)")
         build_lantern(args.official.resolve(), args.llamagen.resolve())
     else:
-        {"c2i": build_c2i, "dd": build_dd}[args.case](args.official.resolve())
+        {"c2i": build_c2i, "t2i": build_t2i, "dd": build_dd}[args.case](args.official.resolve())
 
 
 if __name__ == "__main__":
