@@ -6,6 +6,12 @@
     python tests/conformance/build/llamagen.py lantern --official CHECKOUT_OF_jadohu/LANTERN
                                                        --llamagen CHECKOUT_OF_FoundationVision/LlamaGen
 
+c2i and dd need only torch (FastAR's venv will do). t2i and lantern need the official code's transformers
+(4.45.2; transformers 5 changes the configs LANTERN reads) plus, for t2i, T5Embedder's ftfy, beautifulsoup4 and
+accelerate: a throwaway venv outside the repository, e.g. torch from FastAR's venv through a .pth file and
+`pip install transformers==4.45.2 ftfy beautifulsoup4 accelerate==1.1.1`. A checkout without .git takes its commit
+from --commit / --llamagen-commit.
+
 Each case builds a tiny model with the official classes, saves it as the official save path does, runs the
 official sampler (greedy: top-k 1) and the official decoder, and writes fixtures/<case>/ (weights, expected.json,
 PNGs). Everything runs on a CPU. The tiny VQ tokenizer (made with the official VQ classes) lives in
@@ -337,7 +343,6 @@ def build_t2i(checkout: Path) -> None:
     runs = [{"name": f"greedy {decoder} cfg {T2I_CFG}",
              "args": [*prompt_args, "--cfg", T2I_CFG, "--top-k", 1, "--decoder", decoder],
              "codes": codes.tolist(), "images": images} for decoder in ("ar", "sjd")]
-    import transformers
     write_expected(folder, {
         "repository": "FoundationVision/LlamaGen", "commit": commit_of(checkout),
         "packages": packages("torch", "transformers", "tokenizers", "accelerate", "ftfy", "beautifulsoup4"),
@@ -436,8 +441,7 @@ def build_dd(checkout: Path) -> None:
     for seed, student in enumerate(students):
         try:
             finals = [official_dd(student, fewstep, codebook, labels, noise, t_list) for _, t_list in schedules]
-            codes = codebook.new_tensor(0)  # the greedy part must vary
-            for final in finals:
+            for final in finals:  # the greedy part must vary
                 codes = (codebook[:, None, None, :] - final[:, :DD_SPLIT]).square().sum(-1).argmin(0)
                 check_codes(codes)
             assert all((a - b).abs().max() > 1e-3 for a, b in zip(finals, finals[1:])), "schedules agree"
