@@ -38,3 +38,25 @@ def test_the_official_codes_decode_to_the_official_images(tmp_path):
     assert r.returncode == 0, r.stderr
     for i, official in enumerate(run["images"]):
         assert_image_close(tmp_path / f"decoded_{i}.png", fixture(VAR) / official)
+
+
+def test_var_dd_one_and_two_steps_give_the_official_f_hat_token_maps_and_images(tmp_path):
+    """VAR-DD from a given noise: one step, two steps with the split after t2 and before it (--dd-split/--dd-t2 in
+    tokens), and two steps at the split_t its NAME.json gives."""
+    import numpy as np
+
+    case = "var_dd"
+    folder = fixture(case)
+    for run in expected(case)["runs"]:
+        tag = run["name"].replace(" ", "_")
+        out, latents, tokens = tmp_path / f"{tag}.png", tmp_path / f"{tag}.npy", tmp_path / f"{tag}.json"
+        r = fastar("generate", "--model", folder / "var-d2.pth", "--vq", fixture(VAR) / "vae_ch32v32z8.pth",
+                   "--decoder", "dd", "--noise-in", folder / "noise.npy", *run["args"], "--quiet", "--latents-out",
+                   latents, "--tokens-out", tokens, "--out", out, cwd=tmp_path)
+        assert r.returncode == 0, f"{run['name']}: {r.stderr}"
+        np.testing.assert_allclose(np.load(latents), np.load(folder / run["f_hat"]), rtol=0, atol=1e-4,
+                                   err_msg=f"{run['name']}: f_hat differs from the official sampler's")
+        assert json.loads(tokens.read_text())["scales"] == run["scales"]
+        assert generated_codes(tokens) == run["codes"], f"{run['name']}: token maps differ from the official ones"
+        for i, official in enumerate(run["images"]):
+            assert_image_close(out.with_name(f"{out.stem}_{i}.png"), folder / official)

@@ -220,6 +220,174 @@ def build_var(checkout: Path, commit: str | None) -> None:
     print(f"wrote {folder}: codes {recorder.per_image()}")
 
 
+# -- case 2: VAR-DD ------------------------------------------------------------------------------------
+
+# (name, t_list in teacher scales, loss_split_t in teacher scales, whether NAME.json's split_t stands for the flags)
+DD_RUNS = [
+    ("1 step split 2", [0], 2, False),
+    ("2 steps t 2 split 3", [0, 2], 3, False),  # the split after t2
+    ("2 steps t 3 split 2", [0, 3], 2, False),  # the split before t2
+    ("2 steps by split_t", [0, 2], 2, True),
+]
+DD_SPLIT_T = 2  # NAME.json's split_t (the student is of no released depth)
+DD_FILE = "var-d2.pth"
+
+
+def scale_tokens(scales: int) -> int:
+    """Tokens of the first ``scales`` teacher scales."""
+    return sum(p * p for p in PATCH_NUMS[:scales])
+
+
+def tiny_student(dd_models, vae, seed: int):
+    """The official DD_Model as models.build_vae_dd builds it (attn_l2_norm, n_d_embed and layerwise n_d_embed on,
+    its init_weights) at the VAR case's sizes, then every weight redrawn (its final layer and gammas start flat)."""
+    torch.manual_seed(seed)
+    dd = dd_models.DD_Model(vae_local=vae, num_classes=NUM_CLASSES, depth=DEPTH, embed_dim=WIDTH, num_heads=HEADS,
+                            drop_rate=0., attn_drop_rate=0., drop_path_rate=0., norm_eps=1e-6, shared_aln=False,
+                            cond_drop_rate=0.1, attn_l2_norm=True, patch_nums=PATCH_NUMS, flash_if_available=True,
+                            fused_if_available=True, n_d_embed_enable=True, layerwise_n_d_embed=True)
+    dd.init_weights(init_adaln=0.5, init_adaln_gamma=1e-5, init_head=0.02, init_std=-1)
+    redraw(dd, seed)
+    assert dd.final_layer_conti.linear.weight.abs().max() > 0.1 and dd.head.weight.abs().max() > 0.1
+    return dd.eval().requires_grad_(False)
+
+
+def redraw(model, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("scale_mul_1H11"):  # log of the attention temperature, clamped at log 100
+                p.copy_(torch.log(torch.full_like(p, 4.0)) + torch.randn(p.shape, generator=g) * 0.5)
+            elif name.endswith(".weight") and p.dim() == 2 and not name.endswith(("_emb.weight", "_embed.weight")):
+                gain = 3.0 if name == "head.weight" else 0.5 if "ada_lin" in name or "n_d_embed" in name else 1.0
+                p.copy_(torch.randn(p.shape, generator=g) * gain * p.shape[1] ** -0.5)  # Linear weights: unit gain
+            elif name.endswith("bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+            else:  # class, level, position and noise/data embeddings, the final layer's scale-shift table
+                p.copy_(torch.randn(p.shape, generator=g) * (0.3 if "scale_shift" in name else 1.0))
+
+
+def official_dd(dd, vae, labels, noise, t_list, split_t):
+    """sample.py's loop (perturb_data, final_predict, get_final_sequence at loss_split_t for each t of t_list),
+    then its transfer_BLCv_to_B3HW image; returns (final sequence, f_hat, images in [-1, 1], smallest greedy gap)."""
+    import sample as sample_module
+
+    label_B = torch.tensor(labels)
+    x, gaps = noise.clone(), []
+    for t in t_list:
+        tensor_t = torch.zeros([len(labels)]) + t
+        x = dd.perturb_data(x, tensor_t, noise)
+        token, logits = dd.final_predict(label_B, x, tensor_t)
+        greedy = logits[:, scale_tokens(t): scale_tokens(split_t)]  # the positions that take a greedy code
+        if greedy.numel():
+            top = greedy.topk(2, dim=-1).values
+            gaps.append((top[..., 0] - top[..., 1]).min().item())
+        x = dd.get_final_sequence(token, logits, split_t)
+    f_hats = []
+    original = vae.fhat_to_img
+    vae.fhat_to_img = lambda f_hat: (f_hats.append(f_hat.clone()), original(f_hat))[1]
+    try:
+        images = sample_module.transfer_BLCv_to_B3HW(x.clone(), dd, vae)
+    finally:
+        vae.fhat_to_img = original
+    return x, f_hats[0], images * 2 - 1, min(gaps, default=float("inf"))
+
+
+def stub_torchvision() -> None:
+    """The DD release's models/dd.py and sample.py import torchvision.utils.save_image only to write PNG files
+    (the builder writes its own); where torchvision is missing (or does not fit this torch), a stand-in that
+    refuses to be called."""
+    try:
+        import torchvision.utils  # noqa: F401
+        return
+    except (ImportError, RuntimeError):
+        pass
+    import types
+
+    def save_image(*args, **kwargs):
+        raise RuntimeError("torchvision.utils.save_image is a stand-in here: the builder writes the PNGs")
+
+    torchvision, utils = types.ModuleType("torchvision"), types.ModuleType("torchvision.utils")
+    utils.save_image, torchvision.utils = save_image, utils
+    sys.modules["torchvision"], sys.modules["torchvision.utils"] = torchvision, utils
+
+
+def build_var_dd(checkout: Path, commit: str | None) -> None:
+    import numpy as np
+
+    stub_torchvision()
+    sys.path.insert(0, str(checkout))
+    import models as dd_models
+    from models import basic_vae
+
+    var_folder, folder = FIXTURES / "var", FIXTURES / "var_dd"
+    folder.mkdir(parents=True, exist_ok=True)
+    vae = official_vqvae(dd_models, basic_vae)  # the VAR case's VQVAE, in the DD release's own classes
+    vae.load_state_dict(torch.load(var_folder / VAE_FILE, map_location="cpu"), strict=True)
+    vae = vae.eval()
+    noise = torch.randn(len(CLASSES), scale_tokens(len(PATCH_NUMS)), CVAE, generator=torch.Generator().manual_seed(1))
+    for seed in range(20):
+        dd = tiny_student(dd_models, vae, seed)
+        try:
+            for _, t_list, split_t, _ in DD_RUNS:
+                x, _, images, gap = official_dd(dd, vae, CLASSES, noise, t_list, split_t)
+                assert gap > 1e-3, f"a greedy code has a near tie (top-2 logit gap {gap:.2e})"
+                codes = torch.cdist(x[:, : scale_tokens(split_t)].flatten(0, 1), vae.quantize.embedding.weight)
+                distinct = len(set(codes.argmin(-1).tolist()))
+                assert distinct >= 3, f"the greedy codes use only {distinct} distinct values"
+                assert 0.05 < (images.abs() < 1).float().mean() and images.std() > 0.1, "degenerate official image"
+            break
+        except AssertionError as e:
+            print(f"seed {seed}: {e}")
+    else:
+        raise SystemExit("no seed gave a usable student")
+    other = tiny_student(dd_models, vae, seed + 100).state_dict()  # the non-EMA weights: must not be the ones read
+    torch.save({"trainer": {"var_wo_ddp": other, "ema_parameters": dd.state_dict()}}, folder / DD_FILE)
+    (folder / DD_FILE).with_suffix(".json").write_text(
+        json.dumps({"patch_nums": list(PATCH_NUMS), "split_t": DD_SPLIT_T}) + "\n")
+    np.save(folder / "noise.npy", noise.numpy())
+    # again on the file as saved, loaded as sample.py loads it into a fresh official DD_Model
+    fresh = dd_models.DD_Model(vae_local=vae, num_classes=NUM_CLASSES, depth=DEPTH, embed_dim=WIDTH, num_heads=HEADS,
+                               norm_eps=1e-6, shared_aln=False, attn_l2_norm=True, patch_nums=PATCH_NUMS)
+    missing, unexpected = fresh.load_state_dict(torch.load(folder / DD_FILE, map_location="cpu")["trainer"]
+                                                ["ema_parameters"], strict=False)
+    assert not missing and not unexpected, (missing, unexpected)
+    fresh = fresh.eval()
+    runs = []
+    for name, t_list, split_t, from_json in DD_RUNS:
+        x, f_hat, images, _ = official_dd(fresh, vae, CLASSES, noise, t_list, split_t)
+        tag = name.replace(" ", "_")
+        np.save(folder / f"{tag}.npy", f_hat.numpy())
+        names = []
+        for i, image in enumerate(images):
+            names.append(f"{tag}_{i}.png")
+            save_image(image.numpy(), folder / names[-1])
+        nearest = torch.cdist(x.flatten(0, 1), vae.quantize.embedding.weight).argmin(-1).view(len(CLASSES), -1)
+        codes = [[part.tolist() for part in row.split([p * p for p in PATCH_NUMS])] for row in nearest]
+        args = ["--classes", ",".join(map(str, CLASSES)), "--dd-steps", len(t_list)]
+        if not from_json:
+            args += ["--dd-split", scale_tokens(split_t)] + (["--dd-t2", scale_tokens(t_list[1])] if len(t_list) > 1
+                                                              else [])
+        runs.append({"name": name, "args": args, "t_list": t_list, "loss_split_t": split_t, "scales": scale_sides(),
+                     "codes": codes, "f_hat": f"{tag}.npy", "images": names})
+    source = {"repository": "microsoft/distilled_decoding", "commit": commit_of(checkout, commit),
+              "packages": packages("torch", "numpy", "typed-argument-parser"),
+              "builder": "tests/conformance/build/var.py var_dd",
+              "made_with": (
+                  f"VAR/models.DD_Model(depth={DEPTH}, embed_dim={WIDTH}, num_heads={HEADS}, "
+                  f"num_classes={NUM_CLASSES}, patch_nums={PATCH_NUMS}, attn_l2_norm=True, n_d_embed_enable=True, "
+                  "layerwise_n_d_embed=True) with DD_Model.init_weights as build_vae_dd runs it, then every parameter "
+                  "redrawn (the first seed whose greedy codes vary without near ties), saved as "
+                  "{'trainer': {'ema_parameters': sd, 'var_wo_ddp': other weights}} (sample.py reads ema_parameters) "
+                  f"+ NAME.json {{patch_nums, split_t: {DD_SPLIT_T}}}; the var case's VQVAE file loaded into "
+                  "VAR/models.VQVAE (Encoder/Decoder as there); torchvision.utils.save_image stubbed (imported, never called); from noise.npy, sample.py's loop on the reloaded "
+                  "file: perturb_data, final_predict, get_final_sequence(loss_split_t) for each t of t_list "
+                  "(teacher scales), f_hat and images from sample.transfer_BLCv_to_B3HW (f_hat recorded at "
+                  "VQVAE.fhat_to_img); codes: the nearest code of each final vector, per scale")}
+    write_expected(folder, source, runs)
+    print(f"wrote {folder} (weight seed {seed})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("case", choices=("var", "var_dd"))
