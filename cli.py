@@ -347,7 +347,8 @@ def generate_distilled(args, models, conditioning, progress):
 
     if (args.teacher is None) != (args.dd_regenerate is None):
         raise FastARError("the DD hybrid needs both --teacher (the student's teacher) and --dd-regenerate S")
-    tuned = args.cfg not in (None, 1.0) or args.temperature != SAMPLING_DEFAULTS.temperature or top_k_of(args) or top_p_of(args) < 1
+    tuned = (args.cfg not in (None, 1.0) or args.temperature != SAMPLING_DEFAULTS.temperature or top_k_of(args)
+             or top_p_of(args) < 1)
     if tuned and args.teacher is None:
         raise FastARError("a Distilled Decoding student maps noise to an image deterministically: --cfg, "
                           "--temperature, --top-k and --top-p do not apply (its teacher's settings are baked in); "

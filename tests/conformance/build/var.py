@@ -380,7 +380,8 @@ def build_var_dd(checkout: Path, commit: str | None) -> None:
                   "redrawn (the first seed whose greedy codes vary without near ties), saved as "
                   "{'trainer': {'ema_parameters': sd, 'var_wo_ddp': other weights}} (sample.py reads ema_parameters) "
                   f"+ NAME.json {{patch_nums, split_t: {DD_SPLIT_T}}}; the var case's VQVAE file loaded into "
-                  "VAR/models.VQVAE (Encoder/Decoder as there); torchvision.utils.save_image stubbed (imported, never called); from noise.npy, sample.py's loop on the reloaded "
+                  "VAR/models.VQVAE (Encoder/Decoder as there); torchvision.utils.save_image stubbed (imported, "
+                  "never called); from noise.npy, sample.py's loop on the reloaded "
                   "file: perturb_data, final_predict, get_final_sequence(loss_split_t) for each t of t_list "
                   "(teacher scales), f_hat and images from sample.transfer_BLCv_to_B3HW (f_hat recorded at "
                   "VQVAE.fhat_to_img); codes: the nearest code of each final vector, per scale")}
