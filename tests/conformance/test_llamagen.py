@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from common import assert_image_close, expected, fastar, fixture, generated_codes
+from fastar.tests.conformance.common import assert_image_close, expected, fastar, fixture, generated_codes
 
 C2I = "llamagen_c2i"
 
