@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from common import assert_image_close, expected, fastar, fixture, generated_codes
+from fastar.tests.conformance.common import assert_image_close, expected, fastar, fixture, generated_codes
 
 VAR = "var"
 
