@@ -181,3 +181,13 @@ def test_the_training_forward_equals_transformers(model, reference):
         for b, r in enumerate(rows):
             expected = reference.lm_head(reference.model(torch.tensor([r])).last_hidden_state)[0]
             assert torch.allclose(model.lm_head(hidden[b, width - len(r):]), expected, atol=2e-5, rtol=1e-4)
+
+
+def test_token_pixels_read_from_either_name_of_the_level_multipliers():
+    """transformers' configs say channel_multiplier, the 2024 Chameleon configs ch_mult: both give 16 px tokens."""
+    from fastar.model_loaders.chameleon import token_pixels
+
+    for name in ("channel_multiplier", "ch_mult"):
+        assert token_pixels({"vq_config": {name: [1, 1, 2, 2, 4]}}) == 16
+        assert token_pixels({"vq_config": {name: [1, 2, 4]}}) == 4
+    assert token_pixels({}) == 16  # no vq_config: Chameleon's VQGAN
