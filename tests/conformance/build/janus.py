@@ -15,7 +15,7 @@ loading and the final call stubbed, and ``.cuda()`` made a no-op), with ``torch.
 its ``gen_vision_model.decode_code`` for the images.
 
     python tests/conformance/build/janus.py --layout transformers
-    /tmp/janus-venv/bin/python tests/conformance/build/janus.py --layout deepseek --official /path/to/Janus
+    VENV/bin/python tests/conformance/build/janus.py --layout deepseek --official /path/to/Janus
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Builds the MAR + KL-16 conformance fixtures with the official code of LTH14/mar (run by hand, never by the tests).
 
-    /tmp/official-venv/bin/python tests/conformance/build/mar.py --official /path/to/mar
+    VENV/bin/python tests/conformance/build/mar.py --official /path/to/mar
 
 needs torch, timm, scipy, numpy (no GPU: ``Tensor.cuda`` is made a no-op while the official code runs).
 
