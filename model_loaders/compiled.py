@@ -9,7 +9,9 @@ same seed: tests/test_compiled.py.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import FastARError, FastARWarning
+from ..interrupts import can_interrupt, check_interrupt
 
 # widths a model meets: prefill-free steps of 1, the windows a session or the profiler asks for, per batch
 COMPILED_SHAPES = 64
@@ -25,6 +28,7 @@ COMPILED_SHAPES = 64
 # "auto" leaves it eager there
 PROVEN_DEVICES = ("cpu",)
 SWITCH = ("auto", "on", "off")
+POLL_S = 0.1  # how often Cancel is checked while a first call compiles
 
 
 def compile_steps(model, when: str = "on", mode: str | None = None):
@@ -79,30 +83,70 @@ def compiled_forward(session_class: type, mode: str) -> "CompiledStep":
 class CompiledStep:
     """``forward`` through torch.compile; where compiling fails on this machine (no C++ compiler for the CPU
     kernels, an unsupported platform or op) it warns once and runs eagerly from then on: same tokens, eager's
-    speed. A call that fails eagerly too raises eager's error, so mistakes are not hidden behind compiling."""
+    speed. A call that fails eagerly too raises eager's error, so mistakes are not hidden behind compiling.
+
+    A shape's first call compiles (seconds to a minute) without passing a point where the run could stop, so
+    where a run can be cancelled (interrupts.py) that call runs in a worker thread while the caller keeps
+    checking: Cancel returns at once, and the abandoned compilation finishes in the background (the next first
+    call waits for it, cancellable too)."""
 
     def __init__(self, forward, mode: str):
         self.eager, self.compiled, self.mode = forward, torch.compile(forward, mode=mode, dynamic=False), mode
         self.failure: str | None = None
+        self.shapes_run: set = set()  # argument shapes that have run: their graph exists
+        self.compiling = threading.Lock()  # held while a first call runs in a worker thread
 
     def __call__(self, session, *args, **kwargs):
-        if self.failure is None:
-            try:
-                graphs, t0 = unique_graphs(), time.perf_counter()
-                out = self.compiled(session, *args, **kwargs)
-                if unique_graphs() != graphs:  # this call compiled a new shape: its time is compilation
-                    COMPILE_CLOCK.seconds += time.perf_counter() - t0
-                return out
-            except Exception as error:  # noqa: BLE001 - whatever compiling raises, eager is the answer
-                result = self.eager(session, *args, **kwargs)
-                first_line = (str(error).strip().splitlines() or [""])[0]
-                self.failure = f"{type(error).__name__}: {first_line[:300]}"
-                warnings.warn(f"compiled steps are off: torch.compile failed on this machine ({self.failure}); "
-                              "decoding runs eagerly (same images, without the speed-up). Install a C++ compiler "
-                              "(g++) for CPU kernels, or turn the compile switch off to skip the attempt",
-                              FastARWarning, stacklevel=2)
-                return result
-        return self.eager(session, *args, **kwargs)
+        if self.failure is not None:
+            return self.eager(session, *args, **kwargs)
+        shape = tuple((a.shape, a.dtype, a.device) if torch.is_tensor(a) else a for a in args)
+        call = functools.partial(self.compiled_or_eager, session, *args, **kwargs)
+        out = call() if shape in self.shapes_run or not can_interrupt() else self.in_worker(call, args)
+        self.shapes_run.add(shape)
+        return out
+
+    def compiled_or_eager(self, session, *args, **kwargs):
+        try:
+            graphs, t0 = unique_graphs(), time.perf_counter()
+            out = self.compiled(session, *args, **kwargs)
+            if unique_graphs() != graphs:  # this call compiled a new shape: its time is compilation
+                COMPILE_CLOCK.seconds += time.perf_counter() - t0
+            return out
+        except Exception as error:  # noqa: BLE001 - whatever compiling raises, eager is the answer
+            result = self.eager(session, *args, **kwargs)
+            first_line = (str(error).strip().splitlines() or [""])[0]
+            self.failure = f"{type(error).__name__}: {first_line[:300]}"
+            warnings.warn(f"compiled steps are off: torch.compile failed on this machine ({self.failure}); "
+                          "decoding runs eagerly (same images, without the speed-up). Install a C++ compiler "
+                          "(g++) for CPU kernels, or turn the compile switch off to skip the attempt",
+                          FastARWarning, stacklevel=3)
+            return result
+
+    def in_worker(self, call, args):
+        while not self.compiling.acquire(timeout=POLL_S):
+            check_interrupt()
+        result: dict = {}
+        grad = torch.is_grad_enabled()
+        device = next((a.device for a in args if torch.is_tensor(a) and a.device.type == "cuda"), None)
+
+        def work():
+            try:  # grad mode and the current CUDA device are per thread: the worker takes the caller's
+                with torch.set_grad_enabled(grad), (torch.cuda.device(device) if device else contextlib.nullcontext()):
+                    result["out"] = call()
+            except BaseException as error:  # noqa: BLE001 - raised in the caller below
+                result["error"] = error
+            finally:
+                self.compiling.release()
+
+        worker = threading.Thread(target=work, name="fastar-compile", daemon=True)
+        worker.start()
+        while worker.is_alive():
+            worker.join(POLL_S)
+            if worker.is_alive():
+                check_interrupt()
+        if "error" in result:
+            raise result["error"]
+        return result["out"]
 
 
 @dataclass

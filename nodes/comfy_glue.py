@@ -3,6 +3,7 @@ a live preview. Newer-only ComfyUI APIs are feature-detected; everything here wo
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -12,6 +13,7 @@ import comfy.model_management as mm
 import comfy.model_patcher
 import comfy.utils
 
+from ..interrupts import interruptible
 from ..pipeline import DTYPES
 
 DTYPE_CHOICES = ("auto", *DTYPES)
@@ -84,6 +86,17 @@ def make_room(nbytes: int) -> None:
 
 def free_cache() -> None:
     mm.soft_empty_cache()
+
+
+@contextmanager
+def decoding():
+    """Around a decode: Cancel is honoured inside long stretches without an iteration boundary too (MAR's
+    diffusion steps, a first torch.compile), and the cache is freed after it, cancelled or not."""
+    try:
+        with interruptible(mm.throw_exception_if_processing_interrupted):
+            yield
+    finally:
+        free_cache()
 
 
 def to_image_tensor(images: np.ndarray) -> torch.Tensor:

@@ -272,6 +272,11 @@ LOADED_BY = {AR: "an AR model (load it with FastAR Load AR Model)",
 
 def checkpoint_kind_error(path: Path, kind: str) -> str | None:
     """A readable reason why ``path`` is not a ``kind`` checkpoint, when a header look can tell."""
+    if kind == T5:
+        if path.is_dir() and folder_kind(path) == T5:
+            return None
+        return (f"{path.name} is no FLAN-T5 folder (one holds a config.json of model_type t5, the tokenizer and "
+                "the weights, as google/flan-t5-xl is downloaded)")
     wanted = LOADED_BY[kind].split(" (")[0]
     if path.is_dir():
         found = folder_kind(path)

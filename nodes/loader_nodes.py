@@ -444,6 +444,8 @@ class TextConditioning(io.ComfyNode):
     def validate_inputs(cls, prompt, t5_folder):
         if not isinstance(prompt, str) or not prompt.strip():
             return "the prompt is empty: describe the image to draw"
+        if t5_folder != NO_T5 and (error := load_error(t5_folder, files.T5)):
+            return f"{error} (models that read the prompt themselves take '{NO_T5}')"
         return True
 
     @classmethod

@@ -263,11 +263,9 @@ class SamplerBase(io.ComfyNode):
         if vq is not None and codebook is None:
             raise FastARError(f"{vq.name} is {vq.module.what}, which has no codebook: connect the VQ decoder of "
                               f"{model.name}")
-        try:
+        with glue.decoding():
             codes, stats = decode(ar, rows, sampling, spec, seed=seed, on_iteration=progress,
                                   drafter=drafter.drafter if drafter is not None else None, codebook=codebook)
-        finally:
-            glue.free_cache()
         stats.settings = {**stats.settings, **settings, "top_k": top_k, "top_p": top_p}
         return io.NodeOutput(Tokens(codes.cpu(), tuple(ar.grid), ar.vocab_size), stats)
 
@@ -291,10 +289,8 @@ def run_next_scale(node, model: ModelHandle, rows, seed: int, cfg: float, temper
     glue.load_for_inference([model.patcher, vqvae.patcher], cfg_rows * ar.cfg.seq_len * dims * 4)
     view = (lambda f_hat, done: glue.partial_latents_image(vqvae.module, f_hat[:1])) if glue.previews_enabled() else None
     progress = glue.DecodeProgress(node.hidden.unique_id, ar.cfg.seq_len, "VAR", view)
-    try:
+    with glue.decoding():
         f_hat, stats = decode_next_scale(ar, rows, sampling, seed=seed, vqvae=vqvae.module, on_iteration=progress)
-    finally:
-        glue.free_cache()
     stats.settings = {**stats.settings, **settings, "top_k": top_k, "top_p": top_p}
     return io.NodeOutput(Latents(f_hat.float().cpu(), source="var"), stats)
 
@@ -321,11 +317,9 @@ def run_masked(node, model: ModelHandle, rows, seed: int, settings: MaskedSettin
     glue.load_for_inference(patchers, masked_working_memory(ar, batch, settings.cfg_scale != 1.0, contexts))
     view = (lambda tokens, done: glue.partial_latents_image(shown, ar.decoder_input(tokens[:1]))) if shown else None
     progress = glue.DecodeProgress(node.hidden.unique_id, ar.cfg.num_tokens, node.DECODER.upper(), view)
-    try:
+    with glue.decoding():
         tokens, stats = decode_masked(ar, rows, settings, node.DECODER, seed=seed, cspd=cspd or CSPD,
                                       drafter=drafter.drafter if drafter is not None else None, on_iteration=progress)
-    finally:
-        glue.free_cache()
     return Latents(ar.decoder_input(tokens).float().cpu()), stats
 
 
@@ -675,12 +669,10 @@ class SamplerDD(io.ComfyNode):
         activations = batch * (n + 1) * (cfg.dim * 12 + cfg.vocab_size) * 4
         glue.load_for_inference(patchers, activations + working)
         progress = glue.DecodeProgress(cls.hidden.unique_id, n, "DD")
-        try:
+        with glue.decoding():
             latents, stats = decode_distilled(student, rows, settings, seed=seed, codebook=vq.module.codebook(),
                                               on_iteration=lambda step, total, x: progress(n * step // total, n, x),
                                               teacher=None if teacher is None else teacher.module, sampling=sampling)
-        finally:
-            glue.free_cache()
         stats.settings = {**stats.settings, "seed": seed, "conditioning": conditioning.label, "model": model.name}
         if teacher is not None:
             stats.settings.update(teacher=teacher.name, teacher_cfg=teacher_cfg, teacher_top_k=teacher_top_k)

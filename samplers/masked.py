@@ -21,6 +21,7 @@ from typing import Optional
 import torch
 
 from ..errors import FastARError, check_choice
+from ..interrupts import check_interrupt
 from ..model_loaders.diffusion import ReverseStep
 from .stats import DecodeStats, Stopwatch
 from .verifier import ProgressFn, finish
@@ -141,6 +142,7 @@ def reverse_process(head, diffusion, z_cond, z_uncond, cfg_scale, temperature: f
     z_cond = z_cond.to(dtype)
     z_uncond = None if z_uncond is None else z_uncond.to(dtype)
     for index in reversed(range(diffusion.num_steps)):
+        check_interrupt()  # Cancel need not wait for the rest of a MAR step's head calls (seconds at large batches)
         t = torch.full((x.shape[0],), diffusion.model_timestep(index), device=x.device, dtype=torch.long)
         eps, variance = head.guided(x, t, z_cond, z_uncond, cfg_scale)
         step = diffusion.reverse_step(x, index, eps, variance)

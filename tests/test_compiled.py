@@ -7,6 +7,7 @@ import torch
 from fastar.errors import FastARError
 from fastar.model_loaders.ar_drafter import SmallARDrafter
 from fastar.model_loaders.compiled import compile_steps, compiled_mode
+from fastar.model_loaders.protocol import ClassConditioning
 from fastar.samplers.decoders import DecoderSpec, decode
 from fastar.samplers.processing import SamplingSettings
 from tiny_llamagen import tiny_conditioning, tiny_model
@@ -158,3 +159,44 @@ def test_layout_models_compile_to_eagers_tokens(shape):
     from fastar.model_loaders.llm_decoder import LayoutSession
 
     assert compiled_forward(LayoutSession, "default").failure is None  # compiled, not fallen back to eager
+
+
+class Cancelled(Exception):
+    pass
+
+
+def test_cancel_during_a_first_compile_returns_at_once_and_the_compiled_graph_is_kept(models, monkeypatch):
+    """Under a registered check (ComfyUI's Cancel) a shape's first call compiles in a worker thread: a cancel
+    raised while it compiles ends the run at once (the compilation still under way), and once it finishes the
+    graph serves the next run of that shape without compiling again, with eager's tokens."""
+    import threading
+
+    from fastar.interrupts import interruptible
+    from fastar.model_loaders.compiled import compiled_forward, unique_graphs
+    from fastar.model_loaders.llamagen_gpt import LlamaGenSession
+
+    eager, compiled = models
+    step = compiled_forward(LlamaGenSession, "default")
+    spec, rows = DecoderSpec("sjd", window=5), ClassConditioning(torch.tensor([1, 2, 3]))  # shapes no other test has
+    # the compilation starts only once the cancel came: however fast this machine compiles, it is under way
+    cancelled, real = threading.Event(), step.compiled
+    monkeypatch.setattr(step, "compiled", lambda *args, **kwargs: cancelled.wait(60) and real(*args, **kwargs))
+    still_compiling = []
+
+    def cancel():
+        still_compiling.append(step.compiling.locked())
+        cancelled.set()
+        raise Cancelled
+
+    with pytest.raises(Cancelled), interruptible(cancel):
+        decode(compiled, rows, SAMPLING, spec, seed=0)
+    assert still_compiling == [True]
+    with step.compiling:  # the abandoned compilation ends in its own time
+        graphs = unique_graphs()
+    assert graphs > 0
+    with interruptible(lambda: None):
+        got, _ = decode(compiled, rows, SAMPLING, spec, seed=0)
+    decode(compiled, rows, SAMPLING, spec, seed=1)  # in this thread, as every later step
+    assert unique_graphs() == graphs, "the graph compiled in the background was not reused"
+    want, _ = decode(eager, rows, SAMPLING, spec, seed=0)
+    assert torch.equal(got, want)

@@ -123,3 +123,28 @@ def test_temperature_scales_the_reverse_noise_not_the_start():
 def test_bad_sampler_settings_are_refused(changes, message):
     with pytest.raises(FastARError, match=message):
         decode(tiny_mar(), MaskedSettings(diffusion_steps=3, **{"num_iter": 3, **changes}))
+
+
+class Cancelled(Exception):
+    pass
+
+
+def test_cancel_is_honoured_inside_a_step_s_diffusion_loop():
+    """Under a registered check (ComfyUI's Cancel, interrupts.py) the reverse process checks before each of its
+    steps: a cancel during the first MAR step's diffusion ends the run there, before the step's progress call."""
+    from fastar.interrupts import interruptible
+
+    calls, progress = [], []
+
+    def check():
+        calls.append(1)
+        if len(calls) == 3:
+            raise Cancelled
+
+    model = tiny_mar()
+    with pytest.raises(Cancelled), interruptible(check):
+        masked_decode(model, ClassConditioning(torch.tensor([1])), MaskedSettings(num_iter=4, diffusion_steps=5),
+                      generator=torch.Generator().manual_seed(0), on_iteration=lambda *a: progress.append(a))
+    assert len(calls) == 3 and progress == []
+    tokens, _ = decode(model, MaskedSettings(num_iter=4, diffusion_steps=5))  # no check registered: runs to the end
+    assert tokens.shape == (2, 9, 4)

@@ -1,6 +1,7 @@
 """Runs through the real ComfyUI's HTTP API: every example workflow, same seed twice, progress with live
 previews, cancel, and errors (rejected at validation, or an execution error carrying FastAR's message)."""
 import io
+import random
 import time
 
 import numpy as np
@@ -142,6 +143,30 @@ def test_interrupt_stops_a_long_decode_promptly_and_the_next_run_works(comfy, ob
     assert entry["status"]["status_str"] == "success"
 
 
+def test_interrupt_during_a_first_compile_stops_promptly_and_the_next_run_works(comfy, object_info, events):
+    """Cancel while the first run of a new shape compiles its steps (seconds on a CPU, with no iteration to
+    stop at): the run ends at once, the compilation finishes in the background, and the same prompt then runs."""
+    prompt = workflow_prompt("fastar_demo_sjd", object_info)
+    node_of(prompt, "FastARLoadModel")["inputs"]["compile"] = "on"
+    # a shape no other test (or earlier run of this one) compiled, so that compiling really takes a while
+    node_of(prompt, "FastARSamplerSJD")["inputs"].update(batch=2, window=random.randint(9, 15), seed=5)
+    sampler = next(k for k, n in prompt.items() if n["class_type"] == "FastARSamplerSJD")
+    answer = comfy.queue(prompt)
+    prompt_id = answer["prompt_id"]
+    deadline = time.monotonic() + 120
+    while not any(isinstance(d, dict) and d.get("node") == sampler for _, d in events.of("executing", prompt_id)):
+        assert time.monotonic() < deadline, "the sampler never started"
+        time.sleep(0.05)
+    time.sleep(0.5)
+    asked = time.monotonic()
+    comfy.interrupt()
+    stopped, _ = events.wait_for("execution_interrupted", prompt_id, timeout=60)
+    assert not events.of("progress", prompt_id), "decoding had begun: the cancel did not land in the compilation"
+    assert stopped - asked < 3.0, f"cancel took {stopped - asked:.1f} s"
+    entry = comfy.run(prompt)
+    assert entry["status"]["status_str"] == "success", harness.execution_error(entry)
+
+
 # -- errors ----------------------------------------------------------------------------------------
 
 
@@ -228,6 +253,17 @@ def test_text_conditioning_on_a_class_model_gives_fastar_message(comfy, object_i
     node_of(prompt, "FastARLoadModel")["inputs"]["model_name"] = "demo_c2i.safetensors"
     error = failed(comfy, prompt)
     assert "class-to-image model: use FastAR Class Label" in error["exception_message"]
+
+
+@pytest.mark.parametrize("folder,message", [
+    ("flan-t5-missing/", "no FLAN-T5 folder named 'flan-t5-missing/' in the model folders: put it in ComfyUI's "
+                         "models/fastar folder"),
+    ("demo_text/", "demo_text is no FLAN-T5 folder"),
+])
+def test_t5_folder_that_is_missing_or_not_t5_is_rejected_before_the_run(comfy, object_info, folder, message):
+    prompt = workflow_prompt("fastar_llamagen_t2i", object_info)
+    node_of(prompt, "FastARTextConditioning")["inputs"]["t5_folder"] = folder
+    assert message in rejected(comfy, prompt)
 
 
 def test_label_made_for_another_model_gives_fastar_message(comfy, object_info):
