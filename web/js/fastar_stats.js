@@ -1,26 +1,33 @@
 // FastAR: shows the statistics text of a FastAR Stats node on the node itself after each run.
-// The server sends it as the node's UI output ({"text": [...]}); this adds a read-only text box.
+// The server sends it as the node's UI output ({"text": [...]}); this adds a read-only text box
+// through the frontend's public API (node.addDOMWidget), not its internal widget modules.
 import { app } from "../../../scripts/app.js";
-import { ComfyWidgets } from "../../../scripts/widgets.js";
 
 const WIDGET = "fastar_stats";
+const HEIGHT = 230; // tools/comfyui/workflows.py saves Stats nodes this tall, so growing moves nothing
+
+function statsWidget(node) {
+  const existing = node.widgets?.find((w) => w.name === WIDGET);
+  if (existing) return existing;
+  const box = document.createElement("textarea");
+  box.className = "comfy-multiline-input"; // the frontend's own text box look
+  box.readOnly = true;
+  box.style.opacity = 0.9;
+  const widget = node.addDOMWidget(WIDGET, "fastar_stats", box, {
+    getValue: () => box.value,
+    setValue: (text) => { box.value = text; },
+    serialize: false, // never sent with the prompt: the node has no such input
+  });
+  widget.serialize = false; // never saved in the workflow: a display, not a setting
+  return widget;
+}
 
 function showStats(node, text) {
-  let widget = node.widgets?.find((w) => w.name === WIDGET);
-  if (!widget) {
-    widget = ComfyWidgets.STRING(node, WIDGET, ["STRING", { multiline: true }], app).widget;
-    widget.serialize = false; // a display, not a setting: never saved in the workflow
-    if (widget.options) widget.options.serialize = false;
-    if (widget.inputEl) {
-      widget.inputEl.readOnly = true;
-      widget.inputEl.style.opacity = 0.9;
-    }
-  }
-  widget.value = text;
+  statsWidget(node).value = text;
   const [w, h] = node.size;
-  const wanted = node.computeSize?.() ?? [w, h];
-  node.setSize?.([Math.max(w, wanted[0]), Math.max(h, 230)]);
-  node.setDirtyCanvas?.(true, true);
+  const [minW, minH] = node.computeSize();
+  node.setSize([Math.max(w, minW), Math.max(h, minH, HEIGHT)]);
+  node.setDirtyCanvas(true, true);
 }
 
 app.registerExtension({
