@@ -1,14 +1,16 @@
 """A real browser on the real web UI: headless Debian Chromium (driven by Playwright from
 tools/comfyui/browser.py, no browser download) opens ComfyUI, picks the demo workflow in the template
-browser, presses Run, and the run succeeds with the stats shown on the node. The screenshots stay in
-the test's temporary folder (printed) as the CI artifact."""
+browser, presses Run, and the run succeeds with the stats shown on the node; every workflow is saved with
+nodes at least as large as the frontend makes them. The screenshots stay in the test's temporary folder
+(printed) as the CI artifact."""
 import json
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from comfyui_helpers import ROOT
+from comfyui_helpers import ROOT, WORKFLOWS
+from workflows import node_height
 
 import harness
 
@@ -53,3 +55,23 @@ def test_workflow_from_template_browser_runs_in_chromium(comfy, tmp_path, workfl
     if artifacts.parent.exists():  # the git-ignored out/ folder: easy to find after a local run
         artifacts.mkdir(exist_ok=True)
         shutil.copy(screenshot, artifacts / screenshot.name)
+
+
+def test_workflows_save_nodes_at_least_as_large_as_the_frontend_makes_them(comfy, object_info):
+    """After each workflow loads, the page reports each node's LGraphNode.computeSize(): no node is saved smaller
+    (a smaller node hides its last widgets), and workflows.py's height estimate is at least the frontend's."""
+    result = subprocess.run(
+        [str(harness.python()), str(ROOT / "tools" / "comfyui" / "browser.py"), "sizes", "--url", comfy.url,
+         "--workflow", *map(str, WORKFLOWS)], capture_output=True, text=True, timeout=420)
+    assert result.returncode == 0 and result.stdout.strip(), result.stderr[-3000:]
+    computed = json.loads(result.stdout.strip().splitlines()[-1])["computed_sizes"]
+    too_small, underestimated = [], []
+    for path in WORKFLOWS:
+        for node in json.loads(path.read_text())["nodes"]:
+            width, height = computed[path.stem][str(node["id"])]
+            if node["size"][0] < width or node["size"][1] < height:
+                too_small.append((path.stem, node["type"], node["size"], [width, height]))
+            if node["type"] in object_info and node_height(object_info[node["type"]]) < height:
+                underestimated.append((node["type"], node_height(object_info[node["type"]]), height))
+    assert not too_small
+    assert not underestimated

@@ -5,7 +5,8 @@ import json
 import re
 
 import pytest
-from comfyui_helpers import WORKFLOWS, workflow_prompt
+from comfyui_helpers import WORKFLOWS, harness, workflow_prompt
+from workflows import TITLE_HEIGHT, node_height, widget_slots
 
 NODES = {
     "FastARLoadModel": ["model_name", "dtype"],
@@ -144,3 +145,27 @@ def test_workflows_open_fitted_to_a_laptop_canvas(workflow):
     assert (left + ox) * scale >= 79.9 and (top + oy) * scale >= 109.9
     assert (right + ox) * scale <= 1440 and (bottom + oy) * scale <= 780
     assert scale == 1.0 or max((right - left) * scale / 1440, (bottom - top) * scale / 780) > 0.8
+
+
+@pytest.mark.parametrize("workflow", [p.stem for p in WORKFLOWS])
+def test_workflows_save_every_widget_at_a_height_that_shows_it(workflow, object_info):
+    """Each node saves a value for every widget the frontend gives it (a seed's control_after_generate too) and is
+    at least as tall as the frontend makes a node with its sockets and widgets."""
+    for node in json.loads(next(p for p in WORKFLOWS if p.stem == workflow).read_text())["nodes"]:
+        if node["type"] in harness.FRONTEND_ONLY:
+            continue
+        info = object_info[node["type"]]
+        assert len(node["widgets_values"]) == len(widget_slots(info)), (node["type"], node["widgets_values"])
+        assert node["size"][1] >= node_height(info), (node["type"], node["size"], node_height(info))
+
+
+@pytest.mark.parametrize("workflow", [p.stem for p in WORKFLOWS])
+def test_workflow_nodes_do_not_overlap(workflow):
+    """No node (title bar included) lies over another and hides its widgets."""
+    nodes = json.loads(next(p for p in WORKFLOWS if p.stem == workflow).read_text())["nodes"]
+    boxes = [(n["pos"][0], n["pos"][1] - TITLE_HEIGHT, n["pos"][0] + n["size"][0], n["pos"][1] + n["size"][1])
+             for n in nodes]
+    overlapping = [(a["type"], b["type"]) for i, (a, box_a) in enumerate(zip(nodes, boxes))
+                   for b, box_b in zip(nodes[i + 1:], boxes[i + 1:])
+                   if box_a[0] < box_b[2] and box_b[0] < box_a[2] and box_a[1] < box_b[3] and box_b[1] < box_a[3]]
+    assert not overlapping

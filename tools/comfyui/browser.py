@@ -1,8 +1,10 @@
 """Drive the real ComfyUI web UI in headless Debian Chromium (through Playwright, no browser download):
-load a workflow from workflows/ into the canvas, press Run, wait for the run to finish, take screenshots.
+load a workflow from workflows/ into the canvas, press Run, wait for the run to finish, take screenshots;
+or report the size the frontend computes for each node of workflows.
 
     python tools/comfyui/browser.py run --url URL --workflow workflows/x.json --screenshot out.png
     python tools/comfyui/browser.py thumbnail --url URL --workflow workflows/x.json --out workflows/x.jpg
+    python tools/comfyui/browser.py sizes --url URL --workflow workflows/x.json [workflows/y.json ...]
 
 Runs under .comfyui/venv (which has playwright). Prints one JSON line with what happened; exits non-zero
 when the run did not succeed.
@@ -194,6 +196,27 @@ def command_run(args) -> int:
     return 0 if outcome["result"] == "execution_success" else 1
 
 
+# What the frontend makes each node at least (LiteGraph's LGraphNode.computeSize), by node id
+COMPUTED_SIZES = "() => Object.fromEntries(window.app.graph._nodes.map(n => [n.id, Array.from(n.computeSize())]))"
+
+
+def command_sizes(args) -> int:
+    from playwright.sync_api import sync_playwright
+
+    sizes = {}
+    with sync_playwright() as p:
+        browser, page = open_ui(p, args.url)
+        try:
+            close_dialogs(page)
+            for workflow in args.workflow:
+                load_workflow(page, workflow)
+                sizes[workflow.stem] = page.evaluate(COMPUTED_SIZES)
+        finally:
+            browser.close()
+    print(json.dumps({"computed_sizes": sizes}))
+    return 0
+
+
 def command_thumbnail(args) -> int:
     from PIL import Image
     from playwright.sync_api import sync_playwright
@@ -234,8 +257,11 @@ def main(argv=None) -> int:
     thumb.add_argument("--workflow", type=Path, required=True)
     thumb.add_argument("--out", type=Path, required=True)
     thumb.add_argument("--width", type=int, default=640)
+    sizes = sub.add_parser("sizes")
+    sizes.add_argument("--url", required=True)
+    sizes.add_argument("--workflow", type=Path, nargs="+", required=True)
     args = parser.parse_args(argv)
-    return {"run": command_run, "thumbnail": command_thumbnail}[args.command](args)
+    return {"run": command_run, "thumbnail": command_thumbnail, "sizes": command_sizes}[args.command](args)
 
 
 if __name__ == "__main__":

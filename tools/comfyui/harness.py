@@ -296,6 +296,23 @@ class Events:
 # -- UI format -> API format ---------------------------------------------------------------------------
 
 
+WIDGET_TYPES = ("INT", "FLOAT", "STRING", "BOOLEAN", "COMBO")
+
+
+def node_inputs(info: dict) -> list[tuple[str, object, dict, bool]]:
+    """``(name, type, options, is_widget)`` of each input of a node's /object_info entry, in the frontend's order;
+    a widget type with ``forceInput`` is a socket."""
+    order = info.get("input_order") or {s: list(info["input"].get(s, {})) for s in ("required", "optional")}
+    inputs = []
+    for section in ("required", "optional"):
+        for name in order.get(section, []):
+            spec = info["input"][section][name]
+            options = spec[1] if len(spec) > 1 else {}
+            is_widget = isinstance(spec[0], list) or spec[0] in WIDGET_TYPES
+            inputs.append((name, spec[0], options, is_widget and not options.get("forceInput")))
+    return inputs
+
+
 def ui_to_api(workflow: dict, object_info: dict) -> dict:
     """The API-format prompt of a UI-format workflow, as the web UI builds it: widget values are matched
     to the node's widget inputs by position (a seed's control_after_generate value is skipped), links
@@ -315,23 +332,17 @@ def ui_to_api(workflow: dict, object_info: dict) -> dict:
             values = []
             inputs.update(node["widgets_values"])
         linked = {i["name"]: i.get("link") for i in node.get("inputs", []) if i.get("link") is not None}
-        order = info.get("input_order") or {s: list(info["input"].get(s, {})) for s in ("required", "optional")}
         position = 0
-        for section in ("required", "optional"):
-            for name in order.get(section, []):
-                spec = info["input"][section][name]
-                kind_of_input, options = spec[0], (spec[1] if len(spec) > 1 else {})
-                is_widget = isinstance(kind_of_input, list) or kind_of_input in (
-                    "INT", "FLOAT", "STRING", "BOOLEAN", "COMBO")
-                if is_widget and not options.get("forceInput"):
-                    if position < len(values):
-                        inputs[name] = values[position]
+        for name, _, options, is_widget in node_inputs(info):
+            if is_widget:
+                if position < len(values):
+                    inputs[name] = values[position]
+                position += 1
+                if options.get("control_after_generate"):
                     position += 1
-                    if options.get("control_after_generate"):
-                        position += 1
-                if name in linked:
-                    link = links[linked[name]]
-                    inputs[name] = [str(link[1]), link[2]]
+            if name in linked:
+                link = links[linked[name]]
+                inputs[name] = [str(link[1]), link[2]]
         prompt[str(node["id"])] = {"class_type": kind, "inputs": inputs, "_meta": {"title": node.get("title", kind)}}
     return prompt
 
