@@ -4,16 +4,14 @@ weights under ``["ema"]``, which wins over ``"model"``) and the ones FastAR's di
 The config comes from FastAR's ``fastar_config`` metadata when present; otherwise from the shapes, with the
 heads from the training args or a config.json (or the official size table), the image size from the same
 places (the released students are 256 px, the default here without a warning), and the split point from the
-official table (B: 80, L: 130) or the config's ``split_t``.
+official table (B: 80, L: 130) or the config's ``split_t`` (another size without one: the DD run must give it).
 """
 from __future__ import annotations
 
 import re
-import warnings
 
 import torch
 
-from ..errors import FastARWarning
 from .checkpoint import CheckpointInfo
 from .dd_student import DEFAULT_T2, OFFICIAL_SPLITS, DDStudent, DDStudentConfig
 from .llamagen import (
@@ -57,20 +55,19 @@ def dd_config(sd, info: CheckpointInfo, image_size: int | None = None) -> DDStud
         num_classes=weight_shape(sd, "cls_embedding.embedding_table.weight", source)[0] - 1,
         norm_eps=float(first_setting(settings, ("norm_eps",), 1e-5)),
         rope_base=float(first_setting(settings, ("rope_base",), 10000.0)),
-        split=split_of(settings, (n_layer, dim), source),
+        **split_of(settings, (n_layer, dim), source),
         t2=int(first_setting(settings, ("t2",), DEFAULT_T2)),
     )
 
 
-def split_of(settings: dict, shape: tuple[int, int], source: str) -> int:
+def split_of(settings: dict, shape: tuple[int, int], source: str) -> dict:
+    """The student's split point (config fields): its config's, the released size's, or unknown (the DD run must
+    give it: a guessed split would draw a broken image without a word)."""
     said = first_setting(settings, ("split_t", "split"), None)
     if said is not None:
-        return int(said)
+        return {"split": int(said)}
     if shape in OFFICIAL_SPLITS:
-        return OFFICIAL_SPLITS[shape]
-    split = next(iter(OFFICIAL_SPLITS.values()))
-    warnings.warn(f"{source}: a {shape[0]}-layer, {shape[1]}-wide student is none of the released sizes and "
-                  f"nothing says its split point; using {split}. Give the one it was trained with (--dd-split)",
-                  FastARWarning, stacklevel=2)
-    return split
+        return {"split": OFFICIAL_SPLITS[shape]}
+    return {"split": None, "unknown_split": f"{source} is a {shape[0]}-layer, {shape[1]}-wide LlamaGen-DD student, "
+                                           "none of the released sizes, and nothing beside it says its split point"}
 

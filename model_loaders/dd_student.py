@@ -32,8 +32,9 @@ DEFAULT_T2 = 80  # the released students' second step
 @dataclass
 class DDStudentConfig(LlamaGenConfig):
     channels: int = 8  # code vector width (LlamaGen's VQ-16: 8)
-    split: int = 80
+    split: int | None = 80  # None: a student of no released size whose files do not say (the run must)
     t2: int = DEFAULT_T2
+    unknown_split: str = ""  # why the split is unknown
     teacher: str = ""  # fingerprint of the teacher distill-dd distilled it from (empty for released students)
 
 

@@ -8,6 +8,7 @@ both steps, positions before t2 kept. Files in the released layout (``{"ema": ..
 import json
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -173,11 +174,19 @@ def test_released_layout_loads_the_ema_weights(tmp_path):
                 torch.testing.assert_close(got, want)
 
 
-def test_unknown_size_without_a_split_warns_and_a_plain_gpt_is_not_a_student(tmp_path):
+def test_unknown_size_without_a_split_needs_one_from_the_run_and_a_plain_gpt_is_not_a_student(tmp_path):
+    """A student of no released size whose files do not say its split loads without a word (no guess); a run
+    must give the split (--dd-split), and one that does draws without warnings."""
     released_layout(tiny_student(grid=(16, 16)), tmp_path / "s.pt")
     (tmp_path / "s.json").write_text(json.dumps({"num_attention_heads": 4}))
-    with pytest.warns(UserWarning, match="nothing says its split point; using 80"):
-        assert load_ar_model(tmp_path / "s.pt").cfg.split == 80
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        student = load_ar_model(tmp_path / "s.pt")
+        assert student.cfg.split is None
+        assert DDSettings(steps=1, split=40).resolve(student).split == 40
+    with pytest.raises(FastARError, match="none of the released sizes, and nothing beside it says its split point: "
+                                          "give the split in tokens"):
+        DDSettings(steps=1).resolve(student)
     sd = tiny_student(grid=(16, 16)).state_dict()
     del sd["n_d_embed.weight"]
     torch.save({"ema": sd}, tmp_path / "cut.pt")
