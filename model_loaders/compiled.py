@@ -126,12 +126,13 @@ class CompiledStep:
         while not self.compiling.acquire(timeout=POLL_S):
             check_interrupt()
         result: dict = {}
-        grad = torch.is_grad_enabled()
+        grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
         device = next((a.device for a in args if torch.is_tensor(a) and a.device.type == "cuda"), None)
 
         def work():
-            try:  # grad mode and the current CUDA device are per thread: the worker takes the caller's
-                with torch.set_grad_enabled(grad), (torch.cuda.device(device) if device else contextlib.nullcontext()):
+            try:  # grad and inference mode (ComfyUI runs nodes under it) and the CUDA device are per thread
+                with torch.inference_mode(inference), torch.set_grad_enabled(grad), \
+                        (torch.cuda.device(device) if device else contextlib.nullcontext()):
                     result["out"] = call()
             except BaseException as error:  # noqa: BLE001 - raised in the caller below
                 result["error"] = error

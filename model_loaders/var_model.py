@@ -134,8 +134,9 @@ class HeadNorm(nn.Module):
         self.ada_lin = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
 
     def forward(self, h, cond):
-        scale, shift = self.ada_lin(cond).view(-1, 1, 2, h.shape[-1]).unbind(2)
-        return layer_norm(h, self.eps) * (1 + scale) + shift
+        """In fp32 whatever the weights' dtype, as the official head runs (its autocast leaves it fp32)."""
+        scale, shift = self.ada_lin(cond.to(self.ada_lin[1].weight.dtype)).float().view(-1, 1, 2, h.shape[-1]).unbind(2)
+        return layer_norm(h.float(), self.eps) * (1 + scale) + shift
 
 
 def level_ids(patch_nums) -> torch.Tensor:
@@ -199,7 +200,7 @@ class VAR(nn.Module):
         return self.lvl_embed(self.lvl_1L) + self.pos_1LC
 
     def logits(self, h: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
-        return self.head(self.head_nm(h.float(), cond.float()).to(self.dtype)).float()
+        return self.head(self.head_nm(h, cond).to(self.dtype)).float()
 
     def forward(self, labels: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
         """Teacher forcing (training): ``inputs`` [B, L - 1, C_vae] are the next inputs of scales 1.. (f_hat so

@@ -168,7 +168,8 @@ class Cancelled(Exception):
 def test_cancel_during_a_first_compile_returns_at_once_and_the_compiled_graph_is_kept(models, monkeypatch):
     """Under a registered check (ComfyUI's Cancel) a shape's first call compiles in a worker thread: a cancel
     raised while it compiles ends the run at once (the compilation still under way), and once it finishes the
-    graph serves the next run of that shape without compiling again, with eager's tokens."""
+    graph serves the next run of that shape without compiling again, with eager's tokens. Under inference mode,
+    as ComfyUI runs nodes: the worker must keep it to update the session's cache."""
     import threading
 
     from fastar.interrupts import interruptible
@@ -188,15 +189,16 @@ def test_cancel_during_a_first_compile_returns_at_once_and_the_compiled_graph_is
         cancelled.set()
         raise Cancelled
 
-    with pytest.raises(Cancelled), interruptible(cancel):
+    with pytest.raises(Cancelled), interruptible(cancel), torch.inference_mode():
         decode(compiled, rows, SAMPLING, spec, seed=0)
     assert still_compiling == [True]
     with step.compiling:  # the abandoned compilation ends in its own time
         graphs = unique_graphs()
     assert graphs > 0
-    with interruptible(lambda: None):
-        got, _ = decode(compiled, rows, SAMPLING, spec, seed=0)
-    decode(compiled, rows, SAMPLING, spec, seed=1)  # in this thread, as every later step
+    with torch.inference_mode():
+        with interruptible(lambda: None):
+            got, _ = decode(compiled, rows, SAMPLING, spec, seed=0)
+        decode(compiled, rows, SAMPLING, spec, seed=1)  # in this thread, as every later step
     assert unique_graphs() == graphs, "the graph compiled in the background was not reused"
     want, _ = decode(eager, rows, SAMPLING, spec, seed=0)
     assert torch.equal(got, want)

@@ -80,3 +80,20 @@ def test_bench_dd_compares_the_var_student_with_var_scale_by_scale(tmp_path):
     assert [rows[k]["forwards_per_image"] for k in rows] == [len(PATCH_NUMS), len(PATCH_NUMS), 1, 2]
     assert rows["ar"]["class_accuracy"] >= 0.5  # 16 samples; the judge sees VAR's classes through the VQVAE
     assert "dd-hybrid" not in (tmp_path / "bench_dd.md").read_text()
+
+
+@pytest.mark.skipif(not DEMO_VAR_DD.exists(), reason="demo VAR-DD student not built")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_var_and_its_student_run_in_half_precision_and_still_draw_the_class(dtype):
+    """What a GPU user's ``auto`` dtype gives (emulated on the CPU): VAR and VAR-DD in bf16 and fp16 load, sample
+    and decode to images that still show the requested class."""
+    model, vqvae = load_ar_model(DEMO_VAR, dtype=dtype), load_image_decoder(DEMO_VAR_VQVAE, dtype=dtype)
+    student = load_ar_model(DEMO_VAR_DD, dtype=dtype)
+    labels = torch.arange(16) % model.cfg.num_classes
+    f_hat, _ = decode_next_scale(model, ClassConditioning(labels), JUDGED, seed=0, vqvae=vqvae)
+    x, _ = decode_distilled(student, ClassConditioning(labels), DDSettings(steps=1), seed=0,
+                            codebook=vqvae.codebook().float())
+    for made in (f_hat, vqvae.sequence_to_f_hat(x)):
+        assert made.isfinite().all()
+        predicted, _ = classify(load_classifier(), decode_images(vqvae, made))
+        assert (predicted == labels).float().mean() >= 0.5, predicted
