@@ -45,19 +45,28 @@ def compile_steps(model, when: str = "on", mode: str | None = None):
             raise FastARError(f"compiled steps are for token models (their static-cache step); this is {model.what}")
         return model
     if not hasattr(model, "compile_switch"):
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, COMPILED_SHAPES)
         eager_start = model.start
 
         def start(*args, **kwargs):
             session = eager_start(*args, **kwargs)
             step_mode = compiled_mode(model)
             if step_mode:
+                allow_shapes()
                 session.forward = functools.partial(compiled_forward(type(session), step_mode), session)
             return session
 
         model.start = start
     model.compile_switch, model.compile_mode = when, mode
     return model
+
+
+def allow_shapes() -> None:
+    """Let a compiled step keep a graph for each of COMPILED_SHAPES shapes (dynamo's default is 8, after which it
+    runs eagerly without a word). Recent torch keeps dynamo's settings per thread and asyncio task (ComfyUI runs
+    each node in its own task), so this is set where steps run: at each session start and in the compile worker."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # torch < 2.7: the latter
+    setattr(config, name, max(getattr(config, name), COMPILED_SHAPES))
 
 
 def switch_error(when: str) -> str | None:
@@ -130,6 +139,7 @@ class CompiledStep:
         device = next((a.device for a in args if torch.is_tensor(a) and a.device.type == "cuda"), None)
 
         def work():
+            allow_shapes()
             try:  # grad and inference mode (ComfyUI runs nodes under it) and the CUDA device are per thread
                 with torch.inference_mode(inference), torch.set_grad_enabled(grad), \
                         (torch.cuda.device(device) if device else contextlib.nullcontext()):

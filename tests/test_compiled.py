@@ -202,3 +202,24 @@ def test_cancel_during_a_first_compile_returns_at_once_and_the_compiled_graph_is
     assert unique_graphs() == graphs, "the graph compiled in the background was not reused"
     want, _ = decode(eager, rows, SAMPLING, spec, seed=0)
     assert torch.equal(got, want)
+
+
+def test_a_session_started_in_another_thread_may_compile_many_shapes():
+    """Dynamo's settings are per thread and asyncio task in recent torch (ComfyUI runs each node in a task): a
+    compiled session started anywhere must allow every shape a model meets, not dynamo's default 8, past which
+    steps run eagerly without a word (as a long ComfyUI session found)."""
+    import threading
+
+    from fastar.model_loaders.compiled import COMPILED_SHAPES
+
+    model, seen = compile_steps(tiny_model(seed=5)), []
+
+    def start():
+        model.start(tiny_conditioning(model), cfg=True, max_window=4)
+        config = torch._dynamo.config
+        seen.append(getattr(config, "recompile_limit", None) or config.cache_size_limit)
+
+    worker = threading.Thread(target=start)
+    worker.start()
+    worker.join()
+    assert seen[0] >= COMPILED_SHAPES
