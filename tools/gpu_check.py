@@ -320,7 +320,8 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--budget", type=float, default=480, help="seconds after which no new step starts")
     p.add_argument("--workers", type=int, default=4, help="correctness steps run at once")
-    p.add_argument("--only", help="run only the steps whose name contains this text (e.g. var, conformance)")
+    p.add_argument("--only", help="run only the steps whose name contains one of these comma-separated texts "
+                                  "(e.g. var,conformance)")
     p.add_argument("--probe", choices=sorted(PROBES), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     out = Path(args.out).resolve()
@@ -333,10 +334,11 @@ def main(argv=None) -> int:
         (out / sub).mkdir(parents=True, exist_ok=True)
     deadline = time.time() + args.budget
     env = os.environ | {"OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1"}
-    steps = [s for s in correctness_steps(out, args.device) if not args.only or args.only in s.name]
+    chosen = lambda step: not args.only or any(part in step.name for part in args.only.split(","))  # noqa: E731
+    steps = [s for s in correctness_steps(out, args.device) if chosen(s)]
     with ThreadPoolExecutor(args.workers) as pool:
         list(pool.map(lambda s: run_step(s, deadline - 200, env), steps))  # leave time for the timed steps
-    later = [s for s in probe_and_profile_steps(out, args.device) if not args.only or args.only in s.name]
+    later = [s for s in probe_and_profile_steps(out, args.device) if chosen(s)]
     for step in later:
         run_step(step, deadline, os.environ | {"PYTHONUNBUFFERED": "1"})
     steps += later
