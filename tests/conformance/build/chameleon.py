@@ -34,7 +34,6 @@ import argparse
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -42,6 +41,9 @@ from pathlib import Path
 import torch
 import yaml
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import commit_of  # noqa: E402
 
 CODES = 8192
 WORDS = ["a", "red", "blue", "green", "ring", "circle", "square", "on", "background", "small", "large", "the",
@@ -263,11 +265,6 @@ def build_lumina(lumina: Path, out: Path, vocab: dict[str, int], vqgan: Path) ->
     return {"name": "lumina-mgpt cfg 4 greedy", "args": ["--prompt", PROMPTS[0], "--prompt", PROMPTS[1], "--cfg",
                                                           str(LUMINA_CFG), "--top-k", "1", "--image-size",
                                                           str(LUMINA_SIZE)], **runs}
-
-
-def commit_of(checkout: Path) -> str:
-    found = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
-    return found.stdout.strip() or "unknown (not a git checkout)"
 
 
 def main() -> None:

@@ -21,19 +21,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE.parent / "fixtures"
 sys.path.insert(0, str(HERE.parent))  # common.save_image
 from common import save_image  # noqa: E402
+from provenance import packages, stub_torchvision, write_expected  # noqa: E402
 
 PROMPTS = ["a red ring on a blue background", "a dog"]  # different lengths: left padding in one batch
 CFG = 5.0
@@ -76,27 +75,10 @@ def randomise(model, seed: int) -> None:
                 p.copy_(0.05 * noise)
 
 
-def package_versions(*names) -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {}
-    for name in names:
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            pass
-    return found
-
-
 def check_codes(codes: torch.Tensor) -> None:
     distinct = len(set(codes.flatten().tolist()))
     assert distinct >= 8, f"the greedy codes use only {distinct} distinct values: pick another seed"
     assert not torch.equal(codes[0], codes[1]), "both prompts gave the same codes"
-
-
-def write_expected(folder: Path, source: dict, runs: list) -> None:
-    (folder / "expected.json").write_text(json.dumps({"source": source, "runs": runs}, indent=1, ensure_ascii=False)
-                                          + "\n")
 
 
 # ---------------------------------------------------------------- transformers' layout
@@ -153,8 +135,8 @@ def build_transformers(out: Path, seed: int) -> None:
         name = f"greedy-cfg5_{i}.png"
         save_image(image.float().numpy(), folder / name)
         runs[0]["images"].append(name)
-    source = {"repository": "transformers", "commit": f"transformers {package_versions('transformers')['transformers']}",
-              "packages": package_versions("torch", "transformers", "tokenizers"),
+    source = {"repository": "transformers", "commit": f"transformers {packages('transformers')['transformers']}",
+              "packages": packages("torch", "transformers", "tokenizers"),
               "builder": "tests/conformance/build/janus.py --layout transformers",
               "made_with": "JanusForConditionalGeneration(JanusConfig) random, norms randomised, save_pretrained; "
                            "JanusProcessor(PreTrainedTokenizerFast byte-level BPE, JanusImageProcessor, a chat "
@@ -294,7 +276,7 @@ def build_deepseek(out: Path, seed: int, official: Path) -> None:
     commit = subprocess.run(["git", "-C", str(official), "rev-parse", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     source = {"repository": "deepseek-ai/Janus", "commit": commit,
-              "packages": package_versions("torch", "transformers", "tokenizers", "timm", "attrdict", "einops"),
+              "packages": packages("torch", "transformers", "tokenizers", "timm", "attrdict", "einops"),
               "builder": "tests/conformance/build/janus.py --layout deepseek",
               "made_with": "janus.models MultiModalityCausalLM(MultiModalityConfig) random, norms randomised, "
                            "save_pretrained; VLChatProcessor(VLMImageProcessor, LlamaTokenizerFast byte-level BPE "
@@ -313,53 +295,6 @@ def build_deepseek(out: Path, seed: int, official: Path) -> None:
                            "module: PyPI's torchvision wheel needs CUDA's torch libraries"}
     write_expected(folder, source, runs)
     print(folder, sum(f.stat().st_size for f in folder.iterdir()), "bytes")
-
-
-def stub_torchvision() -> None:
-    """janus imports torchvision for the understanding path only (image preprocessing; the SigLIP input
-    normalisation, off without pixel_mean), and timm imports parts of it at import time. Where torchvision cannot be
-    imported (PyPI's wheel needs CUDA's torch libraries), every ``torchvision.*`` module is a stand-in whose names are
-    placeholders that raise when called: generation never calls them."""
-    try:
-        import torchvision  # noqa: F401
-        return
-    except (ImportError, OSError, RuntimeError):
-        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-            del sys.modules[name]
-    import importlib.abc
-    import importlib.machinery
-    import types
-
-    class Placeholder(type):
-        def __getattr__(cls, name):
-            if name.startswith("__"):
-                raise AttributeError(name)
-            return Placeholder(name, (), {})
-
-        def __call__(cls, *args, **kwargs):
-            raise RuntimeError(f"torchvision stand-in: {cls.__name__} is not part of image generation")
-
-    class StandIn(types.ModuleType):
-        def __getattr__(self, name):
-            if name.startswith("__"):
-                raise AttributeError(name)
-            return Placeholder(name, (), {})
-
-    class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-        def find_spec(self, fullname, path, target=None):
-            if fullname == "torchvision" or fullname.startswith("torchvision."):
-                return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-            return None
-
-        def create_module(self, spec):
-            module = StandIn(spec.name)
-            module.__path__ = []
-            return module
-
-        def exec_module(self, module):
-            module.__version__ = "0.0+stand-in"
-
-    sys.meta_path.insert(0, Finder())
 
 
 @contextlib.contextmanager

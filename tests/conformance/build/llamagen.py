@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from common import FIXTURES, save_image  # noqa: E402
+from provenance import COMMITS, commit_of, packages, stub_torchvision, write_expected  # noqa: E402
 
 # the tiny sizes: GPT width 32, 2 layers, 2 heads, a 64-code VQ with 2 levels
 # (downsample 2), 6x6 image tokens (12x12 px images)
@@ -41,25 +41,6 @@ NUM_CLASSES = 10
 CLASSES = [3, 7]
 CFG = 4.0
 SEED = 0
-
-
-COMMITS: dict = {}  # checkout -> commit given on the command line (for a checkout without .git)
-
-
-def commit_of(checkout: Path) -> str:
-    if checkout in COMMITS:
-        return COMMITS[checkout]
-    return subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
-                          check=True).stdout.strip()
-
-
-def packages(*names) -> dict:
-    from importlib.metadata import version
-    return {name: version(name) for name in names}
-
-
-def write_expected(folder: Path, source: dict, runs: list) -> None:
-    (folder / "expected.json").write_text(json.dumps({"source": source, "runs": runs}, indent=1) + "\n")
 
 
 def official_path(checkout: Path) -> None:
@@ -433,7 +414,7 @@ def build_dd(checkout: Path) -> None:
     # eval_fewstep.py stubs nn.Linear/LayerNorm.reset_parameters process-wide when imported: build first
     students = [tiny_student(dd, codebook, seed) for seed in range(DD_TRIES)]
     precision = torch.get_float32_matmul_precision()
-    stub_torchvision_save_image()
+    stub_torchvision()
     from autoregressive.sample import eval_fewstep as fewstep
     torch.set_float32_matmul_precision(precision)
 
@@ -485,21 +466,6 @@ def build_dd(checkout: Path) -> None:
                      "where torchvision is absent)",
     }, runs)
     print("dd done, seed", seed)
-
-
-def stub_torchvision_save_image() -> None:
-    """eval_fewstep.py imports torchvision.utils.save_image at the top (for writing its PNGs, which the builder
-    does itself): a stand-in module where torchvision is not installed."""
-    try:
-        import torchvision.utils  # noqa: F401
-    except ImportError:
-        import types
-
-        def save_image(*args, **kwargs):
-            raise RuntimeError("torchvision stand-in: not used by the builder")
-        package, utils = types.ModuleType("torchvision"), types.ModuleType("torchvision.utils")
-        utils.save_image, package.utils = save_image, utils
-        sys.modules.update({"torchvision": package, "torchvision.utils": utils})
 
 
 def official_decode_latents(vq, latents, folder: Path, prefix: str) -> list[str]:

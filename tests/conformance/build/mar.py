@@ -38,6 +38,7 @@ HERE = Path(__file__).resolve().parent
 FIXTURES = HERE.parent / "fixtures"
 sys.path.insert(0, str(HERE.parent))  # common.save_image
 from common import save_image  # noqa: E402
+from provenance import packages, stub_torchvision  # noqa: E402
 
 SIZE = dict(img_size=64, vae_stride=16, patch_size=1, class_num=10, buffer_size=4, diffloss_d=1, diffloss_w=32,
             num_sampling_steps="10", diffusion_batch_mul=1)  # 4 x 4 tokens of 16 channels
@@ -85,18 +86,6 @@ def recorded_randomness(log: list):
         yield
     finally:
         torch.randn, torch.randn_like, torch.Tensor.cuda = randn, randn_like, cuda
-
-
-def package_versions(*names) -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {}
-    for name in names:
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            pass
-    return found
 
 
 def build(out: Path, seed: int, official: Path) -> None:
@@ -160,8 +149,8 @@ def build(out: Path, seed: int, official: Path) -> None:
 
     commit = subprocess.run(["git", "-C", str(official), "rev-parse", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
-    packages = package_versions("torch", "timm", "scipy", "numpy")
-    source = {"repository": "LTH14/mar", "commit": commit, "packages": packages,
+    versions = packages("torch", "timm", "scipy", "numpy")
+    source = {"repository": "LTH14/mar", "commit": commit, "packages": versions,
               "builder": "tests/conformance/build/mar.py",
               "made_with": "main_mar.get_args_parser (compiled from the file) at tiny sizes; models.mar.MAR with "
                            "those args and encoder/decoder 32 wide, 1 block, 2 heads; zero-initialised tensors and "
@@ -236,52 +225,6 @@ def plan_of(model, orders: list, masks: list, draws: list, batch: int, num_iter:
         masked.append(0 if step == num_iter - 1 else int(after[0].sum()))
         before = after
     return {"orders": orders[0].tolist(), "masked": masked, "start": start, "noise": noise}
-
-
-def stub_torchvision() -> None:
-    """timm imports torchvision at import time (nothing here uses it). Where torchvision cannot be imported
-    (PyPI's wheel needs CUDA's torch libraries), every ``torchvision.*`` module is a stand-in whose names are
-    placeholders that raise when called."""
-    try:
-        import torchvision  # noqa: F401
-        return
-    except (ImportError, OSError, RuntimeError):
-        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-            del sys.modules[name]
-    import importlib.abc
-    import importlib.machinery
-    import types
-
-    class Placeholder(type):
-        def __getattr__(cls, name):
-            if name.startswith("__"):
-                raise AttributeError(name)
-            return Placeholder(name, (), {})
-
-        def __call__(cls, *args, **kwargs):
-            raise RuntimeError(f"torchvision stand-in: {cls.__name__} is not used here")
-
-    class StandIn(types.ModuleType):
-        def __getattr__(self, name):
-            if name.startswith("__"):
-                raise AttributeError(name)
-            return Placeholder(name, (), {})
-
-    class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-        def find_spec(self, fullname, path, target=None):
-            if fullname == "torchvision" or fullname.startswith("torchvision."):
-                return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-            return None
-
-        def create_module(self, spec):
-            module = StandIn(spec.name)
-            module.__path__ = []
-            return module
-
-        def exec_module(self, module):
-            module.__version__ = "0.0+stand-in"
-
-    sys.meta_path.insert(0, Finder())
 
 
 def main() -> None:

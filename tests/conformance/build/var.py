@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from common import FIXTURES, save_image  # noqa: E402
+from provenance import commit_of, packages, stub_torchvision, write_expected  # noqa: E402
 
 PATCH_NUMS = (1, 2, 3, 4)  # 30 tokens, a 4 x 4 f_hat
 VOCAB, CVAE = 32, 8  # codebook 32 x 8
@@ -41,22 +41,6 @@ VAR_FILE, VAE_FILE = "var_d2.pth", "vae_ch32v32z8.pth"
 # num_res_blocks 2: megabytes even at ch=32)
 SMALL_VAE = dict(dropout=0.0, ch=VAE_CH, z_channels=CVAE, in_channels=3, ch_mult=(1, 1), num_res_blocks=0,
                  using_sa=True, using_mid_sa=True)
-
-
-def commit_of(checkout: Path, given: str | None) -> str:
-    if given:
-        return given
-    return subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
-                          check=True).stdout.strip()
-
-
-def packages(*names) -> dict:
-    from importlib.metadata import version
-    return {name: version(name) for name in names}
-
-
-def write_expected(folder: Path, source: dict, runs: list) -> None:
-    (folder / "expected.json").write_text(json.dumps({"source": source, "runs": runs}, indent=1) + "\n")
 
 
 def scale_sides() -> list:
@@ -203,7 +187,7 @@ def build_var(checkout: Path, commit: str | None) -> None:
     runs = [{"name": f"greedy ar cfg {CFG}", "args": ["--classes", ",".join(map(str, CLASSES)), "--cfg", CFG,
                                                       "--top-k", 1, "--decoder", "ar"],
              "scales": scale_sides(), "codes": recorder.per_image(), "images": names}]
-    source = {"repository": "FoundationVision/VAR", "commit": commit_of(checkout, commit),
+    source = {"repository": "FoundationVision/VAR", "commit": commit or commit_of(checkout),
               "packages": packages("torch", "numpy"), "builder": "tests/conformance/build/var.py var",
               "made_with": (
                   f"models.VQVAE(vocab_size={VOCAB}, z_channels={CVAE}, ch={VAE_CH}, share_quant_resi=4, "
@@ -293,25 +277,6 @@ def official_dd(dd, vae, labels, noise, t_list, split_t):
     return x, f_hats[0], images * 2 - 1, min(gaps, default=float("inf"))
 
 
-def stub_torchvision() -> None:
-    """The DD release's models/dd.py and sample.py import torchvision.utils.save_image only to write PNG files
-    (the builder writes its own); where torchvision is missing (or does not fit this torch), a stand-in that
-    refuses to be called."""
-    try:
-        import torchvision.utils  # noqa: F401
-        return
-    except (ImportError, RuntimeError):
-        pass
-    import types
-
-    def save_image(*args, **kwargs):
-        raise RuntimeError("torchvision.utils.save_image is a stand-in here: the builder writes the PNGs")
-
-    torchvision, utils = types.ModuleType("torchvision"), types.ModuleType("torchvision.utils")
-    utils.save_image, torchvision.utils = save_image, utils
-    sys.modules["torchvision"], sys.modules["torchvision.utils"] = torchvision, utils
-
-
 def build_var_dd(checkout: Path, commit: str | None) -> None:
     import numpy as np
 
@@ -370,7 +335,7 @@ def build_var_dd(checkout: Path, commit: str | None) -> None:
                                                               else [])
         runs.append({"name": name, "args": args, "t_list": t_list, "loss_split_t": split_t, "scales": scale_sides(),
                      "codes": codes, "f_hat": f"{tag}.npy", "images": names})
-    source = {"repository": "microsoft/distilled_decoding", "commit": commit_of(checkout, commit),
+    source = {"repository": "microsoft/distilled_decoding", "commit": commit or commit_of(checkout),
               "packages": packages("torch", "numpy", "typed-argument-parser"),
               "builder": "tests/conformance/build/var.py var_dd",
               "made_with": (
