@@ -191,3 +191,25 @@ def test_token_pixels_read_from_either_name_of_the_level_multipliers():
         assert token_pixels({"vq_config": {name: [1, 1, 2, 2, 4]}}) == 16
         assert token_pixels({"vq_config": {name: [1, 2, 4]}}) == 4
     assert token_pixels({}) == 16  # no vq_config: Chameleon's VQGAN
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.bfloat16, 0.1), (torch.float16, 0.01)], ids=["bf16", "fp16"])
+def test_qk_norms_stored_per_shard_run_in_half_precision(dtype, tolerance):
+    """The Lumina-mGPT layout whose QK norms are stored per model-parallel shard (``[1, head_dim]``, the
+    conformance fixture saved by the official classes), loaded in bf16 and fp16 as a GPU user's ``auto`` does
+    (emulated on the CPU): cond and uncond logits within half precision's rounding of fp32's (measured 0.04 and
+    0.004 of a logit standard deviation of 1.0)."""
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parent / "conformance" / "fixtures" / "lumina_mgpt"
+
+    def logits(dtype):
+        model = load_ar_model(folder, dtype=dtype)
+        assert model.decoder_cfg.qk_norm_rows == (1, 1)  # the per-shard layout, one shard
+        session = model.start(PromptConditioning(PROMPTS[:1]), cfg=True, max_window=4)
+        out = session.forward(torch.tensor([[5, 9, 100, 7]]), torch.tensor([3]))
+        return out.cond.float(), out.uncond.float()
+
+    (cond, uncond), (half_cond, half_uncond) = logits(torch.float32), logits(dtype)
+    scale = cond.std()
+    assert (half_cond - cond).abs().max() <= tolerance * scale and (half_uncond - uncond).abs().max() <= tolerance * scale
