@@ -1,0 +1,35 @@
+"""The GPU check script (tools/gpu_check.py) on the CPU: what it can run without a GPU runs here, so that the few
+minutes of a lent GPU are not spent finding the script's own faults. ``--device cpu`` makes its "GPU" steps CPU
+runs: they must equal the CPU references, the conformance run the official codes, and a difference must show."""
+import json
+import subprocess
+import sys
+
+from fastar.tools.gpu_check import Step, judge
+
+
+def test_the_check_runs_its_steps_and_reports_exact_codes(tmp_path):
+    only = "llamagen-c2i-ar-greedy-cpu,llamagen-c2i-ar-greedy-gpu-fp32,conformance-var"
+    done = subprocess.run([sys.executable, "-m", "fastar.tools.gpu_check", "--device", "cpu", "--out", tmp_path,
+                           "--only", only, "--workers", "2", "--budget", "900"], capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    verdicts = {step["name"]: step["verdict"] for step in report["steps"]}
+    assert verdicts == {"llamagen-c2i-ar-greedy-cpu": "ran", "llamagen-c2i-ar-greedy-gpu-fp32": "exact",
+                        "conformance-var-0": "exact"}, report["steps"]
+    assert "| conformance-var-0 | conformance-on-gpu | exact |" in (tmp_path / "report.md").read_text()
+
+
+def test_codes_that_differ_are_reported_with_their_share_and_first_position(tmp_path):
+    (tmp_path / "tokens").mkdir()
+    for name, codes in (("ref", [[1, 2, 3, 4]]), ("same", [[1, 2, 3, 4]]), ("other", [[1, 2, 9, 9]])):
+        (tmp_path / "tokens" / f"{name}.json").write_text(json.dumps({"tokens": codes}))
+    steps = [Step(name, [], "g", compare) for name, compare in
+             (("ref", {}), ("same", {"step": "ref"}), ("other", {"step": "ref"}), ("official", {"codes": [[1, 2, 3, 5]]}))]
+    (tmp_path / "tokens" / "official.json").write_text(json.dumps({"tokens": [[1, 2, 3, 4]]}))
+    for step in steps:
+        step.rc, step.verdict = 0, "ran"
+    judge(steps, tmp_path)
+    assert [s.verdict for s in steps] == ["ran", "exact", "DIFFERS (50.0% agree, first at 2)",
+                                          "DIFFERS (75.0% agree, first at 3)"]
