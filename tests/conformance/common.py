@@ -65,3 +65,40 @@ def save_image(pixels, path: Path) -> None:
         array = array.transpose(1, 2, 0)
     array = np.clip((array + 1) * 127.5 + 0.5, 0, 255).astype(np.uint8)
     Image.fromarray(array).save(path)
+
+
+def session_drafts(model, drafter, conditioning, codes, cfg: float):
+    """FastAR's drafter driven as its spec decoding drives it, one code at a time over the given codes [B, N]: the
+    target's session (with hidden states) feeds each code, the drafter's session catches up on that window. The
+    CFG-combined draft logits [B, N - 1, V]: row k drafts code k + 1."""
+    import torch
+
+    with torch.no_grad():
+        session = model.start(conditioning, cfg=True, max_window=1, hidden=True)
+        drafting = drafter.start(conditioning, cfg=True, max_window=1, target_session=session)
+        B, N = codes.shape
+        last_out, last_start = session.first, torch.full((B,), -1)
+        rows = []
+        for n in range(1, N):
+            at = torch.full((B,), n)
+            out = drafting.catch_up(codes, at, last_out, last_start)
+            rows.append(out.uncond[:, 0] + (out.cond[:, 0] - out.uncond[:, 0]) * cfg)
+            last_out, last_start = session.forward(codes[:, n - 1:n], at - 1), at - 1
+    return torch.stack(rows, 1).float()
+
+
+def assert_spec_run(case: str, model_args: list, tmp_path: Path, target_codes=None) -> None:
+    """``generate --decoder spec`` with the case's drafter, greedy: the official spec sampler's codes (which are
+    the target's greedy codes, ``target_codes`` where given) and each code fixed at the iteration where the
+    official sampler fixed it (its accept lengths)."""
+    run = expected(case)["runs"][0]
+    tokens, stats = tmp_path / "t.json", tmp_path / "s.json"
+    r = fastar("generate", *model_args, "--drafter", fixture(case) / "drafter", *run["args"], "--quiet",
+               "--tokens-out", tokens, "--stats-out", stats, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    codes = generated_codes(tokens)
+    if target_codes is not None:
+        assert run["codes"] == target_codes, "the official spec sampler's codes are not the target's greedy codes"
+    assert codes == run["codes"], "codes differ from the official speculative sampler's"
+    assert json.loads(stats.read_text())["fixed_at"] == run["fixed_at"], \
+        "codes were accepted at other iterations than in the official sampler"

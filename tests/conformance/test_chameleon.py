@@ -10,7 +10,8 @@ from safetensors.torch import load_file, save_file
 from fastar.errors import FastARError
 from fastar.model_loaders import load_ar_model
 
-from fastar.tests.conformance.common import assert_image_close, expected, fastar, fixture, generated_codes
+from fastar.tests.conformance.common import (assert_image_close, assert_spec_run, expected, fastar, fixture,
+                                             generated_codes, session_drafts)
 
 VQGAN = "chameleon_vqgan/vqgan.ckpt"
 
@@ -55,3 +56,36 @@ def test_a_qk_norm_of_neither_layout_is_refused_with_its_shape(tmp_path):
     save_file(weights, str(folder / "model.safetensors"))
     with pytest.raises(FastARError, match=r"q_norm.weight has shape \[3, 8\].*\[2, 8\] \(one row per head\)"):
         load_ar_model(folder, image_size=128)
+
+
+ANOLE_LANTERN = "anole_lantern"
+
+
+def test_anole_drafter_drafts_what_lanterns_drafter_drafts():
+    """LANTERN's Anole drafter folder (config.json + pytorch_model.bin) on the anole target, both prompts in one
+    batch (left padding) with the CFG rows: over the target's hidden states and the official greedy codes, the
+    drafter's rows replay each prompt (row t: the target's hidden at slot t with the token at slot t+1) at the
+    target's positions (the CFG row shifted); every greedy draft is the official drafter's and the sampled rows'
+    CFG-combined logits agree to 1e-4."""
+    import numpy as np
+
+    from fastar.model_loaders.drafters import load_drafter
+    from fastar.model_loaders.protocol import PromptConditioning
+
+    folder, run = fixture(ANOLE_LANTERN), expected(ANOLE_LANTERN)["runs"][0]
+    args = run["args"]
+    prompts = [args[i + 1] for i, a in enumerate(args) if a == "--prompt"]
+    cfg = float(args[args.index("--cfg") + 1])
+    model = load_ar_model(fixture("anole"), dtype=torch.float32)
+    drafter = load_drafter(folder / "drafter", model)
+    logits = session_drafts(model, drafter, PromptConditioning(prompts), torch.tensor(run["codes"]), cfg)
+    assert logits.argmax(-1).tolist() == run["drafts"], "greedy drafts differ from LANTERN's drafter"
+    np.testing.assert_allclose(logits[:, run["drafter_logit_rows"]].numpy(), np.load(folder / "drafter_logits.npy"),
+                               rtol=0, atol=1e-4)
+
+
+def test_anole_drafter_greedy_spec_gives_lanterns_codes_and_acceptance(tmp_path):
+    """``--decoder spec`` with the drafter, greedy: the codes and the acceptance of LANTERN's EaModel.generate
+    (a chain of 4 drafts per target forward), whose codes are the target's greedy codes."""
+    assert_spec_run(ANOLE_LANTERN, ["--model", fixture("anole"), "--vq", fixture("chameleon_vqgan") / "vqgan.ckpt",
+                                    "--dtype", "fp32"], tmp_path, target_codes=expected("anole")["runs"][0]["codes"])

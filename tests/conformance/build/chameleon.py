@@ -43,7 +43,7 @@ import yaml
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import commit_of  # noqa: E402
+from provenance import commit_of, packages, write_expected  # noqa: E402
 
 CODES = 8192
 WORDS = ["a", "red", "blue", "green", "ring", "circle", "square", "on", "background", "small", "large", "the",
@@ -127,6 +127,17 @@ def working_directory(path: Path):
         os.chdir(before)
 
 
+def anole_scratch(vocab: dict[str, int], vqgan: Path) -> Path:
+    """A scratch working folder holding the files LANTERN's Anole classes open at hard-coded relative paths."""
+    scratch = Path(tempfile.mkdtemp())
+    files = scratch / "ckpts/anole/chameleon/tokenizer"  # where the class looks, relative to the working folder
+    files.mkdir(parents=True)
+    write_tokenizer(files, vocab).rename(files / "text_tokenizer.json")
+    for name in ("vqgan.ckpt", "vqgan.yaml"):
+        (files / name).write_bytes((vqgan / name).read_bytes())
+    return scratch
+
+
 def build_anole(lantern: Path, out: Path, vocab: dict[str, int], vqgan: Path) -> dict:
     sys.path.insert(0, str(lantern))
     from models.base_models.anole.chameleon import chameleon as token_manager_module
@@ -141,12 +152,7 @@ def build_anole(lantern: Path, out: Path, vocab: dict[str, int], vqgan: Path) ->
     modeling_anole_kv.TokenManager = cpu_token_manager
     folder = out / "anole"
     folder.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp())
-    files = scratch / "ckpts/anole/chameleon/tokenizer"  # where the class looks, relative to the working folder
-    files.mkdir(parents=True)
-    write_tokenizer(files, vocab).rename(files / "text_tokenizer.json")
-    for name in ("vqgan.ckpt", "vqgan.yaml"):
-        (files / name).write_bytes((vqgan / name).read_bytes())
+    scratch = anole_scratch(vocab, vqgan)
     write_tokenizer(folder, vocab)
 
     config = ChameleonConfig(vocab_size=len(vocab), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
@@ -267,10 +273,234 @@ def build_lumina(lumina: Path, out: Path, vocab: dict[str, int], vqgan: Path) ->
                                                           str(LUMINA_SIZE)], **runs}
 
 
+ANOLE_GAMMA = 4  # drafts per target forward: Model(top_k=1, depth=GAMMA - 1, total_tokens=GAMMA + 1) drafts a chain
+
+
+def anole_drafter_config(target_config) -> dict:
+    """data/configs/anole_config.json (the released drafter's config: the target's Chameleon config with one layer)
+    at the tiny target's sizes."""
+    config = json.loads((Path(target_config) / "config.json").read_text())
+    keep = ["architectures", "attention_bias", "attention_dropout", "bos_token_id", "eos_token_id", "hidden_act",
+            "hidden_size", "initializer_range", "intermediate_size", "max_position_embeddings", "mlp_bias",
+            "model_parallel_size", "model_type", "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
+            "rope_scaling", "rope_theta", "swin_norm", "tie_word_embeddings", "vocab_size"]
+    drafter = {k: config[k] for k in keep if k in config}
+    drafter.update({"num_hidden_layers": 1, "boi_token_id": 8197, "eoi_token_id": 8196, "image_token_id": 8711,
+                    "torch_dtype": "float16", "use_cache": True})
+    return drafter
+
+
+class Recorder:
+    """Wraps a callable (the official evaluate_posterior), keeping what each call returned."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, []
+
+    def __call__(self, *args, **kwargs):
+        out = self.fn(*args, **kwargs)
+        self.calls.append(out)
+        return out
+
+
+def anole_rows(tokenizer, prompt: str, image_ids: list[int]):
+    """EaModel.generate's two rows for one prompt (cond ``[0] + prompt + [8710, 8197]``, uncond
+    ``[1] * (L - 2) + [0, 8197]``), each followed by ``image_ids``; its mask (ids != 1 over the prompt, then
+    ones) and its target positions (cond 0.., uncond 0 over padding and bos, 1 at boi, image k at k + 2, as its
+    tree_decoding shifts them by ``input_position_diff = L - 2``)."""
+    cond = [0] + tokenizer.tokenize_text(prompt) + [8710, 8197]
+    L = len(cond)
+    uncond = [1] * (L - 2) + [0, 8197]
+    ids = torch.tensor([cond + image_ids, uncond + image_ids])
+    prompt_mask = torch.tensor([cond, uncond]) != 1
+    mask = torch.cat([prompt_mask, torch.ones(2, len(image_ids), dtype=torch.bool)], 1)
+    cond_pos = torch.arange(ids.shape[1])
+    uncond_pos = (cond_pos - (L - 2)).clamp(min=0)  # 0 over padding and bos, 1 at boi, k + 2 at image k
+    return ids, prompt_mask, mask, torch.stack([cond_pos, uncond_pos]), L
+
+
+def official_cfg_logits(head, features, non_image, cfg=ANOLE_CFG):
+    from models.drafters.cnets_anole import cfg_logit_process
+
+    logits = cfg_logit_process(head(features), cfg)
+    logits[..., non_image] = torch.finfo(logits.dtype).min
+    return logits
+
+
+def anole_teacher_forced(drafter, base, tokenizer, prompt: str, codes: list[int], non_image):
+    """The official drafter over one prompt's whole sequence, as Model.topK_genrate computes its prefill rows
+    (Model.forward(hidden, input_ids[:, 1:], attention_mask=the prompt mask, position_ids cond 0.., uncond
+    shifted by L - 2 and clamped at 0)): the target's final-norm hidden states of slots 0..T-1 (its forward with
+    EaModel's mask and positions) paired with the tokens of slots 1..T. Returns (hidden [2, T, D], target-input
+    ids [2, T + 1], prompt mask, positions, L, CFG-combined image-masked draft logits [T, V])."""
+    image_ids = [c + 4 for c in codes]
+    ids, prompt_mask, mask, positions, L = anole_rows(tokenizer, prompt, image_ids)
+    base.model.tree_mask = None
+    hidden = base.model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
+                        use_cache=False, return_dict=True).last_hidden_state
+    T = hidden.shape[1]
+    drafter_pos = torch.arange(T)[None]
+    drafter_pos = torch.cat([drafter_pos, (drafter_pos - (L - 2)).clamp(min=0)])
+    drafter.reset()
+    features, _ = drafter(hidden, input_ids=ids[:, 1:], attention_mask=prompt_mask, position_ids=drafter_pos,
+                          use_cache=True)
+    return hidden, ids, prompt_mask, drafter_pos, L, official_cfg_logits(base.lm_head, features, non_image)[0]
+
+
+def train_anole_drafter(drafter, rows, base, steps=150):
+    """Weights for the tiny drafter: regress the target's next hidden state and its greedy code (EAGLE's
+    objective), so the chains get accepted and the spec run drafts past the first token."""
+    image_head = base.lm_head.weight[4:8196].detach()  # the image ids' rows (the others are blanked anyway)
+    drafter.train()
+    drafter.gradient_checkpointing = False
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    optimiser = torch.optim.Adam(params, lr=3e-3)
+    with torch.enable_grad():
+        for step in range(steps):
+            loss = 0
+            for hidden, ids, prompt_mask, positions, L, codes in rows:
+                drafter.reset()
+                out = drafter(hidden[:, :-1], input_ids=ids[:, 1:-1], attention_mask=prompt_mask,
+                              position_ids=positions[:, :-1], use_cache=False)
+                cond, uncond = (out[:, L - 1:] @ image_head.T).unbind(0)  # image rows: row k drafts code k+1
+                loss = loss + (out - hidden[:, 1:]).square().mean() + torch.nn.functional.cross_entropy(
+                    uncond + (cond - uncond) * ANOLE_CFG, torch.tensor(codes[1:]))
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+            if step % 50 == 0:
+                print(f"step {step}: loss {loss.item():.3f}", flush=True)
+    drafter.eval()
+    print(f"drafter loss {loss.item():.3f}")
+
+
+def fixed_at_of(accepted: list[int], n: int) -> list[int]:
+    """The iteration that fixed each code (0: the prefill's first code; iteration i fixes its accepted drafts and
+    the target's next code), from the official accept lengths."""
+    at, done = [0], 1
+    for iteration, a in enumerate(accepted, start=1):
+        at += [iteration] * (a + 1)
+        done += a + 1
+    return at[:n]
+
+
+def build_anole_lantern(lantern: Path, out: Path, vocab: dict[str, int], vqgan: Path) -> dict:
+    """LANTERN's Anole drafter (fixtures/anole_lantern/drafter) for the committed anole/ target."""
+    sys.path.insert(0, str(lantern))
+    import numpy as np
+
+    from models import ea_model_anole
+    from models.base_models.anole.chameleon import chameleon as token_manager_module
+    from models.configs.configs import EConfigAnole
+    from models.drafters import cnets_anole
+    from models.kv_variants import modeling_anole_kv
+
+    official_token_manager = token_manager_module.TokenManager
+
+    def cpu_token_manager(*args, device=None, **kwargs):
+        return official_token_manager(*args, device="cpu", **kwargs)
+
+    modeling_anole_kv.TokenManager = cpu_token_manager
+    target_folder = out / "anole"
+    target_run = json.loads((target_folder / "expected.json").read_text())["runs"][0]
+    folder = out / "anole_lantern"
+    (folder / "drafter").mkdir(parents=True, exist_ok=True)
+    scratch = anole_scratch(vocab, vqgan)
+    distances = scratch / "ckpts/anole/vq_distances"  # EaModel loads it; only its relaxed (lantern) test reads it
+    distances.mkdir(parents=True)
+    np.save(distances / "top_8191_indices.npy", np.tile(np.arange(CODES, dtype=np.int64), (CODES, 1))[:, :2])
+    non_image = torch.tensor([*range(4), *range(8196, len(vocab))])  # the class's 0..3 + 8196..65535, cut
+
+    with working_directory(scratch):
+        base = modeling_anole_kv.ChameleonForConditionalGeneration.from_pretrained(
+            target_folder.resolve(), torch_dtype=torch.float32, attn_implementation="eager").eval()
+        tokenizer = base.tokenizer
+        config = anole_drafter_config(target_folder)
+        torch.manual_seed(0)
+        drafter = cnets_anole.Model(EConfigAnole(**config), bias=True, total_tokens=ANOLE_GAMMA + 1,
+                                    depth=ANOLE_GAMMA - 1, top_k=1).eval()
+        drafter.embed_tokens.weight.data.copy_(base.model.embed_tokens.weight.data)  # the target's, frozen
+        reinitialise(drafter.layers, seed=5)  # norms away from 1 (a misplaced one shows), unit-scale weights
+        drafter.non_image_tokens = non_image
+        rows = []
+        with torch.no_grad():
+            for prompt, codes in zip(PROMPTS, target_run["codes"]):
+                hidden, ids, prompt_mask, positions, L, _ = anole_teacher_forced(drafter, base, tokenizer, prompt,
+                                                                                 codes, non_image)
+                rows.append((hidden, ids, prompt_mask, positions, L, codes))
+        train_anole_drafter(drafter, rows, base)
+        (folder / "drafter" / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        torch.save({k: v.half() for k, v in drafter.state_dict().items()}, folder / "drafter" / "pytorch_model.bin")
+
+        # the official sampler: EaModel.from_pretrained on the two folders, greedy (temperature 0: no logits
+        # processor), the target's own greedy codes for comparison
+        model = ea_model_anole.EaModel.from_pretrained(
+            base_model_path=str(target_folder.resolve()), ea_model_path=str((folder / "drafter").resolve()),
+            total_token=ANOLE_GAMMA + 1, depth=ANOLE_GAMMA - 1, top_k=1, torch_dtype=torch.float32,
+            attn_implementation="eager").eval()
+        for owner in (model, model.ea_layer, model.base_model):
+            owner.non_image_tokens = non_image
+        posterior = Recorder(model.evaluate_posterior)
+        model.evaluate_posterior = posterior
+        run = {"codes": [], "fixed_at": [], "drafts": [], "drafter_logit_rows": None}
+        sampled = None
+        logits_out = []
+        for prompt, target_codes in zip(PROMPTS, target_run["codes"]):
+            posterior.calls.clear()
+            with torch.no_grad():
+                ids, mean_accept, _ = model.generate(prompt=[prompt], max_length=1024, temperature=0.0, top_k=1,
+                                                     top_p=1.0, cfg=ANOLE_CFG, lantern=False, static_tree=False)
+            codes = tokenizer.translation.convert_bpe2img(ids[0].flatten()).tolist()
+            assert codes == target_codes, "greedy speculative decoding left the target's greedy codes"
+            accepted = [int(call[1]) for call in posterior.calls]
+            run["codes"].append(codes)
+            run["fixed_at"].append(fixed_at_of(accepted, len(codes)))
+            print(f"{prompt!r}: {len(accepted)} target forwards after the prefill, mean accept {mean_accept:.2f}")
+            # the drafter's own outputs: its teacher-forced rows, reloaded as EaModel holds it
+            with torch.no_grad():
+                _, _, _, _, L, logits = anole_teacher_forced(model.ea_layer, model.base_model, tokenizer, prompt,
+                                                             codes, non_image)
+            image = logits[L - 1: L - 1 + len(codes) - 1, 4:8196]  # row k (boi's slot + k) drafts code k + 1
+            top = image.topk(2, dim=-1).values
+            gap = (top[:, 0] - top[:, 1]).min().item()
+            assert gap > 1e-3, f"near tie in the teacher-forced drafts ({gap:.1e})"
+            run["drafts"].append(image.argmax(-1).tolist())
+            sampled = list(range(0, image.shape[0], 124))
+            logits_out.append(image[sampled].numpy())
+        run["drafter_logit_rows"] = sampled
+        np.save(folder / "drafter_logits.npy", np.stack(logits_out).astype(np.float32))
+    assert sum(max(a) for a in run["fixed_at"]) < 0.8 * sum(len(c) - 1 for c in run["codes"]), \
+        "the drafter's chains are hardly accepted"
+    return {"name": f"anole spec gamma {ANOLE_GAMMA} cfg {ANOLE_CFG} greedy",
+            "args": ["--prompt", PROMPTS[0], "--prompt", PROMPTS[1], "--cfg", str(ANOLE_CFG), "--top-k", "1",
+                     "--decoder", "spec", "--gamma", str(ANOLE_GAMMA)], **run}
+
+
+ANOLE_LANTERN_MADE_WITH = (
+    "drafter/: models/drafters/cnets_anole.Model(EConfigAnole(config.json), bias=True, top_k=1, depth=3, "
+    "total_tokens=5) (config.json: data/configs/anole_config.json's keys at anole/'s sizes, one layer) with "
+    "anole/'s token embeddings, its layer re-initialised (norms away from 1) and trained briefly (next hidden "
+    "state + CE on the target's greedy codes, EAGLE's objective) so chains get accepted; saved as the release "
+    "(config.json + pytorch_model.bin of its state_dict, fp16). codes/fixed_at: models/ea_model_anole.py "
+    "EaModel.from_pretrained(anole/, drafter/, total_token=5, depth=3, top_k=1).generate(prompt=[p], "
+    "max_length=1024, temperature=0 (greedy: no logits processor), cfg=3, lantern=False, static_tree=False), "
+    "one prompt per call as it allows; fixed_at from its evaluate_posterior accept lengths (iteration i fixes "
+    "its accepted drafts and the target's next code; 0 = the prefill's first code). drafts/drafter_logits.npy: "
+    "the EaModel's drafter (Model.forward) teacher-forced over each prompt's whole sequence with the arguments "
+    "topK_genrate builds at its prefill (target final-norm hidden of slots 0..T-1 from its forward with "
+    "EaModel.generate's mask and positions, tokens of slots 1..T, the prompt mask, positions cond 0.., uncond "
+    "shifted by L-2 and clamped at 0), then cfg_logit_process(lm_head(.), 3) with non-image ids blanked; row k "
+    "(boi's slot + k) drafts code k+1; logits at image ids 4..8195 of rows 0::124. Departures forced by the tiny "
+    "CPU model: TokenManager on 'cpu'; the non-image id list (0..3, 8196..65535) cut at the tiny vocabulary's end "
+    "in the EaModel, its drafter and its target; ckpts/anole/vq_distances/top_8191_indices.npy, which EaModel "
+    "loads but only its relaxed (lantern=True) acceptance reads, is a placeholder in the scratch folder")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lantern", required=True, type=Path, help="a checkout of jadohu/LANTERN")
-    parser.add_argument("--lumina", required=True, type=Path, help="a checkout of Alpha-VLLM/Lumina-mGPT")
+    parser.add_argument("--lumina", type=Path, help="a checkout of Alpha-VLLM/Lumina-mGPT (not for --only)")
+    parser.add_argument("--only", choices=["anole_lantern"], help="build only this case from the committed fixtures "
+                        "(anole_lantern: LANTERN's Anole drafter for anole/)")
     parser.add_argument("--commit", help="LANTERN's commit, when the checkout is an export without .git")
     parser.add_argument("--lumina-commit", help="Lumina-mGPT's commit, likewise")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "fixtures")
@@ -278,6 +508,16 @@ def main() -> None:
     import transformers
 
     vocab = vocabulary()
+    if args.only == "anole_lantern":
+        run = build_anole_lantern(args.lantern, args.out, vocab, args.out / "chameleon_vqgan")
+        write_expected(args.out / "anole_lantern", {
+            "repository": "jadohu/LANTERN", "commit": args.commit or commit_of(args.lantern),
+            "packages": packages("torch", "transformers", "numpy"), "builder": "tests/conformance/build/chameleon.py "
+            "--only anole_lantern", "target": "fixtures/anole (made by this builder's anole case)",
+            "made_with": ANOLE_LANTERN_MADE_WITH}, [run])
+        return
+    if args.lumina is None:
+        parser.error("--lumina is needed to build every case")
     sys.path.insert(0, str(args.lantern))
     from models.base_models.anole.chameleon import vqgan as vqgan_module
 
