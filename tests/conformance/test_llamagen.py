@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fastar.tests.conformance.common import assert_image_close, expected, fastar, fixture, generated_codes
+from fastar.tests.conformance.common import (assert_image_close, assert_spec_run, expected, fastar, fixture,
+                                             generated_codes, session_drafts)
 
 C2I = "llamagen_c2i"
 
@@ -108,3 +109,39 @@ def test_lantern_drafter_greedy_spec_gives_the_official_codes_and_acceptance(tmp
     assert generated_codes(tokens) == run["codes"], "codes differ from the target's official greedy codes"
     assert json.loads(stats.read_text())["fixed_at"] == run["fixed_at"], \
         "tokens were accepted at other iterations than with the official drafter's chains"
+
+
+LANTERN_T2I = "llamagen_t2i_lantern"
+
+
+def test_lantern_t2i_drafter_drafts_what_the_official_drafter_drafts():
+    """LANTERN's LlamaGen text-to-image drafter folder on a target saved by LANTERN's own LlamaGen class (the
+    converted LlamaGen-T2I layout), both prompts in one batch with the null-caption rows: the drafter replays the
+    119 caption slots (token 0, no RoPE, padded slots not hidden, as the release runs) and then the image rows;
+    every greedy draft is the official drafter's and the sampled rows' CFG-combined logits agree to 1e-4."""
+    import numpy as np
+    import torch
+
+    from fastar.model_loaders import load_ar_model
+    from fastar.model_loaders.drafters import load_drafter
+    from fastar.model_loaders.t5 import encode_captions, load_t5_encoder
+
+    folder, run = fixture(LANTERN_T2I), expected(LANTERN_T2I)["runs"][0]
+    args = run["args"]
+    prompts = [args[i + 1] for i, a in enumerate(args) if a == "--prompt"]
+    model = load_ar_model(folder / "LlamaGen-T2I")
+    drafter = load_drafter(folder / "drafter", model)
+    conditioning = encode_captions(load_t5_encoder(fixture("llamagen_t2i") / "t5"), prompts)
+    logits = session_drafts(model, drafter, conditioning, torch.tensor(run["codes"]),
+                            float(args[args.index("--cfg") + 1]))
+    assert logits.argmax(-1).tolist() == run["drafts"], "greedy drafts differ from the official drafter's"
+    np.testing.assert_allclose(logits[:, run["drafter_logit_rows"]].numpy(), np.load(folder / "drafter_logits.npy"),
+                               rtol=0, atol=1e-4)
+
+
+def test_lantern_t2i_greedy_spec_gives_the_official_codes_and_acceptance(tmp_path):
+    """``--decoder spec`` with the drafter, greedy: the codes and acceptance of LANTERN's EaModel.generate (a chain
+    of 4 drafts per target forward); its codes are its target class's own greedy codes (checked by the builder)."""
+    folder = fixture(LANTERN_T2I)
+    assert_spec_run(LANTERN_T2I, ["--model", folder / "LlamaGen-T2I", "--t5", fixture("llamagen_t2i") / "t5"],
+                    tmp_path)

@@ -43,7 +43,7 @@ import yaml
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import commit_of, packages, write_expected  # noqa: E402
+from provenance import commit_of, fixed_at_of, packages, write_expected  # noqa: E402
 
 CODES = 8192
 WORDS = ["a", "red", "blue", "green", "ring", "circle", "square", "on", "background", "small", "large", "the",
@@ -372,15 +372,6 @@ def train_anole_drafter(drafter, rows, base, steps=150):
     drafter.eval()
     print(f"drafter loss {loss.item():.3f}")
 
-
-def fixed_at_of(accepted: list[int], n: int) -> list[int]:
-    """The iteration that fixed each code (0: the prefill's first code; iteration i fixes its accepted drafts and
-    the target's next code), from the official accept lengths."""
-    at, done = [0], 1
-    for iteration, a in enumerate(accepted, start=1):
-        at += [iteration] * (a + 1)
-        done += a + 1
-    return at[:n]
 
 
 def build_anole_lantern(lantern: Path, out: Path, vocab: dict[str, int], vqgan: Path) -> dict:

@@ -37,6 +37,16 @@ def packages(*names) -> dict:
     return found
 
 
+def fixed_at_of(accepted: list[int], n: int) -> list[int]:
+    """The iteration that fixed each of ``n`` codes in a speculative sampler (0: the prefill's first code; iteration
+    i fixes its accepted drafts and the target's next code), from its accept lengths (LANTERN's evaluate_posterior),
+    as FastAR's ``--stats-out`` reports ``fixed_at``."""
+    at = [0]
+    for iteration, a in enumerate(accepted, start=1):
+        at += [iteration] * (a + 1)
+    return at[:n]
+
+
 def write_expected(folder: Path, source: dict, runs: list) -> None:
     (folder / "expected.json").write_text(json.dumps({"source": source, "runs": runs}, indent=1, ensure_ascii=False)
                                           + "\n")
