@@ -138,18 +138,25 @@ def anole_scratch(vocab: dict[str, int], vqgan: Path) -> Path:
     return scratch
 
 
+def use_cpu_token_manager() -> None:
+    """LANTERN's Anole class builds Meta's TokenManager on a hard-coded 'cuda': here it is built on the CPU."""
+    from models.base_models.anole.chameleon import chameleon as token_manager_module
+    from models.kv_variants import modeling_anole_kv
+
+    official = token_manager_module.TokenManager
+
+    def cpu_token_manager(*args, device=None, **kwargs):
+        return official(*args, device="cpu", **kwargs)
+
+    modeling_anole_kv.TokenManager = cpu_token_manager
+
+
 def build_anole(lantern: Path, out: Path, vocab: dict[str, int], vqgan: Path) -> dict:
     sys.path.insert(0, str(lantern))
-    from models.base_models.anole.chameleon import chameleon as token_manager_module
     from models.configs.configuration_anole import ChameleonConfig
     from models.kv_variants import modeling_anole_kv
 
-    official_token_manager = token_manager_module.TokenManager
-
-    def cpu_token_manager(*args, device=None, **kwargs):
-        return official_token_manager(*args, device="cpu", **kwargs)
-
-    modeling_anole_kv.TokenManager = cpu_token_manager
+    use_cpu_token_manager()
     folder = out / "anole"
     folder.mkdir(parents=True, exist_ok=True)
     scratch = anole_scratch(vocab, vqgan)
@@ -373,24 +380,17 @@ def train_anole_drafter(drafter, rows, base, steps=150):
     print(f"drafter loss {loss.item():.3f}")
 
 
-
 def build_anole_lantern(lantern: Path, out: Path, vocab: dict[str, int], vqgan: Path) -> dict:
     """LANTERN's Anole drafter (fixtures/anole_lantern/drafter) for the committed anole/ target."""
     sys.path.insert(0, str(lantern))
     import numpy as np
 
     from models import ea_model_anole
-    from models.base_models.anole.chameleon import chameleon as token_manager_module
     from models.configs.configs import EConfigAnole
     from models.drafters import cnets_anole
     from models.kv_variants import modeling_anole_kv
 
-    official_token_manager = token_manager_module.TokenManager
-
-    def cpu_token_manager(*args, device=None, **kwargs):
-        return official_token_manager(*args, device="cpu", **kwargs)
-
-    modeling_anole_kv.TokenManager = cpu_token_manager
+    use_cpu_token_manager()
     target_folder = out / "anole"
     target_run = json.loads((target_folder / "expected.json").read_text())["runs"][0]
     folder = out / "anole_lantern"
