@@ -267,9 +267,25 @@ def numbered(path: Path, index: int, count: int) -> Path:
     return path if count == 1 else path.with_name(f"{path.stem}_{index}{path.suffix}")
 
 
+OUTPUTS = ("out", "tokens_out", "latents_out", "stats_out", "map_out", "noise_out")
+
+
+def make_output_folders(args) -> None:
+    """Every output's folder, before the models load: a missing one is made, and one that cannot be (a file in the
+    way, no permission) is said now, not after the generation."""
+    for name in OUTPUTS:
+        path = getattr(args, name, None)
+        if path:
+            try:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise FastARError(f"--{name.replace('_', '-')} {path}: its folder cannot be made ({error.strerror})")
+
+
 def command_generate(args) -> int:
     from .pipeline import conditioning_for, load_models
 
+    make_output_folders(args)
     models = load_models(args.model, args.vq, args.device, args.dtype, drafter_path=drafter_choice(args, args.decoder),
                          image_size=args.image_size, compile_switch=args.compile)
     args.decoder = args.decoder or DEFAULT_DECODER[models.ar.kind]

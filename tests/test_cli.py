@@ -22,21 +22,29 @@ def fastar(*args, cwd):
 @needs_demo
 def test_generate_writes_images_tokens_stats_and_maps(tmp_path):
     r = fastar("generate", "--classes", "0,3", "--decoder", "sjd", "--seed", 5, "--out", tmp_path / "img.png",
-               "--tokens-out", tmp_path / "t.json", "--stats-out", tmp_path / "s.json",
-               "--map-out", tmp_path / "map.png", cwd=tmp_path)
+               "--tokens-out", tmp_path / "codes" / "t.json", "--stats-out", tmp_path / "runs" / "a" / "s.json",
+               "--map-out", tmp_path / "map.png", cwd=tmp_path)  # folders that do not exist yet are made
     assert r.returncode == 0, r.stderr
     for i in range(2):
         image = Image.open(tmp_path / f"img_{i}.png")
         assert image.size == (128, 128) and image.mode == "RGB"
         assert np.asarray(image).std() > 5  # a picture, not a flat field
         assert (tmp_path / f"map_{i}.png").exists()
-    tokens = json.loads((tmp_path / "t.json").read_text())
+    tokens = json.loads((tmp_path / "codes" / "t.json").read_text())
     assert tokens["grid"] == [16, 16] and len(tokens["tokens"]) == 2 and len(tokens["tokens"][0]) == 256
-    stats = json.loads((tmp_path / "s.json").read_text())
+    stats = json.loads((tmp_path / "runs" / "a" / "s.json").read_text())
     assert stats["decoder"] == "sjd" and stats["tokens"] == [256, 256]
     assert stats["step_compression"] == pytest.approx(256 / stats["target_forwards"])
     assert stats["step_compression"] > 1.2  # the demo model is trained: Jacobi drafts get accepted
     assert len(stats["accepted_per_iteration"]) == stats["target_forwards"] and stats["wall_time_s"] > 0
+
+
+def test_an_output_folder_that_cannot_be_made_is_said_before_generating(tmp_path):
+    (tmp_path / "taken").write_text("a file where the folder should be")
+    r = fastar("generate", "--quiet", "--stats-out", tmp_path / "taken" / "s.json", "--model", "missing.safetensors",
+               cwd=tmp_path)  # the folder is checked before the model is even looked for
+    assert r.returncode == 2 and "--stats-out" in r.stderr and "its folder cannot be made" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
 
 
 @needs_demo
