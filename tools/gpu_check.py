@@ -72,6 +72,13 @@ CONFORMANCE = {
     "janus_transformers": ["--model", FIXTURES / "janus_transformers"],
     "janus_deepseek": ["--model", FIXTURES / "janus_deepseek"],
     "var": ["--model", FIXTURES / "var" / "var_d2.pth", "--vq", FIXTURES / "var" / "vae_ch32v32z8.pth"],
+    # LANTERN's drafters: greedy spec runs, the official EaModel.generate's codes
+    "llamagen_lantern": ["--model", FIXTURES / "llamagen_lantern" / "gpt.pt",
+                         "--drafter", FIXTURES / "llamagen_lantern" / "drafter"],
+    "llamagen_t2i_lantern": ["--model", FIXTURES / "llamagen_t2i_lantern" / "LlamaGen-T2I", "--t5",
+                             FIXTURES / "llamagen_t2i" / "t5", "--drafter", FIXTURES / "llamagen_t2i_lantern" / "drafter"],
+    "anole_lantern": ["--model", FIXTURES / "anole", "--vq", FIXTURES / "chameleon_vqgan" / "vqgan.ckpt",
+                      "--drafter", FIXTURES / "anole_lantern" / "drafter"],
 }
 
 
