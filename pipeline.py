@@ -20,8 +20,18 @@ def resolve_device(name: str = "auto") -> torch.device:
         device = torch.device(name)
     except RuntimeError as e:
         raise FastARError(f"unknown device '{name}': use auto, cpu, cuda or cuda:N") from e
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise FastARError(f"device '{name}' asked for, but this PyTorch sees no CUDA GPU: use --device cpu")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise FastARError(f"device '{name}' asked for, but this PyTorch sees no CUDA GPU: use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            count = torch.cuda.device_count()
+            raise FastARError(f"device '{name}' asked for, but this machine has {count} CUDA GPU"
+                              f"{'s' if count > 1 else ''} (cuda:0..cuda:{count - 1})")
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise FastARError(f"device '{name}' asked for, but this PyTorch sees no Apple GPU (MPS): use --device cpu")
+    elif device.type != "cpu":
+        raise FastARError(f"device '{name}': FastAR runs on cpu, cuda or cuda:N and mps")
     return device
 
 

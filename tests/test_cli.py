@@ -91,6 +91,9 @@ def test_compile_gives_the_eager_tokens_and_says_what_compiling_cost(tmp_path):
     (["--model", "missing.safetensors"], "missing.safetensors"),
     (["--threads", "0"], "--threads 0: give at least 1"),
     (["--compile", "always"], "argument --compile: invalid choice: 'always'"),
+    (["--device", "mps"], "sees no Apple GPU (MPS): use --device cpu"),
+    (["--device", "cuda:3"], "sees no CUDA GPU: use --device cpu"),
+    (["--device", "xpu"], "FastAR runs on cpu, cuda or cuda:N and mps"),
 ])
 def test_bad_input_gives_a_clear_error_and_exit_code(tmp_path, args, message):
     r = fastar("generate", "--quiet", *args, cwd=tmp_path)
@@ -227,3 +230,8 @@ def test_text_to_image_from_an_official_pickle_and_a_local_t5_folder(tmp_path):
     assert Image.open(tmp_path / "t2i_1.png").size == (128, 128)
     r = fastar("generate", "--model", standins.LLAMAGEN_T2I, "--class", "3", "--quiet", cwd=tmp_path)
     assert r.returncode == 2 and "--prompt" in r.stderr
+
+
+def test_profile_on_a_device_this_machine_lacks_says_so(tmp_path):
+    r = fastar("profile", "--shape", "tiny", "--device", "mps", cwd=tmp_path)
+    assert r.returncode == 2 and "sees no Apple GPU (MPS)" in r.stderr and "Traceback" not in r.stderr, r.stderr
