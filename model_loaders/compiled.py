@@ -125,10 +125,11 @@ class CompiledStep:
             result = self.eager(session, *args, **kwargs)
             first_line = (str(error).strip().splitlines() or [""])[0]
             self.failure = f"{type(error).__name__}: {first_line[:300]}"
+            compiler = "compiler" in self.failure.lower() or "g++" in self.failure  # what the advice can mend
             warnings.warn(f"compiled steps are off: torch.compile failed on this machine ({self.failure}); "
-                          "decoding runs eagerly (same images, without the speed-up). Install a C++ compiler "
-                          "(g++) for CPU kernels, or turn the compile switch off to skip the attempt",
-                          FastARWarning, stacklevel=3)
+                          "decoding runs eagerly (same images, without the speed-up). "
+                          + ("Install a C++ compiler (g++) for CPU kernels, or turn" if compiler else "Turn")
+                          + " the compile switch off to skip the attempt", FastARWarning, stacklevel=3)
             return result
 
     def in_worker(self, call, args):

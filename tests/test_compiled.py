@@ -223,3 +223,17 @@ def test_a_session_started_in_another_thread_may_compile_many_shapes():
     worker.start()
     worker.join()
     assert seen[0] >= COMPILED_SHAPES
+
+
+def test_a_compile_failure_not_about_a_compiler_does_not_advise_installing_one(monkeypatch):
+    from fastar.model_loaders.compiled import CompiledStep
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("an operator inductor does not support")
+
+    step = CompiledStep(lambda session, x: x + 1, "default")
+    monkeypatch.setattr(step, "compiled", fail)
+    with pytest.warns(UserWarning) as caught:
+        assert step(None, torch.ones(2)).tolist() == [2.0, 2.0]  # eager's answer
+    note = str(caught[0].message)
+    assert "an operator inductor does not support" in note and "C++" not in note and "Turn the compile switch off" in note
