@@ -4,30 +4,34 @@ A session's forward keeps its shapes for a whole generation (static KV cache, on
 ``ar``, W for Jacobi windows, gamma + 1 for drafter chains), so each width compiles once, on first use, and
 every later generation of the same batch reuses it. The kernels fuse the norms, RoPE and the MLP gates and
 drop PyTorch's per-op Python dispatch, which is most of a small model's step on a CPU. On CUDA the mode is
-'reduce-overhead' (CUDA graphs: one launch per step) — not yet measured on a GPU. Same tokens as eager for the
-same seed: tests/test_compiled.py.
+'reduce-overhead': each step is replayed as a CUDA graph, which needs the KV caches at fixed addresses
+(compiled_session.py). Same tokens as eager for the same seed: tests/test_compiled.py on the CPU; on CUDA, the
+GPU check (tools/gpu_check.py: LlamaGen and Lumina-mGPT layouts, ar and sjd, exact), which is why ``auto``
+compiles there too.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import threading
 import time
 import warnings
-from dataclasses import dataclass
 
 import torch
 
 from ..errors import FastARError, FastARWarning
 from ..interrupts import can_interrupt, check_interrupt
+from .compiled_session import StaticBuffers, compiled_start
 
 # widths a model meets: prefill-free steps of 1, the windows a session or the profiler asks for, per batch
 COMPILED_SHAPES = 64
-# device types where compiled steps are proven to give eager's tokens (tests/test_compiled.py runs on CPU);
-# CUDA joins once a GPU run has shown the same (`profile --compile` reports it; none lent yet): until then
-# "auto" leaves it eager there
-PROVEN_DEVICES = ("cpu",)
+# device types where compiled steps are proven to give eager's tokens: the CPU in tests/test_compiled.py, CUDA in
+# the GPU check (H200, torch 2.11: ar and sjd on LlamaGen and Lumina-mGPT layouts, fp32 greedy, exact); elsewhere
+# (mps, ...) "auto" leaves steps eager
+PROVEN_DEVICES = ("cpu", "cuda")
 SWITCH = ("auto", "on", "off")
+CUDA_GRAPHS = "reduce-overhead"  # torch.compile's mode that replays each step as a CUDA graph
 POLL_S = 0.1  # how often Cancel is checked while a first call compiles
 
 
@@ -48,11 +52,13 @@ def compile_steps(model, when: str = "on", mode: str | None = None):
         eager_start = model.start
 
         def start(*args, **kwargs):
-            session = eager_start(*args, **kwargs)
             step_mode = compiled_mode(model)
-            if step_mode:
-                allow_shapes()
-                session.forward = functools.partial(compiled_forward(type(session), step_mode), session)
+            if not step_mode:
+                return eager_start(*args, **kwargs)
+            with compiled_start(static_buffers(model) if step_mode == CUDA_GRAPHS else None):
+                session = eager_start(*args, **kwargs)
+            allow_shapes()
+            session.forward = functools.partial(compiled_forward(type(session), step_mode), session)
             return session
 
         model.start = start
@@ -80,7 +86,20 @@ def compiled_mode(model) -> str | None:
     device = model.device.type
     if when == "off" or (when == "auto" and device not in PROVEN_DEVICES):
         return None
-    return model.compile_mode or ("reduce-overhead" if device == "cuda" else "default")
+    return model.compile_mode or (CUDA_GRAPHS if device == "cuda" else "default")
+
+
+def static_buffers(model) -> StaticBuffers:
+    """The caches ``model``'s CUDA-graph sessions reuse (compiled_session.py), made on first use."""
+    if getattr(model, "static_buffers", None) is None:
+        model.static_buffers = StaticBuffers()
+    return model.static_buffers
+
+
+def release_static_buffers(model) -> None:
+    """Free the caches ``model``'s CUDA-graph sessions keep (when the model leaves the GPU: ComfyUI's offload);
+    the next session makes new ones, and its graphs re-record once."""
+    model.static_buffers = None
 
 
 @functools.cache
@@ -117,7 +136,11 @@ class CompiledStep:
     def compiled_or_eager(self, session, *args, **kwargs):
         try:
             graphs, t0 = unique_graphs(), time.perf_counter()
+            if self.mode == CUDA_GRAPHS:
+                torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are copies (below)
             out = self.compiled(session, *args, **kwargs)
+            if self.mode == CUDA_GRAPHS:
+                out = copied(out)
             if unique_graphs() != graphs:  # this call compiled a new shape: its time is compilation
                 COMPILE_CLOCK.seconds += time.perf_counter() - t0
             return out
@@ -161,7 +184,14 @@ class CompiledStep:
         return result["out"]
 
 
-@dataclass
+def copied(out):
+    """A step's outputs (a dataclass of tensors) copied out of the CUDA graph's pool, which the next replay
+    overwrites while decoders still read the previous window's logits."""
+    tensors = {f.name: getattr(out, f.name) for f in dataclasses.fields(out)}
+    return dataclasses.replace(out, **{name: t.clone() for name, t in tensors.items() if torch.is_tensor(t)})
+
+
+@dataclasses.dataclass
 class CompileClock:
     """Seconds spent compiling steps so far in this process (decode() reports a generation's share apart from
     its decoding time, so that a first run's compilation does not read as a slow decoder)."""

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .protocol import CaptionConditioning, ClassConditioning, ModelOutput
+from .compiled_session import cache_zeros
 
 
 def find_multiple(n: int, k: int) -> int:
@@ -182,8 +183,8 @@ class KVCache:
     independently and a rejected draft is simply overwritten by the next write."""
 
     def __init__(self, rows, n_kv_head, slots, head_dim, dtype, device):
-        self.k = torch.zeros(rows, n_kv_head, slots, head_dim, dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
+        self.k = cache_zeros(rows, n_kv_head, slots, head_dim, dtype=dtype, device=device)
+        self.v = cache_zeros(rows, n_kv_head, slots, head_dim, dtype=dtype, device=device)
         self.row_index = torch.arange(rows, device=device)[:, None]
 
     def write(self, k, v, slots):

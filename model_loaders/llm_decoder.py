@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .llamagen_gpt import KVCache, RMSNorm, attention_mask
+from .compiled_session import padded_prefix_len
 from .protocol import ModelOutput
 
 QK_NORM_EPS = 1e-5
@@ -213,7 +214,7 @@ class LayoutSession:
         rows = len(prefixes)
         self.width = layout.grid[1]
         self.rows_ends = layout.row_end is not None
-        self.prefix_len = max(len(p) for p in prefixes)
+        self.prefix_len = padded_prefix_len(max(len(p) for p in prefixes))
         pad = torch.tensor([self.prefix_len - len(p) for p in prefixes], device=device)
         # positions from the first real token (RoPE is relative: this only keeps the rounding of an unpadded run)
         self.position_offset = pad

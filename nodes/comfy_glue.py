@@ -14,7 +14,13 @@ import comfy.model_patcher
 import comfy.utils
 
 from ..interrupts import interruptible
+from ..model_loaders.compiled import release_static_buffers
 from ..pipeline import DTYPES
+
+try:
+    from comfy.patcher_extension import CallbacksMP
+except ImportError:  # a ComfyUI before patcher callbacks
+    CallbacksMP = None
 
 DTYPE_CHOICES = ("auto", *DTYPES)
 
@@ -62,6 +68,8 @@ def make_patcher(module: torch.nn.Module):
     is_dynamic = getattr(patcher, "is_dynamic", None)
     if patcher_class is not plain and callable(is_dynamic) and is_dynamic():
         patcher = plain(holder, load_device=load_device(), offload_device=offload_device())
+    if CallbacksMP is not None and hasattr(patcher, "add_callback"):  # offloaded: the CUDA-graph caches go too
+        patcher.add_callback(CallbacksMP.ON_DETACH, lambda *_: release_static_buffers(module))
     return patcher
 
 

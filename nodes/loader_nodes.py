@@ -124,10 +124,12 @@ class LoadARModel(CheckpointLoader):
                                        "that does not say it, or to run a model at another size."),
                 io.Combo.Input("compile", options=list(SWITCH), default="auto", optional=True,
                                tooltip="Decoding steps through torch.compile: the same images, faster steps "
-                                       "(1.5-1.7x per image for the demo model on a CPU). The first image of each "
-                                       "batch size and window compiles once per ComfyUI session (3-20 s on a CPU). "
-                                       "auto: on where FastAR has proven it gives the same tokens (CPU; GPUs not "
-                                       "yet), off elsewhere. Token models only; other kinds ignore it."),
+                                       "(1.5-1.7x per image for the demo model on a CPU; 3.9-7.6x per step for "
+                                       "7B and LlamaGen-XL shapes on an H200, as CUDA graphs). The first image of "
+                                       "each batch size and window compiles once per ComfyUI session (3-20 s on a "
+                                       "CPU, under a minute per window width for a 7B model on an H200). auto: on where FastAR has "
+                                       "proven it gives the same tokens (CPU, NVIDIA GPUs), off elsewhere. Token "
+                                       "models only; other kinds ignore it."),
             ],
             outputs=[FastARModel.Output("model", display_name="model",
                                         tooltip="The AR model, managed by ComfyUI (loaded to the GPU "

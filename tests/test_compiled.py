@@ -1,6 +1,8 @@
 """Compiled steps (model_loaders/compiled.py): a model whose session steps run through torch.compile gives the
 same tokens as eager for the same seed (ar, sjd with a window wider and narrower than a row, spec with a drafter;
 CFG, temperature, top-k and top-p; batch 2), its logits match eager's, and only token models take the switch."""
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -13,6 +15,7 @@ from fastar.samplers.processing import SamplingSettings
 from tiny_llamagen import tiny_conditioning, tiny_model
 from test_mar import tiny_mar
 
+ROOT = Path(__file__).resolve().parent.parent
 SAMPLING = SamplingSettings(cfg_scale=2.0, temperature=0.9, top_k=20, top_p=0.95)
 SPECS = [DecoderSpec("ar"), DecoderSpec("sjd", window=3), DecoderSpec("sjd", window=7, coupling="maximal")]
 
@@ -73,8 +76,8 @@ def test_only_token_models_take_compiled_steps():
 
 
 def test_auto_compiles_where_proven_and_the_switch_is_read_at_each_start(monkeypatch):
-    """auto: compiled on CPU (proven here), eager on a device type not yet proven (CUDA until a GPU run shows
-    the same tokens); the device is read when a session starts, as ComfyUI moves models between devices."""
+    """auto: compiled on the device types proven (CPU here, CUDA by the GPU check), eager on others (here: the CPU
+    taken off the list); the device is read when a session starts, as ComfyUI moves models between devices."""
     import fastar.model_loaders.compiled as compiled
 
     model = compile_steps(tiny_model(seed=3), "auto")
@@ -237,3 +240,51 @@ def test_a_compile_failure_not_about_a_compiler_does_not_advise_installing_one(m
         assert step(None, torch.ones(2)).tolist() == [2.0, 2.0]  # eager's answer
     note = str(caught[0].message)
     assert "an operator inductor does not support" in note and "C++" not in note and "Turn the compile switch off" in note
+
+
+def test_cuda_graph_steps_reuse_zeroed_caches_and_give_eagers_tokens():
+    """Mode reduce-overhead (CUDA's: each step a replayed CUDA graph) takes its KV caches from the model's static
+    buffers, so the graph's addresses hold from one generation to the next: the same buffers again for the same
+    shape, zeroed (a NaN left by an earlier run must not reach the next through masked slots), replaced (not
+    added to) for another shape; tokens as eager's. On a CPU inductor runs the same code without the graphs."""
+    eager = tiny_model(seed=3)
+    model = compile_steps(tiny_model(seed=3), "on", mode="reduce-overhead")
+    spec = DecoderSpec("sjd", window=3)
+    addresses = []
+    for seed in (0, 1):
+        got, _ = decode(model, tiny_conditioning(model), SAMPLING, spec, seed=seed)
+        want, _ = decode(eager, tiny_conditioning(eager), SAMPLING, spec, seed=seed)
+        assert torch.equal(got, want)
+        addresses.append([b.data_ptr() for b in model.static_buffers.buffers])
+        for buffer in model.static_buffers.buffers:
+            buffer.fill_(float("nan"))
+    assert addresses[0] == addresses[1] and len(addresses[0]) == 2 * len(model.layers)
+    rows = ClassConditioning(torch.tensor([4, 5, 6]))
+    got, _ = decode(model, rows, SAMPLING, spec, seed=2)
+    assert torch.equal(got, decode(eager, rows, SAMPLING, spec, seed=2)[0])
+    assert len(model.static_buffers.buffers) == 2 * len(model.layers)
+    assert model.static_buffers.buffers[0].shape[0] == 6  # 3 rows and their CFG rows
+    assert not hasattr(eager, "static_buffers")
+
+
+def test_prompts_of_other_lengths_share_one_compiled_step():
+    """A text model's step is compiled for its prefix length: compiled sessions pad prefixes to a bucket, so a
+    prompt of another length reuses the graph (tokens as eager's, unpadded: test_layout_models_compile_...)."""
+    from fastar.model_loaders import load_ar_model
+    from fastar.model_loaders.compiled import unique_graphs
+    from fastar.model_loaders.compiled_session import PREFIX_BUCKET
+    from fastar.model_loaders.protocol import PromptConditioning
+
+    model = compile_steps(load_ar_model(str(ROOT / "demo" / "demo_text")))  # a real tokenizer
+    spec = DecoderSpec("sjd", window=4)
+    lengths, graphs = [], []
+    prompts = [PromptConditioning([text]) for text in ("a red ring", "a small blue square on a yellow background")]
+    raw = [len(model.prefixes(model.prompts.encode(p), cfg=False)[0]) for p in prompts]
+    assert raw[0] != raw[1] and max(raw) < PREFIX_BUCKET
+    for prompt in prompts:
+        session = model.start(prompt, cfg=True, max_window=4)
+        lengths.append(session.prefix_len)
+        decode(model, prompt, SAMPLING, spec, seed=0)
+        graphs.append(unique_graphs())
+    assert lengths[0] == lengths[1] and lengths[0] % PREFIX_BUCKET == 0
+    assert graphs[1] == graphs[0], "the second prompt's length compiled the step again"

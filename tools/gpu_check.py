@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,10 +92,12 @@ class Step:
     compare: dict = field(default_factory=dict)  # what its codes must equal: {"step": name} or {"codes": [...]}
     image: str | None = None  # the PNG it writes, for the precision sheet
     timeout: int = 240
+    env: dict = field(default_factory=dict)  # on top of the check's environment
     rc: int | None = None
     seconds: float | None = None
     tail: str = ""
     verdict: str = "skipped"
+    notes: list = field(default_factory=list)  # lines of its output about CUDA graphs (skipped, re-recorded)
 
 
 def fastar_argv(*args) -> list:
@@ -155,15 +157,18 @@ def drafter(decoder: str) -> list:
 
 def probe_and_profile_steps(out: Path, device: str) -> list[Step]:
     probe = [sys.executable, "-m", "fastar.tools.gpu_check", "--device", device, "--out", out, "--probe"]
-    profile = lambda shape, *extra: fastar_argv("profile", "--shape", shape, "--device", device, "--dtype", "bf16",
-                                                "--repeats", "3", "--out", out / "stats" / f"profile-{shape}.json",
-                                                *extra)
+
+    def profile(name, shape, *extra):
+        return Step(name, fastar_argv("profile", "--shape", shape, "--device", device, "--dtype", "bf16", "--repeats",
+                                      "3", "--out", out / "stats" / f"{name}.json", *extra), "profile", timeout=300)
+
+    compiled = {"TORCH_LOGS": "perf_hints"}  # inductor says why it skips CUDA graphs (the step's notes)
     return [Step("sync-counts", [*map(str, probe), "sync"], "probes", timeout=180),
             Step("memory-7b", [*map(str, probe), "memory"], "probes", timeout=180),
-            Step("profile-llamagen-xl", profile("llamagen-xl", "--windows", "1,16,32", "--batches", "1,2"),
-                 "profile", timeout=240),
-            Step("profile-anole-7b", profile("anole-7b", "--windows", "1,16,32", "--batches", "1,2", "--no-decoders"),
-                 "profile", timeout=180)]
+            profile("profile-llamagen-xl", "llamagen-xl", "--windows", "1,16,32", "--batches", "1,2"),
+            profile("profile-anole-7b", "anole-7b", "--windows", "1,16,32", "--batches", "1,2", "--no-decoders"),
+            *(replace(profile(f"profile-{shape}-compiled", shape, "--windows", "1,16", "--batches", "2",
+                              "--no-decoders", "--compile"), env=compiled) for shape in ("llamagen-xl", "anole-7b"))]
 
 
 def run_step(step: Step, deadline: float, env: dict) -> Step:
@@ -171,9 +176,11 @@ def run_step(step: Step, deadline: float, env: dict) -> Step:
         return step
     t0 = time.time()
     try:
-        done = subprocess.run([str(a) for a in step.argv], capture_output=True, text=True, env=env,
+        done = subprocess.run([str(a) for a in step.argv], capture_output=True, text=True, env=env | step.env,
                               timeout=min(step.timeout, max(10, deadline + 60 - t0)), cwd=ROOT.parent)
-        step.rc, step.tail = done.returncode, (done.stdout + done.stderr)[-1500:]
+        output = done.stdout + done.stderr
+        step.rc, step.tail = done.returncode, output[-1500:]
+        step.notes = sorted({line.strip()[:300] for line in output.splitlines() if "cudagraph" in line.lower()})
     except subprocess.TimeoutExpired as e:
         step.rc, step.tail = -9, f"timed out after {e.timeout:.0f} s"
     step.seconds = round(time.time() - t0, 1)
@@ -241,6 +248,9 @@ def write_report(steps: list[Step], out: Path, environment: dict) -> None:
     lines = ["# GPU check", "", "```", json.dumps(environment, indent=1), "```", "",
              "| step | group | verdict | s |", "|---|---|---|---|"]
     lines += [f"| {s.name} | {s.group} | {s.verdict} | {s.seconds} |" for s in steps]
+    for s in steps:
+        if s.notes:
+            lines += ["", f"## {s.name}: CUDA graphs", "```", *s.notes[:20], "```"]
     failed = [s for s in steps if s.verdict == "FAILED"]
     for s in failed:
         lines += ["", f"## {s.name} failed", "```", " ".join(map(str, s.argv[2:])), s.tail, "```"]

@@ -1,6 +1,6 @@
 """Checks of the node layer's ComfyUI glue inside ComfyUI's own Python (run by test_comfyui_internals.py
 with .comfyui/venv/bin/python): the memory request matches the KV cache a decode really allocates (the
-drafter's too), the model patcher loads and offloads FastAR models and drafters, Cancel aborts a decode within one iteration and the next
+drafter's too), the model patcher loads and offloads FastAR models (their CUDA-graph caches too) and drafters, Cancel aborts a decode within one iteration and the next
 decode works, and the live preview greys out what is not decoded yet.
 
     python tests/comfyui/in_comfy_checks.py COMFYUI_DIR REPO_ROOT
@@ -25,6 +25,7 @@ import torch  # noqa: E402
 
 import comfy.model_management as mm  # noqa: E402
 from fastar.model_loaders.ar_drafter import SmallARDrafter  # noqa: E402
+from fastar.model_loaders.compiled import compile_steps  # noqa: E402
 from fastar.model_loaders.eagle_drafter import EagleConfig, EagleDrafter, EagleHead  # noqa: E402
 from fastar.model_loaders.llamagen_gpt import LlamaGenConfig, LlamaGenGPT  # noqa: E402
 from fastar.model_loaders.protocol import CaptionConditioning, ClassConditioning  # noqa: E402
@@ -91,9 +92,12 @@ def check_patcher_load_offload():
     glue.load_for_inference([patcher], working_memory(m, rows(m, 1), 1, True, DecoderSpec("sjd")))
     assert any(loaded.model is patcher for loaded in mm.current_loaded_models), "not registered with ComfyUI"
     assert all(p.device == patcher.load_device for p in m.parameters())
+    compile_steps(m, "on", mode="reduce-overhead").start(rows(m, 1), cfg=True, max_window=2)  # CUDA's caches
+    assert m.static_buffers.nbytes() > 0
     mm.unload_all_models()
     assert not any(loaded.model is patcher for loaded in mm.current_loaded_models), "not offloaded"
     assert all(p.device == patcher.offload_device for p in m.parameters())
+    assert m.static_buffers is None, "the CUDA-graph caches stayed behind when ComfyUI offloaded the model"
     glue.load_for_inference([patcher], 0)  # loads again after the offload
     print(f"ok patcher loads and offloads ({type(patcher).__name__}, load {patcher.load_device})")
 
