@@ -19,7 +19,7 @@ from ..model_loaders.compiled import COMPILE_CLOCK
 from .acceptance import ExactRule, GroupedRule, LanternRule
 from .jacobi import ar_decode, jacobi_decode
 from .latent_neighbours import latent_neighbours
-from .processing import SamplingSettings
+from .processing import SamplingSettings, finite_logits
 from .cspd import CSpDSettings, cspd_decode
 from .distilled import DDSettings, Hybrid, dd_decode
 from .flow_map import FlowMapSettings, NoiseToCode, token_noise
@@ -130,8 +130,9 @@ def decode(model, conditioning, sampling: SamplingSettings, spec: DecoderSpec, *
     for note in notes:
         warnings.warn(note, FastARWarning, stacklevel=2)
     compiling = COMPILE_CLOCK.seconds
-    codes, stats = run_decoder(model, conditioning, sampling, spec, make_generator(seed, model.device),
-                               on_iteration, drafter, codebook)
+    with finite_logits(model.dtype):
+        codes, stats = run_decoder(model, conditioning, sampling, spec, make_generator(seed, model.device),
+                                   on_iteration, drafter, codebook)
     stats.compile_time_s = COMPILE_CLOCK.seconds - compiling
     stats.warnings.extend(notes)
     return codes, stats
@@ -215,8 +216,9 @@ def decode_next_scale(model, conditioning, sampling: SamplingSettings, *, seed: 
             noise = token_noise(conditioning.batch, model.cfg.seq_len, model.cfg.channels, generator)
         draw = NoiseToCode(noise.to(model.device), vqvae.codebook().float().to(model.device),
                            FlowMapSettings(steps=flow_steps)).span
-    return next_scale_decode(model, vqvae, conditioning, sampling.validate(), generator=generator,
-                             on_iteration=on_iteration, draw=draw, name=decoder, scale_codes=scale_codes)
+    with finite_logits(model.dtype):
+        return next_scale_decode(model, vqvae, conditioning, sampling.validate(), generator=generator,
+                                 on_iteration=on_iteration, draw=draw, name=decoder, scale_codes=scale_codes)
 
 
 def check_hybrid_teacher(student, teacher) -> None:

@@ -5,6 +5,8 @@ come out of this same function, or acceptance ratios are meaningless.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from dataclasses import dataclass
 
 import torch
@@ -36,11 +38,53 @@ class SamplingSettings:
         return self
 
 
+DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+@dataclass
+class NonFiniteWatch:
+    """Whether any logits of a generation were NaN or inf, kept on the device (a check per forward would cost a
+    host sync each); read once, after the generation."""
+
+    seen: torch.Tensor | None = None
+
+    def note(self, logits: torch.Tensor) -> None:
+        bad = ~torch.isfinite(logits).all()
+        self.seen = bad if self.seen is None else self.seen | bad
+
+
+_watch: contextvars.ContextVar[NonFiniteWatch | None] = contextvars.ContextVar("fastar_non_finite", default=None)
+
+
+@contextlib.contextmanager
+def finite_logits(dtype: torch.dtype):
+    """Around a generation: if any logits were not finite (fp16's range overflowing inside the model, most
+    likely), a clear error after it. ``sample`` keeps every code in range meanwhile, so nothing asserts on the
+    device."""
+    watch = NonFiniteWatch()
+    token = _watch.set(watch)
+    try:
+        yield
+    finally:
+        _watch.reset(token)
+    if watch.seen is not None and bool(watch.seen):
+        name = DTYPE_NAMES.get(dtype, str(dtype))
+        advice = ("fp16's range overflowed inside the model: load it in bf16 where the GPU supports it, else fp32"
+                  if dtype == torch.float16 else "load it in fp32; if fp32 fails too, the checkpoint is damaged: "
+                  "download it again")
+        raise FastARError(f"the model's next-token logits were not finite (NaN or inf) in {name}, so the image "
+                          f"would be noise: {advice} (--dtype on the command line, the loader's dtype input in "
+                          "ComfyUI)")
+
+
 def probabilities(out: ModelOutput, settings: SamplingSettings) -> torch.Tensor:
     """Processed next-token distributions ``[..., V]`` in fp32."""
     logits = out.cond.float()
     if out.uncond is not None:
         logits = out.uncond.float() + (logits - out.uncond.float()) * settings.cfg_scale
+    watch = _watch.get()
+    if watch is not None:
+        watch.note(logits)
     if settings.temperature == 0.0:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
     logits = logits / settings.temperature
@@ -63,7 +107,8 @@ def sample(dist: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     flat = dist.reshape(-1, dist.shape[-1])
     cdf = flat.cumsum(-1)
     u = (1.0 - uniform((flat.shape[0], 1), generator)) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u).view(dist.shape[:-1])
+    # a NaN distribution finds no code (index V): keep it in range, finite_logits reports it after the generation
+    return torch.searchsorted(cdf, u).clamp_(max=flat.shape[-1] - 1).view(dist.shape[:-1])
 
 
 def uniform(shape, generator: torch.Generator) -> torch.Tensor:
