@@ -68,6 +68,7 @@ class SpacedDiffusion:
             "coef_xt": (1.0 - previous) * np.sqrt(1.0 - betas) / (1.0 - alphas_cumprod),
         }
         self.table = {k: torch.tensor(v, dtype=torch.float32) for k, v in table.items()}
+        self.numbers = {k: v.tolist() for k, v in self.table.items()}  # one step's constants, read without tensors
         self.num_steps = len(self.timestep_map)
 
     def model_timestep(self, index: int) -> int:
@@ -77,7 +78,7 @@ class SpacedDiffusion:
     def constants(self, index: int | torch.Tensor) -> dict:
         """The table at reverse index ``index``: floats, or ``[N, 1]`` columns for a tensor of indices."""
         if isinstance(index, int):
-            return {k: float(v[index]) for k, v in self.table.items()}
+            return {k: v[index] for k, v in self.numbers.items()}
         return {k: v.to(index.device)[index].unsqueeze(-1) for k, v in self.table.items()}
 
     def reverse_step(self, x: torch.Tensor, index: int | torch.Tensor, eps: torch.Tensor,

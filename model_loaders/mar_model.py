@@ -241,26 +241,29 @@ class MAR(nn.Module):
             return self.fake_latent.expand(conditioning.batch, -1)
         return self.class_emb(conditioning.labels.to(self.device))
 
-    def conditions(self, tokens: torch.Tensor, known: torch.Tensor, class_vectors: torch.Tensor) -> torch.Tensor:
+    def conditions(self, tokens: torch.Tensor, known: torch.Tensor, class_vectors: torch.Tensor,
+                   known_count: int | None = None) -> torch.Tensor:
         """Condition vectors ``[B, L, decoder_dim]`` for every position, from ``tokens`` [B, L, C] of which
-        only the ``known`` [B, L] ones are seen. Rows may know different numbers of tokens (CSpD scores
-        several contexts in one call): the encoder then masks the unknown ones out of attention instead
-        of dropping them, which gives the same vectors."""
+        only the ``known`` [B, L] ones are seen. ``known_count``: how many tokens every row knows, where the
+        caller's schedule says they all know as many: the official path, unknown tokens dropped. None: rows
+        may differ (CSpD scores several contexts in one call), and the encoder masks the unknown ones out of
+        attention instead of dropping them, which gives the same vectors. Neither reads the mask back to the
+        host (a sync per call on a GPU)."""
         B, L, _ = tokens.shape
         buffer = self.cfg.buffer
         x = self.z_proj(tokens.to(self.z_proj.weight.dtype))
         x = torch.cat([class_vectors.to(x.dtype).unsqueeze(1).expand(B, buffer, -1), x], dim=1)
         x = self.z_proj_ln(x + self.encoder_pos_embed_learned)
         keep = torch.cat([torch.ones(B, buffer, dtype=torch.bool, device=known.device), known], dim=1)
-        kept = keep.nonzero(as_tuple=True)
-        counts = keep.sum(1)
-        if bool((counts == counts[0]).all()):  # the official path: unknown tokens dropped
-            x = self.encode(x[kept].view(B, -1, x.shape[-1]), None).flatten(0, 1)
-        else:
-            x = self.encode(x, keep)[kept]
-        full = self.mask_token.to(x.dtype).expand(B, buffer + L, -1).clone()
-        full[kept] = x
-        x = full + self.decoder_pos_embed_learned
+        mask = self.mask_token.to(x.dtype)
+        if known_count is None:
+            x = torch.where(keep.unsqueeze(-1), self.encode(x, keep), mask)
+        else:  # the kept slots in order: a stable sort puts them first
+            kept = torch.sort((~keep).to(torch.uint8), dim=1, stable=True).indices[:, :buffer + known_count]
+            kept = kept.unsqueeze(-1)
+            encoded = self.encode(x.gather(1, kept.expand(-1, -1, x.shape[-1])), None)
+            x = mask.expand(B, buffer + L, -1).scatter(1, kept.expand(-1, -1, encoded.shape[-1]), encoded)
+        x = x + self.decoder_pos_embed_learned
         for block in self.decoder_blocks:
             x = block(x)
         return self.decoder_norm(x)[:, buffer:] + self.diffusion_pos_embed_learned

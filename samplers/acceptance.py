@@ -95,8 +95,7 @@ class GroupedRule(ExactRule):
         p_x = at(p, x).unsqueeze(-1)
         scale = torch.maximum(p_members, p_x) if self.prob_filter == "relative" else 1.0
         close_prob = (p_members - p_x).abs() <= self.prob_threshold * scale
-        e = self.embeddings
-        close_code = (e[members] - e[x].unsqueeze(-2)).pow(2).sum(-1) <= self.radius[x].unsqueeze(-1)
+        close_code = squared_distances(self.embeddings, members, x) <= self.radius[x].unsqueeze(-1)
         keep = in_range & close_prob & close_code
         p_group = (p_members * keep).sum(-1)
         q_group = (q_members * keep).sum(-1)
@@ -105,13 +104,26 @@ class GroupedRule(ExactRule):
         return torch.where(at(p, x) > 0, ratio, torch.zeros_like(ratio))
 
 
+DISTANCE_CHUNK = 1 << 25  # gathered embedding values at once (128 MB in fp32)
+
+
+def squared_distances(e: torch.Tensor, members: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``|e[members] - e[x]|^2`` ``[..., M]``, a few drafts at a time: all at once, a window of 1000-code groups
+    at a 7B model's width gathers gigabytes."""
+    flat_members, flat_x = members.reshape(-1, members.shape[-1]), x.reshape(-1)
+    rows = max(1, DISTANCE_CHUNK // (members.shape[-1] * e.shape[-1]))
+    parts = [(e[flat_members[i:i + rows]] - e[flat_x[i:i + rows]].unsqueeze(-2)).pow(2).sum(-1)
+             for i in range(0, flat_x.shape[0], rows)]
+    return torch.cat(parts).view(members.shape)
+
+
 def rank_neighbours(p, x, half: int):
     """x and the ``half`` codes ranked just above it and just below it by p ([..., 2 * half + 1] codes), and
     which of them exist (x near the top or the bottom has fewer). Two top-k selections instead of sorting
     the codebook: a sort of 16384 codes per draft was a third of GSD's time on a CPU."""
     p_x = at(p, x).unsqueeze(-1)
     k = min(half, p.shape[-1])
-    nothing = torch.tensor(float("-inf"), device=p.device)
+    nothing = float("-inf")  # a Python number: a tensor made here would be a host-to-device copy per window
     above = torch.topk(torch.where(p > p_x, -p, nothing), k, dim=-1)  # the least likely of the likelier codes
     below = torch.topk(torch.where(p < p_x, p, nothing), k, dim=-1)  # the likeliest of the less likely codes
     members = torch.cat([above.indices.flip(-1), x.unsqueeze(-1), below.indices], dim=-1)

@@ -79,11 +79,12 @@ class CSpDRun:
         self.stats = DecodeStats(decoder="cspd", grid=tuple(target.grid), batch=B,
                                  settings={"model_kind": target.kind, **asdict(settings), **asdict(cspd)})
         self.counts: list[torch.Tensor] = []
+        self.accepted = torch.zeros((), dtype=torch.long, device=target.device)
 
     def target_step(self, step: int) -> None:
         """One plain target step (pre-fill, or the last steps when nothing is left to draft)."""
         positions = self.plan.positions(step)
-        z = self.target.conditions(self.canvas.tokens, self.canvas.known)
+        z = self.target.conditions(self.canvas.tokens, self.canvas.known, self.plan.known_before(step))
         self.stats.target_forwards += 1
         last = self.target.last_step(*z, positions, self.plan, self.plan.cfg(self.settings, step))
         self.canvas.fix(positions, last.mean + last.std * self.plan.last_noise(positions), self.stats.target_forwards)
@@ -95,7 +96,7 @@ class CSpDRun:
         drafted = []
         for step in range(first, first + count):
             positions = self.plan.positions(step)
-            z = self.draft.conditions(tokens, known)
+            z = self.draft.conditions(tokens, known, self.plan.known_before(step))
             self.stats.drafter_forwards += 1
             gaussian = self.draft.last_step(*z, positions, self.plan, self.plan.cfg(self.settings, step))
             values = gaussian.mean + gaussian.std * self.plan.last_noise(positions)
@@ -110,7 +111,8 @@ class CSpDRun:
         """The target's last-step Gaussian for every drafted token, from one target call."""
         B = self.canvas.tokens.shape[0]
         if self.cspd.verify == "merged":
-            z_cond, z_uncond = self.target.conditions(self.canvas.tokens, self.canvas.known)
+            z_cond, z_uncond = self.target.conditions(self.canvas.tokens, self.canvas.known,
+                                                      self.plan.known_before(first))
             merged_cfg = self.plan.cfg(self.settings, first + len(drafted) - 1)
             contexts = [(z_cond, z_uncond, merged_cfg)] * len(drafted)
         else:  # context j: the verified tokens plus drafted steps 0..j-1
@@ -144,17 +146,18 @@ class CSpDRun:
         decisions = []
         for j, (d, p) in enumerate(zip(drafted, scored)):
             ok = accept(d.values, p, d.gaussian, self.generator)
-            decisions.append(ok)
-            if self.cspd.verify == "steps" and not bool(ok.all()):
+            all_kept = bool(ok.all())  # the one host sync of a drafted step
+            decisions.append((ok, all_kept))
+            if self.cspd.verify == "steps" and not all_kept:
                 kept_steps = j + 1  # a rejection in any row ends the kept run (rows move together)
                 break
         iteration = self.stats.target_forwards
-        for d, p, ok in zip(drafted[:kept_steps], scored, decisions):
+        for d, p, (ok, all_kept) in zip(drafted[:kept_steps], scored, decisions):
             values = d.values.clone()
             rejected = ~ok
-            self.stats.drafted_tokens += int(ok.numel())
-            self.stats.accepted_tokens += int(ok.sum())
-            if bool(rejected.any()):
+            self.stats.drafted_tokens += ok.numel()
+            self.accepted = self.accepted + ok.sum()  # on the device: read once, at the end
+            if not all_kept:
                 residual = sample_residual(ReverseStep(p.mean[rejected], p.std[rejected]),
                                            ReverseStep(d.gaussian.mean[rejected], d.gaussian.std[rejected]),
                                            self.generator, self.cspd.max_tries)
@@ -217,5 +220,6 @@ def cspd_decode(target, draft, conditioning, settings: MaskedSettings, cspd: CSp
             step += run.verify(drafted, run.score(step, drafted))
         if on_iteration is not None:
             on_iteration(L - plan.masked[step], L, run.canvas.tokens)
+    run.stats.accepted_tokens = int(run.accepted)
     finish(run.stats, run.watch, run.counts, run.canvas.fixed_at, L)
     return run.canvas.tokens, run.stats

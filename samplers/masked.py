@@ -115,6 +115,10 @@ class Plan:
     def num_tokens(self) -> int:
         return self.masked[0]
 
+    def known_before(self, step: int) -> int:
+        """Tokens every row knows before ``step``."""
+        return self.num_tokens - self.masked[step]
+
     def positions(self, step: int) -> torch.Tensor:
         """``[B, n]``: the positions step ``step`` predicts (empty when the clamped schedule gives none)."""
         return self.order[:, self.masked[step + 1]: self.masked[step]]
@@ -161,15 +165,16 @@ class Guide:
         self.cond = model.class_vectors(conditioning, uncond=False)
         self.uncond = model.class_vectors(conditioning, uncond=True) if settings.cfg_scale != 1.0 else None
 
-    def conditions(self, tokens: torch.Tensor, known: torch.Tensor):
+    def conditions(self, tokens: torch.Tensor, known: torch.Tensor, known_count: int | None = None):
         """The transformer's condition vectors for cond rows, and uncond rows under CFG (one call). ``tokens``
-        may hold several contexts per conditioning row (``[k * B, L, C]``, context-major)."""
+        may hold several contexts per conditioning row (``[k * B, L, C]``, context-major); ``known_count``:
+        the tokens every row knows, where the schedule says they know as many (None: they may differ)."""
         repeat = tokens.shape[0] // self.cond.shape[0]
         cond = self.cond.repeat(repeat, 1)
         if self.uncond is None:
-            return self.model.conditions(tokens, known, cond), None
+            return self.model.conditions(tokens, known, cond, known_count), None
         both = self.model.conditions(torch.cat([tokens, tokens]), torch.cat([known, known]),
-                                     torch.cat([cond, self.uncond.repeat(repeat, 1)]))
+                                     torch.cat([cond, self.uncond.repeat(repeat, 1)]), known_count)
         return both.chunk(2)
 
     def last_step(self, z_cond, z_uncond, positions, plan: Plan, cfg_scale) -> ReverseStep:
@@ -188,14 +193,14 @@ class Canvas:
         num_tokens, channels, device = model.cfg.num_tokens, model.cfg.token_dim, model.device
         self.tokens = torch.zeros(batch, num_tokens, channels, device=device, dtype=model.head.input_proj.weight.dtype)
         self.known = torch.zeros(batch, num_tokens, dtype=torch.bool, device=device)
-        self.fixed_at = torch.zeros(batch, num_tokens, dtype=torch.long)
+        self.fixed_at = torch.zeros(batch, num_tokens, dtype=torch.long, device=device)  # read once, at the end
 
     def fix(self, positions: torch.Tensor, values: torch.Tensor, iteration: int) -> None:
         """Write ``values`` ``[B * n, C]`` at ``positions`` [B, n]."""
         rows = row_index(positions)
         self.tokens[rows, positions] = values.view(*positions.shape, -1).to(self.tokens.dtype)
         self.known[rows, positions] = True
-        self.fixed_at[rows.cpu(), positions.cpu()] = iteration
+        self.fixed_at[rows, positions] = iteration
 
 
 def at(values: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor | None:
@@ -224,7 +229,7 @@ def masked_decode(model, conditioning, settings: MaskedSettings, *, generator,
         positions = plan.positions(step)
         if positions.shape[1] == 0:
             continue  # a clamped schedule can leave a step nothing to predict: no call needed
-        z_cond, z_uncond = guide.conditions(canvas.tokens, canvas.known)
+        z_cond, z_uncond = guide.conditions(canvas.tokens, canvas.known, plan.known_before(step))
         stats.target_forwards += 1
         last = guide.last_step(z_cond, z_uncond, positions, plan, plan.cfg(settings, step))
         sampled = last.mean + last.std * plan.last_noise(positions) if gaussian_last_step else last.mean

@@ -26,8 +26,16 @@ def cached_table(kind: str, codes: torch.Tensor, params: tuple,
     return table
 
 
+FINGERPRINT_CHUNK = 1 << 22  # values read at once: float64 temporaries of a whole 7B table are gigabytes
+
+
 def fingerprint(codes: torch.Tensor) -> tuple:
-    """Identifies a table by content (loaders may hand out a fresh tensor per call)."""
-    weights = torch.arange(1, codes.numel() + 1, device=codes.device, dtype=torch.float64).view_as(codes)
-    c = codes.double()
-    return tuple(codes.shape), str(codes.device), float(c.sum()), float((c * weights).sum())
+    """Identifies a table by content (loaders may hand out a fresh tensor per call): its sum and its
+    position-weighted sum, in float64."""
+    flat = codes.reshape(-1)
+    total = weighted = torch.zeros((), dtype=torch.float64, device=codes.device)
+    for start in range(0, flat.numel(), FINGERPRINT_CHUNK):
+        part = flat[start:start + FINGERPRINT_CHUNK].double()
+        position = torch.arange(start + 1, start + 1 + part.numel(), device=codes.device, dtype=torch.float64)
+        total, weighted = total + part.sum(), weighted + (part * position).sum()
+    return tuple(codes.shape), str(codes.device), float(total), float(weighted)

@@ -168,6 +168,33 @@ def test_gsd_radius_is_computed_once_per_table_and_stays_on_its_device(monkeypat
     assert again.radius is first.radius and first.radius.device == table.device
 
 
+def test_table_fingerprints_read_a_large_table_in_chunks(monkeypatch):
+    """In chunks (a 7B table in float64 at once is a gigabyte): the same content gives the same key, a changed
+    value or a moved value another."""
+    from fastar.samplers import table_cache
+
+    monkeypatch.setattr(table_cache, "FINGERPRINT_CHUNK", 7)
+    table = torch.randn(40, 4, generator=torch.Generator().manual_seed(11))
+    swapped, changed = table.clone(), table.clone()
+    swapped[[3, 30]] = table[[30, 3]]
+    changed[39, 3] += 1e-3
+    key = table_cache.fingerprint(table)
+    assert table_cache.fingerprint(table.clone()) == key
+    assert table_cache.fingerprint(swapped) != key and table_cache.fingerprint(changed) != key
+
+
+def test_gsd_cluster_distances_in_chunks_change_nothing(monkeypatch):
+    """GSD's code distances are computed a few drafts at a time (a 1000-code group at 7B width would gather
+    gigabytes at once): the same tokens as all at once."""
+    from fastar.samplers import acceptance
+
+    model, spec, sampling = tiny_model(seed=3), DecoderSpec("gsd", window=6, group=9), SamplingSettings(top_k=30)
+    want, _ = decode(model, tiny_conditioning(model), sampling, spec, seed=4)
+    monkeypatch.setattr(acceptance, "DISTANCE_CHUNK", 1)  # one draft at a time
+    got, _ = decode(model, tiny_conditioning(model), sampling, spec, seed=4)
+    assert torch.equal(got, want)
+
+
 def test_setup_counts_in_the_wall_time(monkeypatch):
     """Building a rule's tables is part of what the user waits for."""
     import time as clock

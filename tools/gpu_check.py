@@ -272,36 +272,52 @@ def environment() -> dict:
 
 # ----------------------------------------------------------------------------------------------- in-process probes
 def probe_sync(device: str, out: Path) -> dict:
-    """Host syncs per image of each decoder on the demo model (sync debug mode's warnings, counted)."""
-    import warnings
-
+    """Host syncs per image of each decoder on the demo models (sync debug mode's warnings, counted): the token
+    decoders per target forward, MAR per step, CSpD per drafted step (tests/test_host_syncs.py: the CPU's count)."""
     import torch
 
     from ..model_loaders import load_ar_model
     from ..model_loaders.drafters import load_drafter
     from ..model_loaders.protocol import ClassConditioning
-    from ..samplers.decoders import DecoderSpec, decode
+    from ..samplers.cspd import CSpDSettings
+    from ..samplers.decoders import DecoderSpec, decode, decode_masked
+    from ..samplers.masked import MaskedSettings
     from ..samplers.processing import SamplingSettings
 
-    model = load_ar_model(str(DEMO / "demo_c2i.safetensors"), device=torch.device(device), dtype=torch.float32)
+    torch_device = torch.device(device)
+    model = load_ar_model(str(DEMO / "demo_c2i.safetensors"), device=torch_device, dtype=torch.float32)
     spec_drafter = load_drafter(str(DEMO / "demo_drafter"), model)
     cond = ClassConditioning(torch.arange(4, device=device))
-    counts = {}
-    for name in ("ar", "sjd", "gsd", "spec"):
-        kwargs = {"drafter": spec_drafter} if name == "spec" else {}
-        decode(model, cond, SamplingSettings(), DecoderSpec(name), seed=0, **kwargs)  # warm-up
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                _, stats = decode(model, cond, SamplingSettings(), DecoderSpec(name), seed=1, **kwargs)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-        syncs = [str(w.message).splitlines()[0] for w in caught]
-        counts[name] = {"syncs": len(syncs), "target_forwards": stats.target_forwards,
-                        "syncs_per_forward": round(len(syncs) / max(stats.target_forwards, 1), 2),
-                        "first_messages": sorted(set(syncs))[:5]}
-    return counts
+    runs = {name: (lambda seed, name=name: decode(model, cond, SamplingSettings(), DecoderSpec(name), seed=seed,
+                                                  **({"drafter": spec_drafter} if name == "spec" else {}))[1])
+            for name in ("ar", "sjd", "gsd", "spec")}
+    mar = load_ar_model(str(DEMO / "demo_mar.safetensors"), device=torch_device, dtype=torch.float32)
+    mar_draft = load_drafter("demo", mar)
+    masked = MaskedSettings(num_iter=16, cfg_scale=3.0, diffusion_steps=25)
+    runs["mar-ar"] = lambda seed: decode_masked(mar, cond, masked, seed=seed)[1]
+    runs["mar-cspd"] = lambda seed: decode_masked(mar, cond, masked, "cspd", seed=seed, drafter=mar_draft,
+                                                  cspd=CSpDSettings())[1]
+    return {name: counted_syncs(run) for name, run in runs.items()}
+
+
+def counted_syncs(run) -> dict:
+    import warnings
+
+    import torch
+
+    run(0)  # warm-up: tables built, kernels chosen
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            stats = run(1)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "called a synchronizing" in str(w.message)]
+    steps = stats.target_forwards + stats.drafter_forwards
+    return {"syncs": len(syncs), "target_forwards": stats.target_forwards, "drafter_forwards": stats.drafter_forwards,
+            "syncs_per_forward": round(len(syncs) / max(stats.target_forwards, 1), 2),
+            "syncs_per_step": round(len(syncs) / max(steps, 1), 2)}
 
 
 def probe_memory(device: str, out: Path) -> dict:
