@@ -36,14 +36,22 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``auto``: fp32 on CPU; bf16 on GPUs that support it, else fp16."""
+    """``auto``: fp32 on CPU; on a GPU bf16 where its hardware has it (Ampere and newer), else fp16, as ComfyUI
+    chooses (PyTorch's is_bf16_supported() also counts bf16 emulated in software: slow on older cards)."""
     if name == "auto":
         if device.type != "cuda":
             return torch.float32
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if native_bf16(device) else torch.float16
     if name not in DTYPES:
         raise FastARError(f"unknown dtype '{name}': use auto, {', '.join(DTYPES)}")
     return DTYPES[name]
+
+
+def native_bf16(device: torch.device) -> bool:
+    if torch.version.hip:  # ROCm: PyTorch's own answer, emulation left out
+        with torch.cuda.device(device):
+            return torch.cuda.is_bf16_supported(including_emulation=False)
+    return torch.cuda.get_device_capability(device)[0] >= 8
 
 
 def check_class_index(label: int, num_classes: int) -> None:

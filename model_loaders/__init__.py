@@ -1,5 +1,6 @@
 """Model families: architectures and checkpoint readers. The front doors pick the loader from the keys."""
 from ..errors import FastARError
+from ..torch_version import check_torch_version
 from .chameleon import load_chameleon, load_vqgan
 from .checkpoint import AR_MODEL, IMAGE_DECODER, detect_family, read_state_dict, require_family
 from .dd import load_dd_student
@@ -47,5 +48,6 @@ def embedded_image_decoder(sd: dict, info) -> dict:
 
 
 def load_family(path, kind: str, kw: dict):
+    check_torch_version()
     sd, info = read_state_dict(path)
     return LOADERS[require_family(sd, info.source, kind)](sd, info=info, **kw)

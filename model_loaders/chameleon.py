@@ -148,7 +148,8 @@ def load_chameleon(sd, *, info: CheckpointInfo, image_size: int | None = None, d
     with torch.device("meta"):
         model = build_chameleon(info.folder, info.config, info.source, image_size, qk_norm_rows(weights, info))
     load_weights(model, weights, info.source, device, dtype)
-    model.image_ids = torch.tensor(model.cfg.image_ids, dtype=torch.long)  # a buffer built on the meta device
+    model.image_ids = torch.tensor(model.cfg.image_ids, dtype=torch.long, device=device)  # built on meta above
+    model.keep_image_rows()
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 

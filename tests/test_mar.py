@@ -148,3 +148,20 @@ def test_cancel_is_honoured_inside_a_step_s_diffusion_loop():
     assert len(calls) == 3 and progress == []
     tokens, _ = decode(model, MaskedSettings(num_iter=4, diffusion_steps=5))  # no check registered: runs to the end
     assert tokens.shape == (2, 9, 4)
+
+
+def test_the_official_path_and_the_masked_path_give_the_same_condition_vectors():
+    """With the count every row knows (the sampler's schedule gives it) the encoder drops the unknown tokens, as
+    the official code does; without it (CSpD's contexts of different lengths) it masks them out of attention.
+    The same vectors either way, in scattered orders of known tokens, with CFG's unconditional rows."""
+    model = tiny_mar(0)
+    g = torch.Generator().manual_seed(5)
+    L = model.cfg.num_tokens
+    tokens = torch.randn(3, L, model.cfg.token_dim, generator=g)
+    known = torch.zeros(3, L, dtype=torch.bool).scatter_(1, torch.argsort(torch.rand(3, L, generator=g), 1)[:, :5], True)
+    vectors = torch.cat([model.class_emb(torch.tensor([1, 2])), model.fake_latent])
+    with torch.no_grad():
+        dropped = model.conditions(tokens, known, vectors, 5)
+        masked = model.conditions(tokens, known, vectors)
+    assert torch.allclose(dropped, masked, atol=1e-5)
+    assert not torch.allclose(dropped[:, known[0]], model.conditions(tokens, ~known, vectors)[:, known[0]], atol=1e-3)

@@ -95,7 +95,7 @@ def test_a_mar_profile_times_its_transformer_call_head_and_images():
     known = torch.zeros(4, 16, dtype=torch.bool)
     known[:, :8] = True
     with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model.conditions(torch.randn(4, 16, 16), known, model.class_emb(torch.zeros(4, dtype=torch.long)))
+        model.conditions(torch.randn(4, 16, 16), known, model.class_emb(torch.zeros(4, dtype=torch.long)), 8)
     assert transformer_gflop(model, 4, 8, attention=False) * 1e9 == pytest.approx(counter.get_total_flops(), rel=1e-9)
     assert entry["forward_gflop"] == transformer_gflop(model, 4, 8) > transformer_gflop(model, 4, 8, attention=False)
 

@@ -93,7 +93,7 @@ def mar_batch(model: MAR, draft, timing: Timing, batch: int, bytes_per_s: float,
     known = torch.zeros(rows, L, dtype=torch.bool, device=model.device)
     known[:, : L // 2] = True
     vectors = model.class_emb(labels)
-    forward_s = timing.median_s(lambda: model.conditions(tokens, known, vectors))
+    forward_s = timing.median_s(lambda: model.conditions(tokens, known, vectors, L // 2))  # as the sampler calls it
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     floor_ms = weights / bytes_per_s * 1e3
     per_step = -(-L // settings.num_iter) * batch  # tokens one MAR step predicts (the head's rows, per branch)

@@ -86,7 +86,9 @@ class Shape:
                                   ffn_hidden=self.ffn, vocab_size=65536, image_ids=list(range(4, 8196)), boi=8197,
                                   eoi=8196, grid=grid, row_end=8803 if self.row_end else None,
                                   size_ids=[8800 + grid[0] // 2, 8800 + grid[1] // 2])
-            return ChameleonGPT(cfg, prompts=FixedPrompts(), what="a Chameleon-7B-shaped model")
+            model = ChameleonGPT(cfg, prompts=FixedPrompts(), what="a Chameleon-7B-shaped model")
+            model.keep_image_rows()  # as the loader leaves it
+            return model
         # Janus-Pro: a DeepSeek-LLM decoder (102400 tokens) with the 16384-code generation path at its width
         decoder = DecoderConfig(hidden_size=self.width, n_layer=layers, n_head=self.heads, n_kv_head=self.heads,
                                 ffn_hidden=self.ffn, vocab_size=102400, rms_eps=1e-6)

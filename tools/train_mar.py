@@ -175,11 +175,11 @@ def masked_batch(model: MAR, tokens, labels, generator, repeats: int, teacher: T
     masked = torch.zeros(B, L, dtype=torch.bool).scatter_(1, order[:, :masked_count], True)
     drop = torch.rand(B, generator=generator) < 0.1  # the unconditional vector, for CFG
     vectors = torch.where(drop.unsqueeze(1), model.fake_latent.expand(B, -1), model.class_emb(labels))
-    z = model.conditions(tokens, ~masked, vectors)
+    z = model.conditions(tokens, ~masked, vectors, L - masked_count)
     if teacher is not None:
         with torch.no_grad():
             own = torch.where(drop.unsqueeze(1), teacher.model.fake_latent.expand(B, -1), teacher.model.class_emb(labels))
-            teacher.z = teacher.model.conditions(tokens, ~masked, own)[masked].repeat(repeats, 1)
+            teacher.z = teacher.model.conditions(tokens, ~masked, own, L - masked_count)[masked].repeat(repeats, 1)
     return tokens[masked].repeat(repeats, 1), z[masked].repeat(repeats, 1)
 
 
