@@ -308,9 +308,11 @@ def command_generate(args) -> int:
 
 
 def generate_tokens(args, models, conditioning, progress):
+    from .pipeline import check_token_room
     from .samplers.decoders import decode
 
     spec, sampling = spec_from(args, args.decoder), sampling_from(args)
+    check_token_room(models.ar, conditioning, sampling, spec, drafted=models.drafter is not None)
     codes, stats = decode(models.ar, conditioning, sampling, spec, seed=args.seed, on_iteration=progress,
                           drafter=models.drafter, codebook=models.codebook())
     drafted = f", {stats.drafter_forwards} drafter forwards ({stats.drafter_time_s:.2f} s)" if models.drafter else ""

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from .errors import FastARError
+from .memory import Need, check_room, decode_bytes_per_image, free_bytes, gb, images_per_chunk, token_working_bytes
 from .model_loaders.protocol import ClassConditioning, PromptConditioning
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -89,14 +90,39 @@ def parse_class(value: str, class_names: list[str]) -> int:
 
 
 @torch.no_grad()
-def decode_images(decoder, inputs: torch.Tensor, chunk: int = 16) -> np.ndarray:
+def decode_images(decoder, inputs: torch.Tensor, chunk: int | None = None) -> np.ndarray:
     """The image decoder's inputs (VQ codes ``[B, h, w]`` or KL latents ``[B, C, h, w]``) -> uint8 RGB
-    ``[B, H, W, 3]``."""
-    out = []
-    for part in inputs.split(chunk):
+    ``[B, H, W, 3]``, ``chunk`` images at a time (default: as many as there is room for, memory.py)."""
+    chunk = chunk or images_per_chunk(decoder, inputs)
+    return np.concatenate([decode_part(decoder, part) for part in inputs.split(chunk)])
+
+
+def decode_part(decoder, part: torch.Tensor) -> np.ndarray:
+    """One chunk of images; out of memory, it is halved and tried again, down to one image."""
+    try:
         pixels = decoder.decode(part.to(decoder.device)).float().clamp(-1, 1)
-        out.append(((pixels + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy())
-    return np.concatenate(out)
+    except torch.OutOfMemoryError as error:
+        if len(part) > 1:
+            torch.cuda.empty_cache()
+            return np.concatenate([decode_part(decoder, half) for half in part.split((len(part) + 1) // 2)])
+        need = decode_bytes_per_image(decoder, tuple(part.shape[-2:]))
+        raise FastARError(f"decoding one image ran out of memory on {decoder.device} (it needs about {gb(need)}): "
+                          "close what else uses the GPU, or decode on the CPU") from error
+    return ((pixels + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+
+
+def check_token_room(ar, conditioning, sampling, spec, drafted: bool = False) -> None:
+    """On a GPU, refuse a token decode whose caches and activations cannot fit what the loaded weights left free
+    (before it starts, not with an out-of-memory error halfway), saying which batch would."""
+    free = free_bytes(ar.device)
+    if free is None:
+        return
+    rows_per_image = conditioning.batch
+
+    def working(batch: int) -> int:
+        return token_working_bytes(ar, conditioning, batch, sampling.use_cfg, spec, drafted=drafted)
+
+    check_room(Need({}, working, rows_per_image), free, f"{ar.device} beside the loaded weights", dtype=ar.dtype)
 
 
 def outputs_to_images(decoder, model, outputs: torch.Tensor) -> np.ndarray:
@@ -165,7 +191,13 @@ def load_models(model_path: str | None, vq_path: str | None, device: str = "auto
 
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    ar = load_ar_model(model_path or DEMO_AR, device=dev, dtype=dt, image_size=image_size)
+    try:
+        ar = load_ar_model(model_path or DEMO_AR, device=dev, dtype=dt, image_size=image_size)
+    except torch.OutOfMemoryError as error:
+        free, total = torch.cuda.mem_get_info(dev)
+        smaller = "load it in bf16 or fp16 (--dtype), " if dt == torch.float32 else ""
+        raise FastARError(f"{model_path} does not fit in {dev}'s free memory ({gb(free)} of {gb(total)}): {smaller}"
+                          "close other programs that use the GPU, or run on the CPU (--device cpu)") from error
     compile_steps(ar, compile_switch)
     if vq_path is None and model_path is None:
         vq_path = DEMO_VQ

@@ -91,6 +91,11 @@ class TokenARModel(Protocol):
     @property
     def device(self) -> torch.device: ...
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The weights' precision (named when its logits overflow)."""
+        ...
+
     def start(self, conditioning, *, cfg: bool, max_window: int, hidden: bool = False) -> TokenARSession:
         """Prefill ``conditioning`` (cond rows, plus uncond rows when ``cfg``) and return a session
         whose forwards carry at most ``max_window`` tokens; ``hidden`` adds ``ModelOutput.hidden``."""

@@ -14,6 +14,7 @@ import comfy.model_patcher
 import comfy.utils
 
 from ..interrupts import interruptible
+from ..memory import Need, check_room as refuse_unless_room
 from ..model_loaders.compiled import release_static_buffers
 from ..pipeline import DTYPES
 
@@ -71,6 +72,16 @@ def make_patcher(module: torch.nn.Module):
     if CallbacksMP is not None and hasattr(patcher, "add_callback"):  # offloaded: the CUDA-graph caches go too
         patcher.add_callback(CallbacksMP.ON_DETACH, lambda *_: release_static_buffers(module))
     return patcher
+
+
+def check_room(named_patchers: dict, working, batch: int, dtype: torch.dtype) -> None:
+    """Refuse a run that cannot fit the GPU even with every other model offloaded, saying what would fit
+    (memory.check_room); ``named_patchers``: model name -> patcher; ``working``: batch -> bytes."""
+    device = load_device()
+    if device.type != "cuda":
+        return
+    need = Need({name: patcher.model_size() for name, patcher in named_patchers.items()}, working, batch)
+    refuse_unless_room(need, mm.get_total_memory(device), f"the GPU ({torch.cuda.get_device_name(device)})", dtype=dtype)
 
 
 def load_for_inference(patchers: list, memory_required: int) -> None:

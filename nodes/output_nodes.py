@@ -5,6 +5,7 @@ import numpy as np
 from comfy_api.latest import io
 
 from ..errors import FastARError
+from ..memory import DECODE_CHUNK, decode_bytes_per_image
 from ..pipeline import decode_images
 from ..samplers.decoders import LOSSLESS, MASKED_AR, NEXT_SCALE
 from ..samplers.stats import DecodeStats, acceptance_heatmap
@@ -36,8 +37,8 @@ class VQDecode(io.ComfyNode):
     def execute(cls, vq: ModelHandle, tokens: Tokens | Latents) -> io.NodeOutput:
         decoder = vq.module
         inputs = decoder_inputs(decoder, vq.name, tokens)
-        pixels = inputs.shape[0] * inputs.shape[-2] * inputs.shape[-1] * decoder.cfg.downsample ** 2
-        glue.load_for_inference([vq.patcher], memory_required=pixels * decoder.cfg.ch * 4 * 8)
+        at_once = min(len(inputs), DECODE_CHUNK)  # decode_images fits its chunks to the room there is
+        glue.load_for_inference([vq.patcher], at_once * decode_bytes_per_image(decoder, tuple(inputs.shape[-2:])))
         images = decode_images(decoder, inputs)
         glue.free_cache()
         return io.NodeOutput(glue.to_image_tensor(images))

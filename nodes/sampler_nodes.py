@@ -11,6 +11,8 @@ import torch
 from comfy_api.latest import io
 
 from ..errors import FastARError, check_choice
+from ..memory import (cache_rows, decode_bytes_per_image, decode_window, kv_bytes, kv_cache_bytes,
+                      token_working_bytes)
 from ..model_loaders.eagle_drafter import EagleHead
 from ..model_loaders.protocol import CaptionConditioning, ClassConditioning, PromptConditioning
 from ..pipeline import CONDITIONING_NAMES, check_image_decoder, class_conditioning, conditioning_type
@@ -252,9 +254,15 @@ class SamplerBase(io.ComfyNode):
         shown = preview_vq.module if preview_vq is not None and glue.previews_enabled() else None
         if shown is not None and (shown.input_kind != "codes" or shown.cfg.codebook_size != ar.vocab_size):
             shown = None  # FastAR Decode Image reports the mismatch
-        patchers = ([model.patcher] + ([drafter.patcher] if drafter is not None else [])
-                    + ([preview_vq.patcher] if shown is not None else []))
-        glue.load_for_inference(patchers, working_memory(ar, conditioning.rows, batch, sampling.use_cfg, spec, drafter))
+        named = {model.name: model.patcher, **({drafter.name: drafter.patcher} if drafter is not None else {}),
+                 **({preview_vq.name: preview_vq.patcher} if shown is not None else {})}
+        preview_bytes = decode_bytes_per_image(shown, ar.grid) if shown is not None else 0
+
+        def working(images: int) -> int:
+            return working_memory(ar, conditioning.rows, images, sampling.use_cfg, spec, drafter) + preview_bytes
+
+        glue.check_room(named, working, rows.batch, ar.dtype)
+        glue.load_for_inference(list(named.values()), working(rows.batch))
 
         total = ar.grid[0] * ar.grid[1]
         preview = (lambda tokens, done: glue.partial_image(shown, tokens, done, ar.grid)) if shown is not None else None
@@ -359,27 +367,6 @@ def repeat_rows(rows, batch: int):
     raise FastARError("unknown conditioning: connect FastAR Class Label or FastAR Text Conditioning")
 
 
-def kv_bytes(layers: int, kv_heads: int, head_dim: int, rows: int, slots: int, dtype: torch.dtype) -> int:
-    return 2 * layers * rows * kv_heads * slots * head_dim * (torch.finfo(dtype).bits // 8)
-
-
-def cache_rows(batch: int, use_cfg: bool) -> int:
-    return batch * (2 if use_cfg else 1)
-
-
-def transformer_cfg(ar):
-    """The sizes memory estimates read (``n_layer``, ``n_kv_head``, ``head_dim``, ``dim``, ``ffn_hidden``)."""
-    return getattr(ar, "decoder_cfg", None) or ar.cfg
-
-
-def kv_cache_bytes(ar, rows, batch: int, use_cfg: bool, window: int) -> int:
-    """The static KV cache a decode of conditioning ``rows`` allocates (what ``session.cache_bytes`` will say),
-    known up front."""
-    cfg = transformer_cfg(ar)
-    return kv_bytes(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, cache_rows(batch, use_cfg),
-                    ar.cache_slots(rows, window), ar.dtype)
-
-
 def drafter_cache_bytes(handle: DrafterHandle, ar, rows, batch: int, use_cfg: bool, window: int) -> int:
     """The drafter's own KV cache: a smaller AR model keeps one like the target's; an EAGLE head keeps one
     layer over at most the target's slots."""
@@ -392,17 +379,10 @@ def drafter_cache_bytes(handle: DrafterHandle, ar, rows, batch: int, use_cfg: bo
 
 def working_memory(ar, rows, batch: int, use_cfg: bool, spec: DecoderSpec, drafter: DrafterHandle | None = None) -> int:
     """Bytes a decode of conditioning ``rows`` (one image's) needs beyond the weights, asked of ComfyUI before
-    loading: the KV caches (the drafter's too) plus the activations of the longest forward (the prefill, or
-    a window) and the processed distributions (fp32)."""
-    cfg = transformer_cfg(ar)
-    window = 1 if spec.decoder == "ar" else spec.gamma + 1 if drafter is not None else spec.window
-    window = min(window, ar.grid[0] * ar.grid[1])
-    longest = ar.cache_slots(rows, window) - ar.grid[0] * ar.grid[1]  # at least the prefill or a window
-    element = torch.finfo(ar.dtype).bits // 8
-    activations = cache_rows(batch, use_cfg) * longest * (cfg.dim * 4 + cfg.ffn_hidden * 3) * element * 2
-    distributions = 8 * batch * window * ar.vocab_size * 4  # p, q, residuals, noise
-    drafted = drafter_cache_bytes(drafter, ar, rows, batch, use_cfg, window) if drafter is not None else 0
-    return int(kv_cache_bytes(ar, rows, batch, use_cfg, window) + drafted + activations + distributions)
+    loading (memory.token_working_bytes, with the drafter's cache)."""
+    drafted = drafter is not None
+    cache = drafter_cache_bytes(drafter, ar, rows, batch, use_cfg, decode_window(spec, drafted)) if drafted else 0
+    return token_working_bytes(ar, rows, batch, use_cfg, spec, drafted=drafted, drafter_cache=cache)
 
 
 class SamplerAR(SamplerBase):

@@ -53,6 +53,10 @@ class ToyModel:
     def device(self) -> torch.device:
         return torch.device("cpu")
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32
+
     def code_embeddings(self) -> torch.Tensor:
         return self.embeddings
 

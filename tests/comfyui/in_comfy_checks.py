@@ -24,6 +24,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import comfy.model_management as mm  # noqa: E402
+from fastar.errors import FastARError  # noqa: E402
 from fastar.model_loaders.ar_drafter import SmallARDrafter  # noqa: E402
 from fastar.model_loaders.compiled import compile_steps  # noqa: E402
 from fastar.model_loaders.eagle_drafter import EagleConfig, EagleDrafter, EagleHead  # noqa: E402
@@ -32,7 +33,8 @@ from fastar.model_loaders.protocol import CaptionConditioning, ClassConditioning
 from fastar.model_loaders.vq import VQConfig, VQModel  # noqa: E402
 from fastar.nodes import comfy_glue as glue  # noqa: E402
 from fastar.nodes.loader_nodes import drafter_weights  # noqa: E402
-from fastar.nodes.sampler_nodes import drafter_cache_bytes, kv_cache_bytes, working_memory  # noqa: E402
+from fastar.memory import kv_cache_bytes  # noqa: E402
+from fastar.nodes.sampler_nodes import drafter_cache_bytes, working_memory  # noqa: E402
 from fastar.nodes.values import DrafterHandle  # noqa: E402
 from fastar.samplers.decoders import DecoderSpec, decode  # noqa: E402
 from fastar.samplers.processing import SamplingSettings  # noqa: E402
@@ -102,6 +104,27 @@ def check_patcher_load_offload():
     print(f"ok patcher loads and offloads ({type(patcher).__name__}, load {patcher.load_device})")
 
 
+def check_a_run_too_big_for_the_gpu_is_refused():
+    """On a GPU the sampler asks ComfyUI's total memory (others can be offloaded) before loading: weights that
+    cannot fit are refused with the model's name and what to do. Faked here: a GPU with 10 bytes to spare."""
+    m = model()
+    patcher = glue.make_patcher(m)
+    saved = glue.load_device, mm.get_total_memory, torch.cuda.get_device_name
+    glue.load_device = lambda: torch.device("cuda")
+    mm.get_total_memory = lambda *args, **kwargs: patcher.model_size() + 10
+    torch.cuda.get_device_name = lambda device=None: "Test GPU"
+    try:
+        glue.check_room({"tiny.safetensors": patcher}, lambda images: images * 10**6, 2, torch.float32)
+        raise AssertionError("a run bigger than the GPU was not refused")
+    except FastARError as error:
+        message = str(error)
+        assert "on the GPU (Test GPU) (tiny.safetensors" in message and "not even batch 1 fits" in message, message
+        assert "load the model in bf16 or fp16" in message, message
+    finally:
+        glue.load_device, mm.get_total_memory, torch.cuda.get_device_name = saved
+    print("ok a run too big for the GPU is refused before loading")
+
+
 def check_cancel_within_one_iteration():
     m = model()
     done = []
@@ -143,6 +166,7 @@ def check_partial_preview():
 check_memory_request()
 check_drafter_memory_and_patcher()
 check_patcher_load_offload()
+check_a_run_too_big_for_the_gpu_is_refused()
 check_cancel_within_one_iteration()
 check_partial_preview()
 print("all in-ComfyUI checks passed")
