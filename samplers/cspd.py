@@ -102,7 +102,7 @@ class CSpDRun:
             values = gaussian.mean + gaussian.std * self.plan.last_noise(positions)
             rows = row_index(positions)
             tokens[rows, positions] = values.view(*positions.shape, -1)
-            known[rows, positions] = True
+            known[rows, positions] = torch.ones_like(positions, dtype=torch.bool)
             drafted.append(Drafted(positions, gaussian, values))
         self.watch.lap("draft")
         return drafted
@@ -121,7 +121,7 @@ class CSpDRun:
                 t, k = tokens[-1].clone(), known[-1].clone()
                 rows = row_index(d.positions)
                 t[rows, d.positions] = d.values.view(*d.positions.shape, -1)
-                k[rows, d.positions] = True
+                k[rows, d.positions] = torch.ones_like(d.positions, dtype=torch.bool)
                 tokens.append(t)
                 known.append(k)
             z_cond, z_uncond = self.target.conditions(torch.cat(tokens), torch.cat(known))

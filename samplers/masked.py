@@ -199,8 +199,8 @@ class Canvas:
         """Write ``values`` ``[B * n, C]`` at ``positions`` [B, n]."""
         rows = row_index(positions)
         self.tokens[rows, positions] = values.view(*positions.shape, -1).to(self.tokens.dtype)
-        self.known[rows, positions] = True
-        self.fixed_at[rows, positions] = iteration
+        self.known[rows, positions] = torch.ones_like(positions, dtype=torch.bool)  # a number here: a copy, a sync
+        self.fixed_at[rows, positions] = torch.full_like(positions, iteration)
 
 
 def at(values: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor | None:
