@@ -8,6 +8,8 @@
   model at a time uses them (FastAR never runs two of one model at once; a drafter is another model).
 - Prompt prefixes padded to a multiple of PREFIX_BUCKET slots, since a step is compiled for its prefix length:
   one compilation serves every prompt of similar length, not one per prompt.
+- Caches of a multiple of SLOT_BUCKET slots: a session's scratch slots depend on its widest window (1 for `ar`,
+  W for `sjd`), so without it decoders taking turns would each replace the other's buffers (and re-record).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 PREFIX_BUCKET = 32
+SLOT_BUCKET = 64
 
 
 @dataclass
@@ -48,6 +51,13 @@ def padded_prefix_len(longest: int) -> int:
     if _starting.get() is None:
         return longest
     return -(-longest // PREFIX_BUCKET) * PREFIX_BUCKET
+
+
+def padded_slots(slots: int) -> int:
+    """The cache slots a session allocates when it needs ``slots`` (the extra ones are scratch, never seen)."""
+    if _starting.get() is None:
+        return slots
+    return -(-slots // SLOT_BUCKET) * SLOT_BUCKET
 
 
 def cache_zeros(*shape, dtype, device) -> torch.Tensor:

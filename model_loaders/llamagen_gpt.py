@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .protocol import CaptionConditioning, ClassConditioning, ModelOutput
-from .compiled_session import cache_zeros
+from .compiled_session import cache_zeros, padded_slots
 
 
 def find_multiple(n: int, k: int) -> int:
@@ -319,8 +319,9 @@ class LlamaGenSession:
         cond_h, self.cond_valid = model.embed_conditioning(conditioning, cfg)
         rows, self.cond_len = cond_h.shape[0], cond_h.shape[1]
         # scratch slots past the last image token absorb windows of rows that are nearly done
-        self.total_slots = self.cond_len + mc.num_tokens + max_window
-        self.rope = rope_2d_table(mc.grid, mc.head_dim, self.cond_len, max_window, mc.rope_base).to(model.device)
+        self.total_slots = padded_slots(self.cond_len + mc.num_tokens + max_window)
+        scratch = self.total_slots - self.cond_len - mc.num_tokens
+        self.rope = rope_2d_table(mc.grid, mc.head_dim, self.cond_len, scratch, mc.rope_base).to(model.device)
         self.caches = [
             KVCache(rows, mc.n_kv_head, self.total_slots, mc.head_dim, model.dtype, model.device)
             for _ in model.layers

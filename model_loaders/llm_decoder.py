@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .llamagen_gpt import KVCache, RMSNorm, attention_mask
-from .compiled_session import padded_prefix_len
+from .compiled_session import padded_prefix_len, padded_slots
 from .protocol import ModelOutput
 
 QK_NORM_EPS = 1e-5
@@ -219,7 +219,7 @@ class LayoutSession:
         # positions from the first real token (RoPE is relative: this only keeps the rounding of an unpadded run)
         self.position_offset = pad
         self.window_len = window_slots(layout, max_window)
-        self.total_slots = cache_slots(layout, self.prefix_len, max_window)
+        self.total_slots = padded_slots(cache_slots(layout, self.prefix_len, max_window))
         self.valid = torch.arange(self.prefix_len, device=device)[None] >= pad[:, None]  # real prefix slots
         self.caches = [KVCache(rows, dc.n_kv_head, self.total_slots, dc.head_dim, model.dtype, device)
                        for _ in model.backbone.layers]

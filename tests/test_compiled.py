@@ -245,7 +245,7 @@ def test_a_compile_failure_not_about_a_compiler_does_not_advise_installing_one(m
 def test_cuda_graph_steps_reuse_zeroed_caches_and_give_eagers_tokens():
     """Mode reduce-overhead (CUDA's: each step a replayed CUDA graph) takes its KV caches from the model's static
     buffers, so the graph's addresses hold from one generation to the next: the same buffers again for the same
-    shape, zeroed (a NaN left by an earlier run must not reach the next through masked slots), replaced (not
+    shape (ar's and sjd's sessions too: cache lengths in buckets), zeroed (a NaN left by an earlier run must not reach the next through masked slots), replaced (not
     added to) for another shape; tokens as eager's. On a CPU inductor runs the same code without the graphs."""
     eager = tiny_model(seed=3)
     model = compile_steps(tiny_model(seed=3), "on", mode="reduce-overhead")
@@ -259,6 +259,10 @@ def test_cuda_graph_steps_reuse_zeroed_caches_and_give_eagers_tokens():
         for buffer in model.static_buffers.buffers:
             buffer.fill_(float("nan"))
     assert addresses[0] == addresses[1] and len(addresses[0]) == 2 * len(model.layers)
+    # ar's session needs fewer scratch slots than sjd's: the same bucket, so decoders taking turns share buffers
+    got, _ = decode(model, tiny_conditioning(model), SAMPLING, DecoderSpec("ar"), seed=5)
+    assert torch.equal(got, decode(eager, tiny_conditioning(eager), SAMPLING, DecoderSpec("ar"), seed=5)[0])
+    assert [b.data_ptr() for b in model.static_buffers.buffers] == addresses[0]
     rows = ClassConditioning(torch.tensor([4, 5, 6]))
     got, _ = decode(model, rows, SAMPLING, spec, seed=2)
     assert torch.equal(got, decode(eager, rows, SAMPLING, spec, seed=2)[0])
