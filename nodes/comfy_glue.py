@@ -74,14 +74,24 @@ def make_patcher(module: torch.nn.Module):
     return patcher
 
 
-def check_room(named_patchers: dict, working, batch: int, dtype: torch.dtype) -> None:
+def check_room(named_patchers: list, working, images: int, dtype: torch.dtype) -> None:
     """Refuse a run that cannot fit the GPU even with every other model offloaded, saying what would fit
-    (memory.check_room); ``named_patchers``: model name -> patcher; ``working``: batch -> bytes."""
+    (memory.check_room); ``named_patchers``: (model name, patcher) pairs; ``working``: images -> bytes."""
     device = load_device()
     if device.type != "cuda":
         return
-    need = Need({name: patcher.model_size() for name, patcher in named_patchers.items()}, working, batch)
-    refuse_unless_room(need, mm.get_total_memory(device), f"the GPU ({torch.cuda.get_device_name(device)})", dtype=dtype)
+    weights: dict = {}
+    for name, patcher in named_patchers:  # a model folder holding its VQ gives both the same name
+        weights[name] = weights.get(name, 0) + patcher.model_size()
+    need = Need(weights, working, images)
+    refuse_unless_room(need, mm.get_total_memory(device), f"the GPU ({torch.cuda.get_device_name(device)})",
+                       dtype=dtype)
+
+
+def load_checked(named_patchers: list, working, images: int, dtype: torch.dtype) -> None:
+    """check_room, then load_for_inference with what ``images`` at once need beyond the weights."""
+    check_room(named_patchers, working, images, dtype)
+    load_for_inference([patcher for _, patcher in named_patchers], working(images))
 
 
 def load_for_inference(patchers: list, memory_required: int) -> None:

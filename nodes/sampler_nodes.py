@@ -254,15 +254,14 @@ class SamplerBase(io.ComfyNode):
         shown = preview_vq.module if preview_vq is not None and glue.previews_enabled() else None
         if shown is not None and (shown.input_kind != "codes" or shown.cfg.codebook_size != ar.vocab_size):
             shown = None  # FastAR Decode Image reports the mismatch
-        named = {model.name: model.patcher, **({drafter.name: drafter.patcher} if drafter is not None else {}),
-                 **({preview_vq.name: preview_vq.patcher} if shown is not None else {})}
+        named = [(model.name, model.patcher), *([(drafter.name, drafter.patcher)] if drafter is not None else []),
+                 *([(preview_vq.name, preview_vq.patcher)] if shown is not None else [])]
         preview_bytes = decode_bytes_per_image(shown, ar.grid) if shown is not None else 0
 
         def working(images: int) -> int:
             return working_memory(ar, conditioning.rows, images, sampling.use_cfg, spec, drafter) + preview_bytes
 
-        glue.check_room(named, working, rows.batch, ar.dtype)
-        glue.load_for_inference(list(named.values()), working(rows.batch))
+        glue.load_checked(named, working, rows.batch, ar.dtype)
 
         total = ar.grid[0] * ar.grid[1]
         preview = (lambda tokens, done: glue.partial_image(shown, tokens, done, ar.grid)) if shown is not None else None
@@ -292,9 +291,9 @@ def run_next_scale(node, model: ModelHandle, rows, seed: int, cfg: float, temper
                           "Image Decoder with the VQVAE (vae_ch160v4096z32.pth for the release) to this sampler's "
                           "image decoder input")
     sampling = SamplingSettings(cfg_scale=cfg, temperature=temperature, top_k=top_k, top_p=top_p).validate()
-    cfg_rows = cache_rows(rows.batch, cfg != 0.0)
     dims = ar.cfg.dim * (ar.cfg.depth * 2 + 16)  # the KV cache of every block, plus one scale's activations
-    glue.load_for_inference([model.patcher, vqvae.patcher], cfg_rows * ar.cfg.seq_len * dims * 4)
+    glue.load_checked([(model.name, model.patcher), (vqvae.name, vqvae.patcher)],
+                      lambda images: cache_rows(images, cfg != 0.0) * ar.cfg.seq_len * dims * 4, rows.batch, ar.dtype)
     view = (lambda f_hat, done: glue.partial_latents_image(vqvae.module, f_hat[:1])) if glue.previews_enabled() else None
     progress = glue.DecodeProgress(node.hidden.unique_id, ar.cfg.seq_len, "VAR", view)
     with glue.decoding():
@@ -319,10 +318,11 @@ def run_masked(node, model: ModelHandle, rows, seed: int, settings: MaskedSettin
     shown = preview.module if preview is not None and glue.previews_enabled() else None
     if shown is not None and (shown.input_kind != "latents" or shown.cfg.embed_dim != ar.cfg.token_dim):
         shown = None  # FastAR Decode Image reports the mismatch
-    patchers = ([model.patcher] + ([drafter.patcher] if drafter is not None else [])
-                + ([preview.patcher] if shown is not None else []))
+    named = [(model.name, model.patcher), *([(drafter.name, drafter.patcher)] if drafter is not None else []),
+             *([(preview.name, preview.patcher)] if shown is not None else [])]
     contexts = cspd.gamma if cspd is not None and cspd.verify == "steps" else 1
-    glue.load_for_inference(patchers, masked_working_memory(ar, batch, settings.cfg_scale != 1.0, contexts))
+    glue.load_checked(named, lambda images: masked_working_memory(ar, images, settings.cfg_scale != 1.0, contexts),
+                      batch, ar.dtype)
     view = (lambda tokens, done: glue.partial_latents_image(shown, ar.decoder_input(tokens[:1]))) if shown else None
     progress = glue.DecodeProgress(node.hidden.unique_id, ar.cfg.num_tokens, node.DECODER.upper(), view)
     with glue.decoding():
@@ -635,7 +635,7 @@ class SamplerDD(io.ComfyNode):
             check_image_decoder(student, vq.module)  # a VAR-DD student needs its teacher's VQVAE
         rows = repeat_rows(conditioning.rows, batch)
         settings = DDSettings(steps=steps, t2=t2 or None, split=None if split < 0 else split)
-        patchers, working = [model.patcher, vq.patcher], 0
+        named, working = [(model.name, model.patcher), (vq.name, vq.patcher)], lambda images: 0
         sampling = SamplingSettings(teacher_cfg, SAMPLING.temperature, teacher_top_k).validate()
         if teacher is not None:
             if steps != 2:
@@ -643,11 +643,12 @@ class SamplerDD(io.ComfyNode):
                                   "disconnect the teacher")
             check_hybrid_teacher(student, teacher.module)  # before its memory is estimated from its layout
             settings = settings.hybrid(student, None if regenerate < 0 else regenerate)
-            patchers.append(teacher.patcher)
-            working = working_memory(teacher.module, conditioning.rows, batch, sampling.use_cfg, DecoderSpec("ar"))
+            named.append((teacher.name, teacher.patcher))
+            working = lambda images: working_memory(teacher.module, conditioning.rows, images,  # noqa: E731
+                                                    sampling.use_cfg, DecoderSpec("ar"))
         cfg, n = student.cfg, student.num_tokens
-        activations = batch * (n + 1) * (cfg.dim * 12 + cfg.vocab_size) * 4
-        glue.load_for_inference(patchers, activations + working)
+        glue.load_checked(named, lambda images: images * (n + 1) * (cfg.dim * 12 + cfg.vocab_size) * 4
+                          + working(images), rows.batch, student.dtype)
         progress = glue.DecodeProgress(cls.hidden.unique_id, n, "DD")
         with glue.decoding():
             latents, stats = decode_distilled(student, rows, settings, seed=seed, codebook=vq.module.codebook(),

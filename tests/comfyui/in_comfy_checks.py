@@ -114,7 +114,7 @@ def check_a_run_too_big_for_the_gpu_is_refused():
     mm.get_total_memory = lambda *args, **kwargs: patcher.model_size() + 10
     torch.cuda.get_device_name = lambda device=None: "Test GPU"
     try:
-        glue.check_room({"tiny.safetensors": patcher}, lambda images: images * 10**6, 2, torch.float32)
+        glue.check_room([("tiny.safetensors", patcher)], lambda images: images * 10**6, 2, torch.float32)
         raise AssertionError("a run bigger than the GPU was not refused")
     except FastARError as error:
         message = str(error)
