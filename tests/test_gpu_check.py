@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from fastar.tools.gpu_check import Step, judge
+from fastar.tools.gpu_check import Step, goal_lines, judge
 
 
 def test_the_check_runs_its_steps_and_reports_exact_codes(tmp_path):
@@ -33,3 +33,12 @@ def test_codes_that_differ_are_reported_with_their_share_and_first_position(tmp_
     judge(steps, tmp_path)
     assert [s.verdict for s in steps] == ["ran", "exact", "DIFFERS (50.0% agree, first at 2)",
                                           "DIFFERS (75.0% agree, first at 3)"]
+
+
+def test_the_report_states_the_speed_goals():
+    entry = {"floor_ms": 4.0, "forward_ms": {"1": 6.0}, "forward_over_floor": 1.5,
+             "decoders": {"ar": {"image_s": 8.0, "target_forwards": 1024}, "sjd": {"image_s": 4.0, "target_forwards": 400}}}
+    lines = goal_lines({"profile-7b": {"batches": {"2": entry}}, "profile-mar": {"batches": {"2": {"head_ms": 1}}}})
+    assert lines == ["- profile-7b, batch 2: forward 6.00 ms, 1.50x the 4.00 ms floor (misses 1.25x); sjd 2.00x "
+                     "faster than ar per image for 2.56x fewer forwards (0.78 of it: misses 0.9)"]
+    assert goal_lines({}) == ["- no token profile ran"]

@@ -169,7 +169,7 @@ def probe_and_profile_steps(out: Path, device: str) -> list[Step]:
             profile("profile-anole-7b", "anole-7b", "--windows", "1,16,32", "--batches", "1,2", "--no-decoders"),
             # whole images for LlamaGen-XL (SJD's latency speed-up against its step compression), forwards for 7B
             replace(profile("profile-llamagen-xl-compiled", "llamagen-xl", "--windows", "1,16", "--batches", "2",
-                            "--compile"), env=compiled),
+                            "--compile", "--repeats", "2"), env=compiled),
             replace(profile("profile-anole-7b-compiled", "anole-7b", "--windows", "1,16", "--batches", "2",
                             "--no-decoders", "--compile"), env=compiled)]
 
@@ -257,9 +257,36 @@ def write_report(steps: list[Step], out: Path, environment: dict) -> None:
     failed = [s for s in steps if s.verdict == "FAILED"]
     for s in failed:
         lines += ["", f"## {s.name} failed", "```", " ".join(map(str, s.argv[2:])), s.tail, "```"]
+    lines += ["", "## goals", "", *goal_lines(profiles)]
     lines += ["", "## probes", "```", json.dumps(probes, indent=1), "```", "", "## profiles", "```",
               json.dumps(profiles, indent=1)[:20000], "```"]
     (out / "report.md").write_text("\n".join(lines))
+
+
+FLOOR_GOAL, SJD_GOAL = 1.25, 0.9  # issue 31: an iteration within 1.25x the floor; SJD's latency >= 0.9 x compression
+
+
+def goal_lines(profiles: dict) -> list[str]:
+    """The speed goals, per profile and batch: the 1-token forward against the bandwidth floor, and SJD's latency
+    speed-up over ar against its step compression (whole images, when the profile ran them)."""
+    lines = []
+    for name, profile in sorted(profiles.items()):
+        for batch, entry in profile.get("batches", {}).items():
+            if "floor_ms" not in entry:
+                continue  # a MAR profile: no token floor
+            ratio = entry["forward_over_floor"]
+            line = (f"- {name}, batch {batch}: forward {entry['forward_ms']['1']:.2f} ms, {ratio:.2f}x the "
+                    f"{entry['floor_ms']:.2f} ms floor ({'meets' if ratio <= FLOOR_GOAL else 'misses'} "
+                    f"{FLOOR_GOAL}x)")
+            decoders = entry.get("decoders", {})
+            if "ar" in decoders and "sjd" in decoders:
+                ar, sjd = decoders["ar"], decoders["sjd"]
+                speedup, compression = ar["image_s"] / sjd["image_s"], ar["target_forwards"] / sjd["target_forwards"]
+                share = speedup / compression
+                line += (f"; sjd {speedup:.2f}x faster than ar per image for {compression:.2f}x fewer forwards "
+                         f"({share:.2f} of it: {'meets' if share >= SJD_GOAL else 'misses'} {SJD_GOAL})")
+            lines.append(line)
+    return lines or ["- no token profile ran"]
 
 
 def environment() -> dict:
