@@ -42,3 +42,27 @@ def test_the_report_states_the_speed_goals():
     assert lines == ["- profile-7b, batch 2: forward 6.00 ms, 1.50x the 4.00 ms floor (misses 1.25x); sjd 2.00x "
                      "faster than ar per image for 2.56x fewer forwards (0.78 of it: misses 0.9)"]
     assert goal_lines({}) == ["- no token profile ran"]
+
+
+def test_the_sync_probe_runs_every_decoder_and_counts_what_the_debug_mode_reports(monkeypatch):
+    """The probe's own code on the CPU (sync debug mode is CUDA's: here it only records the switch, and a warning
+    it would give is planted in one run), so that a GPU run does not find its faults."""
+    import warnings
+
+    import torch
+
+    from fastar.tools import gpu_check
+
+    modes = []
+
+    def debug_mode(mode):
+        modes.append(mode)
+        if mode == "warn" and len(modes) == 1:
+            warnings.warn("called a synchronizing CUDA operation")
+
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", debug_mode)
+    counts = gpu_check.probe_sync("cpu", None)
+    assert set(counts) == {"ar", "sjd", "gsd", "spec", "mar-ar", "mar-cspd"}
+    assert counts["ar"]["syncs"] == 1 and all(c["syncs"] == 0 for name, c in counts.items() if name != "ar")
+    assert counts["mar-cspd"]["drafter_forwards"] > 0 and counts["spec"]["syncs_per_step"] == 0
+    assert modes == ["warn", "default"] * 6
