@@ -17,6 +17,7 @@ import functools
 import threading
 import time
 import warnings
+import weakref
 
 import torch
 
@@ -58,7 +59,7 @@ def compile_steps(model, when: str = "on", mode: str | None = None):
             with compiled_start(static_buffers(model) if step_mode == CUDA_GRAPHS else None):
                 session = eager_start(*args, **kwargs)
             allow_shapes()
-            session.forward = functools.partial(compiled_forward(type(session), step_mode), session)
+            session.forward = BoundStep(compiled_forward(type(session), step_mode), weakref.ref(session))
             return session
 
         model.start = start
@@ -100,6 +101,19 @@ def release_static_buffers(model) -> None:
     """Free the caches ``model``'s CUDA-graph sessions keep (when the model leaves the GPU: ComfyUI's offload);
     the next session makes new ones, and its graphs re-record once."""
     model.static_buffers = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundStep:
+    """A session's compiled forward. It holds its session weakly: a strong reference (the session holding a
+    callable that holds the session) would keep every finished session, KV caches and all, until Python's
+    cycle collector happened to run."""
+
+    step: "CompiledStep"
+    session: weakref.ref
+
+    def __call__(self, *args, **kwargs):
+        return self.step(self.session(), *args, **kwargs)
 
 
 @functools.cache
