@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 
 from .errors import FastARError, FastARWarning
-from .model_loaders.compiled import SWITCH
+from .model_loaders.compiled import COMPILE_MODES, SWITCH
 from .samplers.acceptance import PROB_FILTERS
 from .samplers.cspd import VERIFY_MODES, CSpDSettings
 from .samplers.decoders import DECODERS, LOSSLESS, NEEDS_DRAFTER, DecoderSpec, check_decoder
@@ -186,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "transformers' generate (Janus shapes; needs transformers)")
     prof.add_argument("--compile", action="store_true", help="the steps through torch.compile (each window compiles "
                       "once before it is timed), beside an eager twin with the same weights")
+    prof.add_argument("--compile-mode", choices=COMPILE_MODES,
+                      help="torch.compile's mode for --compile (default: reduce-overhead on CUDA, default elsewhere); "
+                      "max-autotune-no-cudagraphs / max-autotune try GEMM configurations (minutes per width)")
     prof.add_argument("--out", help="write the report as JSON")
     prof.add_argument("--threads", type=int, help="CPU threads")
 

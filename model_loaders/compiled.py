@@ -32,7 +32,9 @@ COMPILED_SHAPES = 64
 # (mps, ...) "auto" leaves steps eager
 PROVEN_DEVICES = ("cpu", "cuda")
 SWITCH = ("auto", "on", "off")
-CUDA_GRAPHS = "reduce-overhead"  # torch.compile's mode that replays each step as a CUDA graph
+CUDA_GRAPHS = "reduce-overhead"  # torch.compile's mode that replays each step as a CUDA graph (CUDA's default)
+COMPILE_MODES = ("default", CUDA_GRAPHS, "max-autotune", "max-autotune-no-cudagraphs")
+GRAPH_MODES = (CUDA_GRAPHS, "max-autotune")  # the modes that replay CUDA graphs: static caches, copied outputs
 POLL_S = 0.1  # how often Cancel is checked while a first call compiles
 
 
@@ -56,7 +58,7 @@ def compile_steps(model, when: str = "on", mode: str | None = None):
             step_mode = compiled_mode(model)
             if not step_mode:
                 return eager_start(*args, **kwargs)
-            with compiled_start(static_buffers(model) if step_mode == CUDA_GRAPHS else None):
+            with compiled_start(static_buffers(model) if step_mode in GRAPH_MODES else None):
                 session = eager_start(*args, **kwargs)
             allow_shapes()
             session.forward = BoundStep(compiled_forward(type(session), step_mode), weakref.ref(session))
@@ -150,10 +152,10 @@ class CompiledStep:
     def compiled_or_eager(self, session, *args, **kwargs):
         try:
             graphs, t0 = unique_graphs(), time.perf_counter()
-            if self.mode == CUDA_GRAPHS:
+            if self.mode in GRAPH_MODES:
                 torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are copies (below)
             out = self.compiled(session, *args, **kwargs)
-            if self.mode == CUDA_GRAPHS:
+            if self.mode in GRAPH_MODES:
                 out = copied(out)
             if unique_graphs() != graphs:  # this call compiled a new shape: its time is compilation
                 COMPILE_CLOCK.seconds += time.perf_counter() - t0

@@ -253,7 +253,7 @@ def run_profile(args) -> dict:
         check_mar_options(args)
     eager_twin = target(args, device, dtype) if args.compile else None  # the same weights, beside it
     if args.compile:
-        compile_steps(model)
+        compile_steps(model, mode=getattr(args, "compile_mode", None))
     bytes_per_s = bandwidth(timing)
     name = Path(args.model).name if args.model else args.shape
     report = {"shape": name, "device": str(device), "dtype": args.dtype, "machine": platform.machine(),
