@@ -10,8 +10,9 @@ import torch
 from .errors import FastARError
 from .memory import Need, check_room, decode_bytes_per_image, free_bytes, gb, images_per_chunk, token_working_bytes
 from .model_loaders.protocol import ClassConditioning, PromptConditioning
+from .samplers.processing import DTYPE_NAMES
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 
 
 def resolve_device(name: str = "auto") -> torch.device:

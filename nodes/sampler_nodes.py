@@ -7,11 +7,10 @@ Widget order is part of saved workflows: append new widgets at the end, never in
 """
 from __future__ import annotations
 
-import torch
 from comfy_api.latest import io
 
 from ..errors import FastARError, check_choice
-from ..memory import (cache_rows, decode_bytes_per_image, decode_window, kv_bytes, kv_cache_bytes,
+from ..memory import (cache_rows, decode_bytes_per_image, decode_window, element_bytes, kv_bytes, kv_cache_bytes,
                       token_working_bytes)
 from ..model_loaders.eagle_drafter import EagleHead
 from ..model_loaders.protocol import CaptionConditioning, ClassConditioning, PromptConditioning
@@ -338,7 +337,7 @@ def masked_working_memory(ar, batch: int, use_cfg: bool, contexts: int) -> int:
     rows = cache_rows(batch, use_cfg) * contexts
     slots = cfg.buffer + cfg.num_tokens
     width = max(cfg.dim, cfg.decoder_dim)
-    element = torch.finfo(ar.dtype).bits // 8
+    element = element_bytes(ar.dtype)
     activations = rows * slots * width * (4 + 2 * cfg.mlp_ratio) * element * 2
     scores = rows * max(cfg.encoder_heads, cfg.decoder_heads) * slots * slots * 4
     head = rows * cfg.num_tokens * cfg.head_width * 8 * 4

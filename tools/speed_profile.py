@@ -40,7 +40,7 @@ from ..model_loaders.janus_model import JanusConfig, JanusGPT
 from ..model_loaders.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
 from ..model_loaders.llm_decoder import DecoderConfig
 from ..model_loaders.protocol import ClassConditioning, PromptConditioning
-from ..pipeline import resolve_device
+from ..pipeline import DTYPES, resolve_device
 from ..samplers.decoders import DecoderSpec, decode
 from ..samplers.processing import SamplingSettings
 from .loop_baselines import baseline_for
@@ -244,7 +244,7 @@ def parse_grid(text: str) -> tuple[int, int]:
 def run_profile(args) -> dict:
     device = resolve_device(args.device or "auto")
     args.dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
-    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    dtype = DTYPES[args.dtype]
     timing = Timing(device, args.repeats)
     model = target(args, device, dtype)
     drafter = drafter_for(args, model)
