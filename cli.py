@@ -102,6 +102,9 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     dd.add_argument("--teacher", help="dd hybrid, and bench --dd: the student's teacher (a token model)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "fp16", "bf16"])
+    p.add_argument("--gpu-weights", type=float, metavar="GB", help="a model bigger than the GPU: keep this many GB "
+                   "of its weights on the GPU and stream the rest of its blocks from system memory at every step "
+                   "(slower: they cross PCIe each step; compiled steps off). Default: all of them on the GPU")
     p.add_argument("--threads", type=int, help="CPU threads for PyTorch (default: its own, one per core, the fastest "
                    "on an idle machine; when other jobs keep the cores busy, --threads 1 can be several times faster)")
 
@@ -189,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--compile-mode", choices=COMPILE_MODES,
                       help="torch.compile's mode for --compile (default: reduce-overhead on CUDA, default elsewhere); "
                       "max-autotune-no-cudagraphs / max-autotune try GEMM configurations (minutes per width)")
+    prof.add_argument("--gpu-weights", type=float, metavar="GB", help="keep this many GB of the model's weights "
+                      "on the GPU and stream the rest of its blocks from host memory (token models; not with --compile)")
     prof.add_argument("--out", help="write the report as JSON")
     prof.add_argument("--threads", type=int, help="CPU threads")
 
@@ -290,7 +295,7 @@ def command_generate(args) -> int:
 
     make_output_folders(args)
     models = load_models(args.model, args.vq, args.device, args.dtype, drafter_path=drafter_choice(args, args.decoder),
-                         image_size=args.image_size, compile_switch=args.compile)
+                         image_size=args.image_size, compile_switch=args.compile, gpu_weights=args.gpu_weights)
     args.decoder = args.decoder or DEFAULT_DECODER[models.ar.kind]
     classes = args.classes.split(",") if args.classes else [args.class_] if args.class_ else None
     conditioning = conditioning_for(models.ar, classes=classes, batch=args.batch, prompts=args.prompt,
@@ -469,7 +474,8 @@ def latents_of(models, outputs):
         return models.ar.decoder_input(outputs)
     if models.vq is None:
         raise FastARError("--latents-out of a token model writes its code vectors: give the VQ decoder (--vq)")
-    return models.vq.quantize.lookup(models.ar.decoder_input(outputs).to(models.vq.device))
+    codes = models.ar.decoder_input(outputs).to(models.vq.device)  # [B, h, w]
+    return models.codebook()[codes].permute(0, 3, 1, 2)  # every VQ decoder's codebook (LlamaGen's, a VQGAN's)
 
 
 def save_images(images, out: Path) -> None:

@@ -21,10 +21,6 @@ def gb(n: float) -> str:
     return f"{n / GB:.1f} GB"
 
 
-def module_bytes(module: torch.nn.Module) -> int:
-    return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
-
-
 def element_bytes(dtype: torch.dtype) -> int:
     return torch.finfo(dtype).bits // 8
 
@@ -88,41 +84,55 @@ def token_working_bytes(ar, conditioning, batch: int, use_cfg: bool, spec, *, dr
 # ------------------------------------------------------------------------------------------------ the check
 @dataclass
 class Need:
-    """A run's memory: ``weights`` (whatever the batch) and ``working(batch)``, for the batch asked."""
+    """A run's memory: ``weights`` (whatever the batch) and ``working(batch)``, for the batch asked. Of the
+    weights, ``streamable`` bytes may stay in host memory and stream to the device at each step
+    (model_loaders/streaming.py), which then needs ``stream_buffer`` bytes for the layers in flight."""
 
     weights: dict  # name -> bytes
     working: Callable[[int], int]  # batch -> bytes
     batch: int
+    streamable: int = 0
+    stream_buffer: int = 0
 
     def total(self, batch: int | None = None) -> int:
+        """Everything on the device."""
         return sum(self.weights.values()) + self.working(self.batch if batch is None else batch)
 
+    def least(self, batch: int | None = None) -> int:
+        """What must be on the device when every weight that can stream does."""
+        return self.total(batch) - self.streamable + (self.stream_buffer if self.streamable else 0)
+
     def largest_batch(self, available: float) -> int:
-        """The largest batch (0: none) whose need fits ``available`` bytes, up to the batch asked."""
+        """The largest batch (0: none) whose least need fits ``available`` bytes, up to the batch asked."""
         fitting = 0
         for batch in range(1, self.batch + 1):
-            if self.total(batch) > available:
+            if self.least(batch) > available:
                 break
             fitting = batch
         return fitting
 
 
-def check_room(need: Need, capacity: int, device: str, *, dtype: torch.dtype) -> None:
+def check_room(need: Need, capacity: int, device: str, *, dtype: torch.dtype) -> bool:
     """Refuse, before anything is loaded or decoded, a run that cannot fit ``capacity`` bytes (the GPU's memory
-    when other models can be offloaded, else its free memory), saying what it needs and what would fit."""
+    when other models can be offloaded, else its free memory), saying what it needs and what would fit. Returns
+    whether it fits only with some weights streamed from host memory."""
     usable = capacity * HEADROOM
     if need.total() <= usable:
-        return
+        return False
+    if need.least() <= usable:
+        return True
     parts = "".join(f"{name} {gb(n)}, " for name, n in need.weights.items())
+    streamed = (f"; {gb(need.least())} with the blocks' weights streamed from system memory"
+                if need.streamable else "")
     what = (f"this run needs about {gb(need.total())} of memory on {device} ({parts}KV caches and activations "
-            f"{gb(need.working(need.batch))} for {need.batch} image(s) at once), and {gb(capacity)} is there")
+            f"{gb(need.working(need.batch))} for {need.batch} image(s) at once{streamed}), and {gb(capacity)} is there")
     fitting = need.largest_batch(usable)
     if fitting:
-        advice = (f"{fitting} image(s) at once fit ({gb(need.total(fitting))}): lower the batch, or generate in "
+        advice = (f"{fitting} image(s) at once fit ({gb(need.least(fitting))}): lower the batch, or generate in "
                   "several runs")
     else:
         smaller = " load the model in bf16 or fp16 (half the weights)," if dtype == torch.float32 else ""
-        advice = (f"not even batch 1 fits ({gb(need.total(1))}):{smaller} pick a smaller image size where the "
+        advice = (f"not even batch 1 fits ({gb(need.least(1))}):{smaller} pick a smaller image size where the "
                   "model has one, or run on the CPU (slow)")
     raise FastARError(f"{what}: {advice}")
 

@@ -2,13 +2,15 @@
 No algorithms live here."""
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .errors import FastARError
-from .memory import Need, check_room, decode_bytes_per_image, free_bytes, gb, images_per_chunk, token_working_bytes
+from .errors import FastARError, FastARWarning
+from .memory import (GB, Need, check_room, decode_bytes_per_image, free_bytes, gb, images_per_chunk,
+                     token_working_bytes)
 from .model_loaders.protocol import ClassConditioning, PromptConditioning
 from .samplers.processing import DTYPE_NAMES
 
@@ -180,25 +182,35 @@ class LoadedModels:
 
 
 def load_models(model_path: str | None, vq_path: str | None, device: str = "auto", dtype: str = "auto",
-                drafter_path: str | None = None, image_size: int | None = None, compile_switch: str = "off") -> LoadedModels:
+                drafter_path: str | None = None, image_size: int | None = None, compile_switch: str = "off",
+                gpu_weights: float | None = None) -> LoadedModels:
     """The AR model, VQ decoder and optional drafter; model and VQ default to the bundled demo models,
     ``drafter_path="demo"`` is the bundled demo drafter. ``image_size`` (pixels) overrides the model's.
     ``compile_switch`` (on, auto, off): the token model's decoding steps through torch.compile
-    (model_loaders/compiled.py)."""
+    (model_loaders/compiled.py). ``gpu_weights``: GB of the model's weights kept on the GPU, the rest streamed
+    from host memory at every step (model_loaders/streaming.py); None: all of them."""
     from .model_loaders import load_ar_model, load_image_decoder
     from .model_loaders.compiled import compile_steps
     from .model_loaders.demo import DEMO_AR, DEMO_VQ
     from .model_loaders.drafters import load_drafter
+    from .model_loaders.streaming import place
 
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
+    check_gpu_weights(gpu_weights, dev)
     try:
-        ar = load_ar_model(model_path or DEMO_AR, device=dev, dtype=dt, image_size=image_size)
+        ar = load_ar_model(model_path or DEMO_AR, device=dev if gpu_weights is None else "cpu", dtype=dt,
+                           image_size=image_size)
+        streamed = 0 if gpu_weights is None else place(ar, dev, int(gpu_weights * GB))
     except torch.OutOfMemoryError as error:
         free, total = torch.cuda.mem_get_info(dev)
-        smaller = "load it in bf16 or fp16 (--dtype), " if dt == torch.float32 else ""
+        smaller = "load it in bf16 or fp16 (--dtype), or " if dt == torch.float32 else ""
         raise FastARError(f"{model_path} does not fit in {dev}'s free memory ({gb(free)} of {gb(total)}): {smaller}"
-                          "close other programs that use the GPU, or run on the CPU (--device cpu)") from error
+                          f"keep part of its weights in system memory (--gpu-weights {max(free - GB, 0) / GB:.0f}, "
+                          "slower), close other programs that use the GPU, or run on the CPU (--device cpu)") from error
+    if streamed:
+        warnings.warn(f"{gb(streamed)} of the model's weights stay in system memory and stream to {dev} at every step "
+                      "(slower; compiled steps off)", FastARWarning, stacklevel=2)
     compile_steps(ar, compile_switch)
     if vq_path is None and model_path is None:
         vq_path = DEMO_VQ
@@ -207,6 +219,16 @@ def load_models(model_path: str | None, vq_path: str | None, device: str = "auto
         check_image_decoder(ar, vq)
     drafter = load_drafter(drafter_path, ar, device=dev, dtype=dt) if drafter_path else None
     return LoadedModels(ar, vq, drafter)
+
+
+def check_gpu_weights(gpu_weights: float | None, device: torch.device) -> None:
+    if gpu_weights is None:
+        return
+    if device.type != "cuda":
+        raise FastARError(f"--gpu-weights keeps part of a model on a GPU; this run is on {device}, where all of it "
+                          "is already in one memory: leave --gpu-weights out")
+    if gpu_weights <= 0:
+        raise FastARError(f"--gpu-weights {gpu_weights}: give the GB of weights to keep on the GPU (more than 0)")
 
 
 def conditioning_for(model, *, classes: list[str] | None = None, batch: int = 1,

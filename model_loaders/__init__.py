@@ -7,6 +7,7 @@ from .dd import load_dd_student
 from .janus import load_janus, vq_of_janus
 from .llamagen import load_llamagen, load_vq
 from .mar import load_kl_vae, load_mar
+from .streaming import make_streamable
 from .var import load_var, load_var_dd, load_var_vqvae
 
 LOADERS = {"llamagen-dd": load_dd_student, "llamagen-gpt": load_llamagen, "llamagen-gpt-hf": load_llamagen,
@@ -17,8 +18,8 @@ LOADERS = {"llamagen-dd": load_dd_student, "llamagen-gpt": load_llamagen, "llama
 
 def load_ar_model(path, **kw):
     """The generative model (token-AR, MAR or a DD student) in a checkpoint file or folder; ``kw`` go to the
-    family's loader."""
-    return load_family(path, AR_MODEL, kw)
+    family's loader. Its blocks can stream from host memory where the GPU is too small (streaming.py)."""
+    return make_streamable(load_family(path, AR_MODEL, kw))
 
 
 def load_image_decoder(path, **kw):

@@ -24,6 +24,7 @@ import torch
 from ..errors import FastARError, FastARWarning
 from ..interrupts import can_interrupt, check_interrupt
 from .compiled_session import StaticBuffers, compiled_start
+from .streaming import is_streaming
 
 # widths a model meets: prefill-free steps of 1, the windows a session or the profiler asks for, per batch
 COMPILED_SHAPES = 64
@@ -84,10 +85,11 @@ def switch_error(when: str) -> str | None:
 
 
 def compiled_mode(model) -> str | None:
-    """The torch.compile mode ``model``'s next session steps with on its current device; None: eager."""
+    """The torch.compile mode ``model``'s next session steps with on its current device; None: eager (also while
+    some of its weights stream from host memory: the copies would sit inside the graphs, for no gain)."""
     when = getattr(model, "compile_switch", "off")
     device = model.device.type
-    if when == "off" or (when == "auto" and device not in PROVEN_DEVICES):
+    if when == "off" or (when == "auto" and device not in PROVEN_DEVICES) or is_streaming(model):
         return None
     return model.compile_mode or (CUDA_GRAPHS if device == "cuda" else "default")
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .protocol import ClassConditioning, ModelOutput
+from .streaming import weight_at
 
 MAX_SCALE_MUL = math.log(100.0)
 
@@ -84,7 +85,8 @@ class SelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor], cache: Optional[list]) -> torch.Tensor:
         B, L, C = x.shape
         bias = torch.cat([self.q_bias, self.zero_k_bias, self.v_bias])
-        q, k, v = F.linear(x, self.mat_qkv.weight, bias).view(B, L, 3, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        qkv = F.linear(x, weight_at(self.mat_qkv, x.device), bias)  # the layer's own weight, with VAR's bias
+        q, k, v = qkv.view(B, L, 3, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
         q = F.normalize(q, dim=-1) * self.scale_mul_1H11.clamp(max=MAX_SCALE_MUL).exp()
         k = F.normalize(k, dim=-1)
         if cache is not None:  # earlier scales' keys and values, then this scale's

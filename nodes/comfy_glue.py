@@ -2,6 +2,7 @@
 a live preview. Newer-only ComfyUI APIs are feature-detected; everything here works on 0.3.75."""
 from __future__ import annotations
 
+import logging
 import time
 from contextlib import contextmanager
 
@@ -16,6 +17,8 @@ import comfy.utils
 from ..interrupts import interruptible
 from ..memory import Need, check_room as refuse_unless_room
 from ..model_loaders.compiled import release_static_buffers
+from ..model_loaders.streaming import (move_resident, stream_buffer_bytes, streamable_bytes, streamable_layers,
+                                       streamed_bytes)
 from ..pipeline import DTYPES
 
 try:
@@ -75,15 +78,18 @@ def make_patcher(module: torch.nn.Module):
 
 
 def check_room(named_patchers: list, working, images: int, dtype: torch.dtype) -> None:
-    """Refuse a run that cannot fit the GPU even with every other model offloaded, saying what would fit
-    (memory.check_room); ``named_patchers``: (model name, patcher) pairs; ``working``: images -> bytes."""
+    """Refuse a run that cannot fit the GPU even with every other model offloaded and the blocks that can
+    stream left in system memory, saying what would fit (memory.check_room); ``named_patchers``: (model name,
+    patcher) pairs; ``working``: images -> bytes."""
     device = load_device()
     if device.type != "cuda":
         return
     weights: dict = {}
     for name, patcher in named_patchers:  # a model folder holding its VQ gives both the same name
         weights[name] = weights.get(name, 0) + patcher.model_size()
-    need = Need(weights, working, images)
+    models = [patcher.model.inner for _, patcher in named_patchers]
+    need = Need(weights, working, images, streamable=sum(streamable_bytes(m) for m in models),
+                stream_buffer=max(stream_buffer_bytes(m) for m in models))
     refuse_unless_room(need, mm.get_total_memory(device), f"the GPU ({torch.cuda.get_device_name(device)})",
                        dtype=dtype)
 
@@ -92,19 +98,26 @@ def load_checked(named_patchers: list, working, images: int, dtype: torch.dtype)
     """check_room, then load_for_inference with what ``images`` at once need beyond the weights."""
     check_room(named_patchers, working, images, dtype)
     load_for_inference([patcher for _, patcher in named_patchers], working(images))
+    for name, patcher in named_patchers:
+        streamed = streamed_bytes(patcher.model.inner)
+        if streamed:
+            logging.info(f"FastAR: {streamed / 1e9:.1f} GB of {name}'s weights stay in system memory and stream to "
+                         "the GPU at every step (slower, compiled steps off); free GPU memory (other models, a "
+                         "smaller batch) to run it at full speed")
 
 
 def load_for_inference(patchers: list, memory_required: int) -> None:
-    """Make room (offloading other models), load the patchers' models fully to their load device and
-    reserve ``memory_required`` bytes (KV cache and activations) on top."""
+    """Make room (offloading other models), load the patchers' models to their load device and reserve
+    ``memory_required`` bytes (KV cache and activations) on top. A model with blocks that can stream is loaded
+    the way ComfyUI loads its own models: partially where the GPU is short, the rest streamed
+    (model_loaders/streaming.py); other models are loaded fully."""
+    streams = any(streamable_layers(patcher.model.inner) for patcher in patchers)
     try:
-        mm.load_models_gpu(patchers, memory_required=memory_required, force_full_load=True)
+        mm.load_models_gpu(patchers, memory_required=memory_required, force_full_load=not streams)
     except TypeError:  # a ComfyUI without force_full_load
         mm.load_models_gpu(patchers, memory_required=memory_required)
-    for patcher in patchers:
-        inner = patcher.model.inner
-        if any(p.device != patcher.load_device for p in inner.parameters()):
-            inner.to(patcher.load_device)  # not comfy.ops layers: a partial load must become a full one
+    for patcher in patchers:  # layers that do not stream cannot stay behind: a partial load must include them
+        move_resident(patcher.model.inner, patcher.load_device)
 
 
 def make_room(nbytes: int) -> None:

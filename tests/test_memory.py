@@ -43,6 +43,26 @@ def test_weights_that_do_not_fit_at_all_advise_half_precision_in_fp32_only():
     assert "not even batch 1 fits" in str(caught.value) and "bf16" not in str(caught.value)
 
 
+def streamable_need(batch=4):
+    """A 7B shape: 14 GB of weights of which 13 GB are blocks that can stream, 0.4 GB streamed at a time."""
+    return Need({"model.safetensors": 14 * GB}, lambda images: images * GB, batch, streamable=13 * GB,
+                stream_buffer=GB * 4 // 10)
+
+
+def test_a_run_that_fits_only_with_streamed_blocks_passes_and_says_so():
+    assert check_room(streamable_need(), 20 * GB, "the GPU", dtype=torch.bfloat16) is False  # all of it fits
+    assert check_room(streamable_need(), 12 * GB, "the GPU", dtype=torch.bfloat16) is True  # 1.4 + 4 GB at least
+    assert check_room(linear_need(), 20 * GB, "the GPU", dtype=torch.bfloat16) is False
+
+
+def test_a_run_too_big_even_streamed_says_what_streaming_leaves_and_which_batch_fits():
+    with pytest.raises(FastARError) as caught:
+        check_room(streamable_need(batch=8), 8 * GB, "the GPU (an 8 GB card)", dtype=torch.bfloat16)
+    message = str(caught.value)
+    assert "needs about 22.0 GB" in message and "9.4 GB with the blocks' weights streamed from system memory" in message
+    assert "5 image(s) at once fit (6.4 GB)" in message  # 1.4 GB + 5 GB <= 0.92 * 8 = 7.36 < 7.4
+
+
 def test_the_cli_refuses_a_decode_whose_caches_cannot_fit_beside_the_weights(monkeypatch):
     import fastar.pipeline as pipeline
 

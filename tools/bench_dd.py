@@ -75,14 +75,15 @@ def run_dd_bench(args) -> dict:
     if not Path(student_path).exists():
         raise FastARError(f"{student_path} does not exist: give a DD student (--model) and its teacher (--teacher), "
                           "or make the demo one with python -m fastar distill-dd")
-    student = load_models(str(student_path), None, args.device, args.dtype)  # its kind picks the default decoder
+    # its kind picks the default decoder
+    student = load_models(str(student_path), None, args.device, args.dtype, gpu_weights=args.gpu_weights)
     if student.ar.kind != "few-step":
         raise FastARError(f"bench --dd needs a Distilled Decoding student as --model; {student_path} is "
                           f"{student.ar.what}")
     is_var = getattr(student.ar, "decoder_kind", None) == "multi-scale"
     teacher_path = args.teacher or str(DEMO_VAR if is_var else DEMO_AR)
     vq = args.vq or str(DEMO_VAR_VQVAE if is_var else DEMO_VQ)
-    teacher = load_models(teacher_path, vq, args.device, args.dtype)
+    teacher = load_models(teacher_path, vq, args.device, args.dtype, gpu_weights=args.gpu_weights)
     check_image_decoder(student.ar, teacher.vq)
     student.vq = teacher.vq
     rows = VAR_ROWS if is_var else ROWS

@@ -37,6 +37,13 @@ def bandwidth(timing: Timing, megabytes: int = 256) -> float:
     return 2 * source.numel() / timing.median_s(lambda: target.copy_(source))
 
 
+def host_bandwidth(timing: Timing, megabytes: int = 256) -> float:
+    """Bytes per second a copy from pinned host memory to the device moves: what streamed weights cross."""
+    source = torch.empty(megabytes << 20, dtype=torch.uint8).pin_memory()
+    target = torch.empty_like(source, device=timing.device)
+    return source.numel() / timing.median_s(lambda: target.copy_(source, non_blocking=True))
+
+
 def randomise(model: torch.nn.Module, seed: int) -> None:
     """Small random weights (norm scales around 1), which keep activations finite in fp16."""
     torch.manual_seed(seed)

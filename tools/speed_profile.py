@@ -16,6 +16,9 @@ checkpoint (``--model``).
   its cost does); a checkpoint's takes ``--drafter``.
 - ``--compile``: the steps through torch.compile (model_loaders/compiled.py), and the same measurements on an
   eager twin with the same weights, side by side in the report (``eager``).
+- ``--gpu-weights GB``: the model with only that much of its weights on the GPU, its other blocks streamed from
+  pinned host memory at every forward (model_loaders/streaming.py); the floor then counts the streamed bytes at
+  the measured host-to-device bandwidth.
 - ``--baselines``: the family's usual loop on the same weights (loop_baselines.py), as a multiple of ``ar``.
 - MAR shapes and checkpoints: a transformer call, the diffusion head and whole ``ar`` / ``cspd`` images
   (mar_profile.py).
@@ -40,12 +43,13 @@ from ..model_loaders.janus_model import JanusConfig, JanusGPT
 from ..model_loaders.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
 from ..model_loaders.llm_decoder import DecoderConfig
 from ..model_loaders.protocol import ClassConditioning, PromptConditioning
-from ..pipeline import DTYPES, resolve_device
+from ..model_loaders.streaming import make_streamable, place, streamed_bytes
+from ..pipeline import DTYPES, check_gpu_weights, resolve_device
 from ..samplers.decoders import DecoderSpec, decode
 from ..samplers.processing import SamplingSettings
 from .loop_baselines import baseline_for
 from .mar_profile import MAR_SHAPES, build_mar, check_mar_options, mar_batch, print_mar_batch, random_draft
-from .profile_common import Timing, bandwidth, image_costs, randomise
+from .profile_common import Timing, bandwidth, host_bandwidth, image_costs, randomise
 
 DECODERS = ("ar", "sjd", "gsd", "spec")
 PROMPT_TOKENS = 32  # a typical prompt's length for the text-to-image shapes
@@ -215,6 +219,15 @@ def target(args, device: torch.device, dtype: torch.dtype):
     return build(args.shape, device, dtype, grid=parse_grid(args.grid) if args.grid else None)
 
 
+def stream(args, model, device: torch.device) -> None:
+    """Keep ``--gpu-weights`` GB of ``model`` (built in host memory) on ``device``, stream the rest."""
+    if model.kind == "masked-ar":
+        raise FastARError("--gpu-weights: profile streams token models' weights; MAR models fit a GPU whole")
+    if args.compile:
+        raise FastARError("--gpu-weights and --compile: compiled steps are off while weights stream; drop one")
+    place(make_streamable(model), device, int(args.gpu_weights * 1e9))
+
+
 def drafter_for(args, model):
     """The drafter of the ``spec`` / ``cspd`` runs: ``--drafter`` for a checkpoint (None: those runs are left
     out), a random smaller model of the shape for a random shape."""
@@ -246,31 +259,40 @@ def run_profile(args) -> dict:
     args.dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
     dtype = DTYPES[args.dtype]
     timing = Timing(device, args.repeats)
-    model = target(args, device, dtype)
-    drafter = drafter_for(args, model)
+    check_gpu_weights(args.gpu_weights, device)
+    model = target(args, device if args.gpu_weights is None else torch.device("cpu"), dtype)
     mar = model.kind == "masked-ar"
+    if args.gpu_weights is not None:
+        stream(args, model, device)
+    drafter = drafter_for(args, model)
     if mar:
         check_mar_options(args)
     eager_twin = target(args, device, dtype) if args.compile else None  # the same weights, beside it
     if args.compile:
         compile_steps(model, mode=getattr(args, "compile_mode", None))
     bytes_per_s = bandwidth(timing)
+    host_bytes_per_s = host_bandwidth(timing) if streamed_bytes(model) else None
     name = Path(args.model).name if args.model else args.shape
     report = {"shape": name, "device": str(device), "dtype": args.dtype, "machine": platform.machine(),
               "compiled": None if mar else compiled_mode(model),
               "params": sum(p.numel() for p in model.parameters()), "grid": list(model.grid),
               "drafter": drafter_name(drafter),
               "bandwidth_gb_s": bytes_per_s / 1e9, "batches": {}}
+    if host_bytes_per_s:
+        report |= {"streamed_gb": streamed_bytes(model) / 1e9, "host_bandwidth_gb_s": host_bytes_per_s / 1e9}
     print(f"[profile] {name}: {report['params'] / 1e6:.1f}M parameters on {device} ({args.dtype}"
           + (f", compiled: {report['compiled']}" if report["compiled"] else "") + "), "
-          f"copy bandwidth {bytes_per_s / 1e9:.1f} GB/s", flush=True)
+          f"copy bandwidth {bytes_per_s / 1e9:.1f} GB/s"
+          + (f"; {report['streamed_gb']:.2f} GB of weights streamed from host memory at "
+             f"{report['host_bandwidth_gb_s']:.1f} GB/s" if host_bytes_per_s else ""), flush=True)
     rounds = min(args.repeats, 5)
     for batch in args.batches:
         if mar:
             entry = mar_batch(model, drafter, timing, batch, bytes_per_s, not args.no_decoders, rounds)
             print_mar_batch(batch, entry)
         else:
-            entry = token_batch(args, model, drafter, eager_twin, timing, batch, bytes_per_s, rounds)
+            entry = token_batch(args, model, drafter, eager_twin, timing, batch, bytes_per_s, rounds,
+                                host_bytes_per_s)
             print_batch(batch, entry)
         report["batches"][str(batch)] = entry
     if args.out:
@@ -281,13 +303,16 @@ def run_profile(args) -> dict:
 
 
 def token_batch(args, model, drafter, eager_twin, timing: Timing, batch: int, bytes_per_s: float,
-                rounds: int) -> dict:
-    """A token model's measurements at one batch size (see the module doc)."""
+                rounds: int, host_bytes_per_s: float | None = None) -> dict:
+    """A token model's measurements at one batch size (see the module doc); ``host_bytes_per_s``: the bandwidth
+    streamed weights cross (None: none stream)."""
     windows = sorted({int(w) for w in args.windows.split(",")} | {1})
     N = model.grid[0] * model.grid[1]
     prefix = model.cache_slots(conditioning(model, 1), 0) - N  # conditioning (and layout) slots
     sampling = SamplingSettings(cfg_scale=3.0)
-    floor_ms = (weight_bytes_read(model) + kv_bytes_read(model, 2 * batch, prefix + N // 2)) / bytes_per_s * 1e3
+    streamed = streamed_bytes(model)
+    floor_ms = ((weight_bytes_read(model) - streamed + kv_bytes_read(model, 2 * batch, prefix + N // 2)) / bytes_per_s
+                + (streamed / host_bytes_per_s if streamed else 0)) * 1e3
     forward = forward_costs(model, timing, batch, windows)
     entry = {"floor_ms": floor_ms,
              "forward_ms": {str(w): ms for w, ms in forward.items()},

@@ -30,6 +30,8 @@ from fastar.model_loaders.compiled import compile_steps  # noqa: E402
 from fastar.model_loaders.eagle_drafter import EagleConfig, EagleDrafter, EagleHead  # noqa: E402
 from fastar.model_loaders.llamagen_gpt import LlamaGenConfig, LlamaGenGPT  # noqa: E402
 from fastar.model_loaders.protocol import CaptionConditioning, ClassConditioning  # noqa: E402
+from fastar.model_loaders.streaming import (StreamedLinear, make_streamable, model_bytes,  # noqa: E402
+                                            resident_minimum, streamable_layers, streamed_layers)
 from fastar.model_loaders.vq import VQConfig, VQModel  # noqa: E402
 from fastar.nodes import comfy_glue as glue  # noqa: E402
 from fastar.nodes.loader_nodes import drafter_weights  # noqa: E402
@@ -125,6 +127,45 @@ def check_a_run_too_big_for_the_gpu_is_refused():
     print("ok a run too big for the GPU is refused before loading")
 
 
+def check_a_partial_load_streams_blocks():
+    """A model bigger than the room ComfyUI gives it: ComfyUI's own partial load (ModelPatcher.load with a low-VRAM
+    budget, as load_models_gpu calls it on a short GPU) leaves blocks in system memory with their streaming flag
+    set; the glue moves whatever cannot stream; the tokens are the same; ComfyUI's offload clears the flags. A GPU
+    between the least (blocks streamed) and the full need runs; below the least it is refused."""
+    m = make_streamable(model())
+    spec, sampling = DecoderSpec("sjd", window=3), SamplingSettings(cfg_scale=2.0, temperature=0.9, top_k=20)
+    want, _ = decode(m, rows(m, 2), sampling, spec, seed=0)
+    patcher = glue.make_patcher(m)
+    patcher.load(patcher.load_device, lowvram_model_memory=model_bytes(m) // 2)
+    streamed = streamed_layers(m)
+    assert streamed and len(streamed) < len(streamable_layers(m)), "ComfyUI did not stream part of the blocks"
+    assert not any(getattr(layer, "comfy_cast_weights", False) for layer in m.modules()
+                   if not isinstance(layer, StreamedLinear)), "a layer that cannot stream was flagged"
+    glue.move_resident(m, patcher.load_device)
+    got, _ = decode(m, rows(m, 2), sampling, spec, seed=0)
+    assert torch.equal(got, want)
+    patcher.detach()
+    assert not streamed_layers(m), "ComfyUI's offload left streaming flags behind"
+
+    saved = glue.load_device, mm.get_total_memory, torch.cuda.get_device_name
+    glue.load_device = lambda: torch.device("cuda")
+    torch.cuda.get_device_name = lambda device=None: "Test GPU"
+    try:
+        working = lambda images: images * 10**4  # noqa: E731
+        mm.get_total_memory = lambda *args, **kwargs: int((model_bytes(m) + 10**4) / 0.92) - 1
+        glue.check_room([("tiny.safetensors", patcher)], working, 2, torch.float32)  # runs, streamed
+        mm.get_total_memory = lambda *args, **kwargs: resident_minimum(m)
+        try:
+            glue.check_room([("tiny.safetensors", patcher)], working, 2, torch.float32)
+            raise AssertionError("a run that does not fit even streamed was not refused")
+        except FastARError as error:
+            assert "with the blocks' weights streamed from system memory" in str(error), str(error)
+    finally:
+        glue.load_device, mm.get_total_memory, torch.cuda.get_device_name = saved
+    print(f"ok ComfyUI's partial load streams {len(streamed)} of {len(streamable_layers(m))} block layers, "
+          "same tokens, offload clears them; the room check counts streaming")
+
+
 def check_cancel_within_one_iteration():
     m = model()
     done = []
@@ -167,6 +208,7 @@ check_memory_request()
 check_drafter_memory_and_patcher()
 check_patcher_load_offload()
 check_a_run_too_big_for_the_gpu_is_refused()
+check_a_partial_load_streams_blocks()
 check_cancel_within_one_iteration()
 check_partial_preview()
 print("all in-ComfyUI checks passed")
