@@ -104,7 +104,8 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "fp16", "bf16"])
     p.add_argument("--gpu-weights", type=float, metavar="GB", help="a model bigger than the GPU: keep this many GB "
                    "of its weights on the GPU and stream the rest of its blocks from system memory at every step "
-                   "(slower: they cross PCIe each step; compiled steps off). Default: all of them on the GPU")
+                   "(slower: they cross PCIe each step; compiled steps off). 0: only what cannot stream. Default: all of "
+                   "them on the GPU")
     p.add_argument("--threads", type=int, help="CPU threads for PyTorch (default: its own, one per core, the fastest "
                    "on an idle machine; when other jobs keep the cores busy, --threads 1 can be several times faster)")
 

@@ -227,8 +227,9 @@ def check_gpu_weights(gpu_weights: float | None, device: torch.device) -> None:
     if device.type != "cuda":
         raise FastARError(f"--gpu-weights keeps part of a model on a GPU; this run is on {device}, where all of it "
                           "is already in one memory: leave --gpu-weights out")
-    if gpu_weights <= 0:
-        raise FastARError(f"--gpu-weights {gpu_weights}: give the GB of weights to keep on the GPU (more than 0)")
+    if gpu_weights < 0:
+        raise FastARError(f"--gpu-weights {gpu_weights}: give the GB of weights to keep on the GPU (0: only what "
+                          "cannot stream)")
 
 
 def conditioning_for(model, *, classes: list[str] | None = None, batch: int = 1,

@@ -57,7 +57,8 @@ def compile_steps(model, when: str = "on", mode: str | None = None):
 
         def start(*args, **kwargs):
             step_mode = compiled_mode(model)
-            if not step_mode:
+            if not step_mode:  # eager now (streaming, or another device): the graphs' caches would sit idle
+                release_static_buffers(model)
                 return eager_start(*args, **kwargs)
             with compiled_start(static_buffers(model) if step_mode in GRAPH_MODES else None):
                 session = eager_start(*args, **kwargs)

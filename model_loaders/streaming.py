@@ -90,14 +90,16 @@ def resident_minimum(model: nn.Module) -> int:
 
 
 def place(model: nn.Module, device: torch.device, resident: int, option: str = "--gpu-weights") -> int:
-    """Move ``model`` (in host memory) to ``device`` keeping at most ``resident`` bytes of its weights there: the
-    first blocks' layers until the budget is spent, the rest streamed from pinned host memory. Returns the bytes
-    streamed. ``option`` names the setting that gave ``resident``, for the message when it is too small."""
+    """Move ``model`` (in host memory) to ``device`` keeping at most ``resident`` bytes of its weights there (0:
+    only what cannot stream): the first blocks' layers until the budget is spent, the rest streamed from pinned
+    host memory. Returns the bytes streamed. ``option`` names the setting that gave ``resident``, for the message
+    when it is too small."""
     total, least = model_bytes(model), resident_minimum(model)
+    resident = resident or least
     if resident < least and resident < total:
         raise FastARError(f"{option} {resident / GB:.2f} GB is less than this model needs on the GPU whatever "
                           f"streams ({least / GB:.2f} GB: embeddings, heads, norms and two streamed layers at a "
-                          f"time): give at least {least / GB:.2f}")
+                          f"time): give at least {least / GB:.2f}, or 0 for just that")
     budget = resident - least if resident < total else total
     for layer in streamable_layers(model):
         size = layer_bytes(layer)

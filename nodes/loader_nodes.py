@@ -128,8 +128,9 @@ class LoadARModel(CheckpointLoader):
                                        "7B and LlamaGen-XL shapes on an H200, as CUDA graphs). The first image of "
                                        "each batch size and window compiles once per ComfyUI session (3-20 s on a "
                                        "CPU, under a minute per window width for a 7B model on an H200). auto: on where FastAR has "
-                                       "proven it gives the same tokens (CPU, NVIDIA GPUs), off elsewhere. Token "
-                                       "models only; other kinds ignore it."),
+                                       "proven it gives the same tokens (CPU, NVIDIA GPUs), off elsewhere, and "
+                                       "off while part of the model streams from system memory (a GPU too "
+                                       "small for it). Token models only; other kinds ignore it."),
             ],
             outputs=[FastARModel.Output("model", display_name="model",
                                         tooltip="The AR model, managed by ComfyUI (loaded to the GPU "

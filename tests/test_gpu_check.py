@@ -42,6 +42,9 @@ def test_the_report_states_the_speed_goals():
     assert lines == ["- profile-7b, batch 2: forward 6.00 ms, 1.50x the 4.00 ms floor (misses 1.25x); sjd 2.00x "
                      "faster than ar per image for 2.56x fewer forwards (0.78 of it: misses 0.9)"]
     assert goal_lines({}) == ["- no token profile ran"]
+    streamed = goal_lines({"profile-7b-streamed": {"streamed_gb": 6.04, "host_bandwidth_gb_s": 24.6,
+                                                   "batches": {"2": {**entry, "decoders": {}}}}})
+    assert streamed[0].endswith("(misses 1.25x); 6.0 GB of weights streamed at 24.6 GB/s"), streamed
 
 
 def test_the_sync_probe_runs_every_decoder_and_counts_what_the_debug_mode_reports(monkeypatch):

@@ -30,7 +30,7 @@ def test_a_cpu_profile_times_every_window_and_decoder(tmp_path, compiled):
     mode = "reduce-overhead" if compiled else None  # CUDA's mode (its static caches, copied outputs), on a CPU
     args = SimpleNamespace(shape="tiny", device="cpu", dtype=None, windows="1,4,16", batches=batches, repeats=2,
                            no_decoders=False, out=str(out), compile=compiled, compile_mode=mode, model=None, grid=None,
-                           drafter=None, baselines=False)
+                           drafter=None, baselines=False, gpu_weights=None)
     report = run_profile(args)
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     assert report["dtype"] == "fp32" and report["bandwidth_gb_s"] > 0
@@ -51,6 +51,24 @@ def test_a_cpu_profile_times_every_window_and_decoder(tmp_path, compiled):
     assert report["drafter"] == "small-ar"
 
 
+def test_a_streamed_profile_counts_the_streamed_weights_at_the_host_bandwidth(monkeypatch):
+    """--gpu-weights on the CPU (its GPU-only check lifted, a host bandwidth planted): the floor adds the streamed
+    bytes at the host-to-device bandwidth to the rest at the device's."""
+    from fastar.tools import speed_profile
+
+    monkeypatch.setattr(speed_profile, "check_gpu_weights", lambda gpu_weights, device: None)
+    monkeypatch.setattr(speed_profile, "host_bandwidth", lambda timing: 1e6)  # 1 MB/s: the streamed part dominates
+    args = SimpleNamespace(shape="tiny", device="cpu", dtype=None, windows="1", batches=[1], repeats=1,
+                           no_decoders=True, out=None, compile=False, compile_mode=None, model=None, grid=None,
+                           drafter=None, baselines=False, gpu_weights=0)
+    report = run_profile(args)
+    streamed = report["streamed_gb"] * 1e9
+    assert report["host_bandwidth_gb_s"] == 1e-3 and streamed > 0
+    assert report["batches"]["1"]["floor_ms"] == pytest.approx(streamed / 1e6 * 1e3, rel=0.05)
+    with pytest.raises(FastARError, match="compiled steps are off while weights stream"):
+        run_profile(SimpleNamespace(**{**vars(args), "compile": True}))
+
+
 def test_an_unknown_shape_is_refused_with_the_choices():
     r = subprocess.run([sys.executable, "-m", "fastar", "profile", "--shape", "gpt-5"], capture_output=True,
                        text=True, timeout=300)
@@ -62,7 +80,7 @@ def test_a_checkpoint_is_profiled_and_a_var_refused(tmp_path):
 
     args = SimpleNamespace(shape="demo", model=str(DEMO_AR), device="cpu", dtype=None, windows="1,4", batches=[1],
                            repeats=1, no_decoders=False, out=None, compile=False, grid=None, drafter="demo",
-                           baselines=False)
+                           baselines=False, gpu_weights=None)
     report = run_profile(args)
     assert report["shape"] == DEMO_AR.name and report["params"] == 3_674_624  # the checkpoint, not a random shape
     assert report["grid"] == [16, 16] and set(report["batches"]["1"]["forward_ms"]) == {"1", "4"}
@@ -76,7 +94,7 @@ def test_a_checkpoint_is_profiled_and_a_var_refused(tmp_path):
 
 def mar_args(**changes):
     args = dict(shape="mar-tiny", model=None, device="cpu", dtype=None, windows="1", batches=[2], repeats=1,
-                no_decoders=False, out=None, compile=False, grid=None, drafter=None, baselines=False)
+                no_decoders=False, out=None, compile=False, grid=None, drafter=None, baselines=False, gpu_weights=None)
     return SimpleNamespace(**(args | changes))
 
 

@@ -83,8 +83,9 @@ def test_place_keeps_the_budget_on_the_device_and_streams_the_rest():
         first = [layer.comfy_cast_weights for layer in streamable_layers(model)]
         assert first == sorted(first), "the first blocks stay, the last ones stream"
     assert streamed_bytes(model) == streamed
-    with pytest.raises(FastARError, match=r"--gpu-weights 0.00 GB is less than .* give at least"):
+    with pytest.raises(FastARError, match=r"--gpu-weights 0.00 GB is less than .* give at least .*, or 0"):
         place(model, torch.device("cpu"), least - 1)
+    assert place(model, torch.device("cpu"), 0) == place(model, torch.device("cpu"), least)  # 0: the least
 
 
 def test_streaming_turns_compiled_steps_off():
@@ -152,5 +153,6 @@ def test_the_cli_refuses_gpu_weights_off_a_gpu_and_below_zero(capsys):
     assert "--gpu-weights keeps part of a model on a GPU" in capsys.readouterr().err
     from fastar.pipeline import check_gpu_weights
 
-    with pytest.raises(FastARError, match="more than 0"):
-        check_gpu_weights(0, torch.device("cuda"))
+    check_gpu_weights(0, torch.device("cuda"))  # 0: only what cannot stream
+    with pytest.raises(FastARError, match="0: only what cannot stream"):
+        check_gpu_weights(-1, torch.device("cuda"))
