@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import warnings
@@ -30,11 +31,12 @@ DD_DEFAULTS = DDSettings()
 
 
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="AR checkpoint file or HF folder: LlamaGen GPT or MAR (default: the bundled demo "
-                   "LlamaGen model; demo/demo_mar.safetensors is the demo MAR)")
-    p.add_argument("--vq", "--vae", dest="vq", help="image decoder: the VQ tokenizer (LlamaGen) or KL autoencoder (MAR) "
-                   "checkpoint (default: the bundled demo one for a demo model); a Janus folder holds its own: give "
-                   "the --model folder again")
+    p.add_argument("--model", help="the model: a checkpoint file or model folder of LlamaGen (class or text to "
+                   "image), Lumina-mGPT or Anole, Janus-Pro, MAR, VAR, or a Distilled Decoding student (default: the "
+                   "bundled class-to-image demo; the other demos are in demo/, see README)")
+    p.add_argument("--vq", "--vae", dest="vq", help="the model's image decoder: its VQ tokenizer (LlamaGen, DD "
+                   "students), VQGAN (Lumina-mGPT, Anole), KL autoencoder (MAR) or multi-scale VQVAE (VAR, VAR-DD); a "
+                   "Janus folder holds its own: give the --model folder again (default: a bundled model's own)")
     p.add_argument("--image-size", type=int, help="image size in pixels (square), for a checkpoint that does not say "
                    "it or to run at another size (default: from its training args, config or file name, e.g. 384 for "
                    "c2i_L_384.pt)")
@@ -101,18 +103,34 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                     "(at --cfg, --temperature, --top-k, --top-p) before DD's second step")
     dd.add_argument("--teacher", help="dd hybrid, and bench --dd: the student's teacher (a token model)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "fp16", "bf16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "fp16", "bf16"],
+                   help="weights' precision; auto: bf16 on GPUs that have it, fp16 on older GPUs, fp32 on a CPU")
     p.add_argument("--gpu-weights", type=float, metavar="GB", help="a model bigger than the GPU: keep this many GB "
                    "of its weights on the GPU and stream the rest of its blocks from system memory at every step "
                    "(slower: they cross PCIe each step; compiled steps off). 0: only what cannot stream. Default: all of "
                    "them on the GPU")
-    p.add_argument("--threads", type=int, help="CPU threads for PyTorch (default: its own, one per core, the fastest "
-                   "on an idle machine; when other jobs keep the cores busy, --threads 1 can be several times faster)")
+    p.add_argument("--threads", type=int, help="CPU threads for PyTorch (default: one per core that other jobs leave "
+                   "free, from the load average: on a busy machine fewer threads are many times faster)")
+
+
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Help that shows every option's default, unless its text already says it or there is none to show."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or not action.option_strings or "default" in text:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class DefaultsParser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, formatter_class=DefaultsFormatter, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m fastar", description="Fast autoregressive image generation.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=DefaultsParser)
 
     gen = sub.add_parser("generate", help="generate images with one decoder")
     add_decoding_args(gen)
@@ -121,10 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--classes", help="comma-separated classes, one per row")
     gen.add_argument("--prompt", action="append", help="text-to-image models: a prompt (repeat for several rows)")
     gen.add_argument("--t5", help="text-to-image models: local FLAN-T5 folder (google/flan-t5-xl)")
-    gen.add_argument("--batch", type=int, default=1)
-    gen.add_argument("--decoder", choices=DECODERS, help="default: sjd for token models, ar (MAR's sampler) for MAR")
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--out", help="PNG path (batch > 1: PATH_0.png, PATH_1.png, ...)")
+    gen.add_argument("--batch", type=int, default=1, help="images at once (rows of one class or prompt)")
+    gen.add_argument("--decoder", choices=DECODERS, help="default: sjd for token models, ar (the plain sampler) for MAR "
+                     "and VAR, dd for DD students")
+    gen.add_argument("--seed", type=int, default=0, help="the same seed, settings and device give the same image")
+    gen.add_argument("--out", help="PNG path (batch > 1: PATH_0.png, PATH_1.png, ...); default, when no output is "
+                     "given: out/MODEL_DECODER_seedS.png")
     gen.add_argument("--tokens-out", help="write the image codes as JSON (token models)")
     gen.add_argument("--latents-out", help="write the image decoder's input as float32 .npy [B, C, h, w] (MAR: the "
                      "tokens divided by the scale factor; token models and DD: code vectors); python -m fastar decode "
@@ -141,9 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--latents-in", help=".npy of float32 latents [B, C, h, w]")
     source.add_argument("--tokens-in", help="JSON of image codes, as --tokens-out writes it")
     dec.add_argument("--out", required=True, help="PNG path (several images: PATH_0.png, PATH_1.png, ...)")
-    dec.add_argument("--device", default="auto")
+    dec.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
 
-    bench = sub.add_parser("bench", help="compare decoders side by side on the demo model")
+    bench = sub.add_parser("bench", help="compare decoders side by side (speed, fidelity, quality) on a model, by "
+                                         "default the demo model")
     add_decoding_args(bench)
     bench.add_argument("--mar", action="store_true", help="bench MAR: plain MAR at several step counts against CSpD "
                        "in both verify modes, on the demo MAR (or --model/--vq/--drafter); --decoders and the "
@@ -158,8 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "NAME-drafter chains from the drafter (spec and lantern use the drafter by default)")
     bench.add_argument("--samples", type=int, default=64, help="images per decoder for the quality metrics")
     bench.add_argument("--timing-runs", type=int, default=5, help="batch-1 runs per decoder for latency (interleaved)")
-    bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--out", required=True, help="output folder for bench.json, bench.md, pareto.png")
+    bench.add_argument("--seed", type=int, default=0, help="first seed of the samples")
+    bench.add_argument("--out", help="output folder for bench.json, bench.md, pareto.png (default: out/bench, "
+                       "out/bench-mar with --mar, out/bench-dd with --dd)")
     bench.add_argument("--sweep-samples", type=int, help="images per slider-sweep point (default: half of --samples)")
     bench.add_argument("--no-pareto", action="store_true", help="skip the slider sweeps (faster)")
     bench.add_argument("--toy-rows", type=int, default=20000,
@@ -198,7 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--out", help="write the report as JSON")
     prof.add_argument("--threads", type=int, help="CPU threads")
 
-    distill = sub.add_parser("distill-dd", help="distil a LlamaGen-format model into a one/two-step DD student")
+    distill = sub.add_parser("distill-dd", help="distil a class-to-image LlamaGen-format or VAR model into a "
+                                                "one/two-step Distilled Decoding student")
     add_distill_args(distill)
     return parser
 
@@ -277,6 +300,7 @@ def numbered(path: Path, index: int, count: int) -> Path:
 
 
 OUTPUTS = ("out", "tokens_out", "latents_out", "stats_out", "map_out", "noise_out")
+DEFAULT_OUT = Path("out")  # generate's images when no output is given: out/MODEL_DECODER_seedS.png
 
 
 def make_output_folders(args) -> None:
@@ -291,18 +315,35 @@ def make_output_folders(args) -> None:
                 raise FastARError(f"--{name.replace('_', '-')} {path}: its folder cannot be made ({error.strerror})")
 
 
+def check_arguments(args) -> None:
+    """The settings' ranges, before anything loads (a big model takes minutes to): the decoder's, the sampling's,
+    CSpD's and the batch. What depends on the model (its classes, token count, drafter) is checked after."""
+    spec_from(args, getattr(args, "decoder", None) or SPEC_DEFAULTS.decoder).validate()
+    sampling_from(args)
+    cspd_from(args)
+    if getattr(args, "batch", 1) < 1:
+        raise FastARError(f"--batch {args.batch}: generate at least 1 image")
+
+
 def command_generate(args) -> int:
     from .pipeline import conditioning_for, load_models
 
+    check_arguments(args)
     make_output_folders(args)
     models = load_models(args.model, args.vq, args.device, args.dtype, drafter_path=drafter_choice(args, args.decoder),
                          image_size=args.image_size, compile_switch=args.compile, gpu_weights=args.gpu_weights)
     args.decoder = args.decoder or DEFAULT_DECODER[models.ar.kind]
+    if not any(getattr(args, name, None) for name in OUTPUTS):  # said where when written
+        args.out = str(DEFAULT_OUT / f"{Path(args.model or 'demo').stem}_{args.decoder}_seed{args.seed}.png")
+    kept = kept_output(args, models)
+    if kept:  # said now, not after a long generation
+        print(f"note: no images from this run: {missing_decoder(args, models)}. The model's output goes to {kept}",
+              file=sys.stderr)
     classes = args.classes.split(",") if args.classes else [args.class_] if args.class_ else None
     conditioning = conditioning_for(models.ar, classes=classes, batch=args.batch, prompts=args.prompt,
                                     t5_folder=args.t5)
-    kind = "lossless" if LOSSLESS[args.decoder] else "relaxed (trades fidelity for speed)"
-    progress = ProgressLine(f"{args.decoder} ({kind})", enabled=not args.quiet, batch=conditioning.batch)
+    kind = "lossless" if LOSSLESS[args.decoder] else "relaxed: trades fidelity for speed"
+    progress = ProgressLine(f"{args.decoder}, {kind}", enabled=not args.quiet, batch=conditioning.batch)
     token_maps = None
     if models.ar.kind == "masked-ar":
         outputs, stats = generate_masked(args, models, conditioning, progress)
@@ -405,6 +446,21 @@ def generate_distilled(args, models, conditioning, progress):
     return latents, stats
 
 
+def kept_output(args, models) -> str | None:
+    """Where the model's output goes when images were asked for (--out) but cannot be made (no image decoder) and
+    no other output keeps it: beside --out. None when there is nothing to keep."""
+    if not args.out or models.vq is not None or args.tokens_out or args.latents_out:
+        return None
+    suffix = ".latents.npy" if models.ar.kind in ("masked-ar", "next-scale") else ".tokens.json"
+    return str(Path(args.out).with_suffix(suffix))
+
+
+def missing_decoder(args, models) -> str:
+    if getattr(models.ar, "holds_image_decoder", False):
+        return f"{args.model} holds its own image decoder: give the same folder as --vq"
+    return "give the model's image decoder with --vq"
+
+
 def write_outputs(args, models, outputs, stats, token_maps=None) -> None:
     from PIL import Image
 
@@ -413,13 +469,10 @@ def write_outputs(args, models, outputs, stats, token_maps=None) -> None:
 
     grid = models.ar.grid
     tokens_out, latents_out = args.tokens_out, args.latents_out
-    if args.out and models.vq is None and not tokens_out and not latents_out:
-        # no images without an image decoder: keep the model's output instead
-        if models.ar.kind in ("masked-ar", "next-scale"):
-            latents_out = str(Path(args.out).with_suffix(".latents.npy"))
-        else:
-            tokens_out = str(Path(args.out).with_suffix(".tokens.json"))
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    kept = kept_output(args, models)
+    if kept:
+        Path(kept).parent.mkdir(parents=True, exist_ok=True)
+        latents_out, tokens_out = (kept, None) if kept.endswith(".npy") else (None, kept)
     if tokens_out:
         Path(tokens_out).write_text(json.dumps(tokens_json(models, outputs, token_maps)))
     if latents_out:
@@ -433,10 +486,8 @@ def write_outputs(args, models, outputs, stats, token_maps=None) -> None:
             Image.fromarray(acceptance_heatmap(row, grid)).save(numbered(Path(args.map_out), i, stats.batch))
     if args.out:
         if models.vq is None:
-            give = (f"{args.model} holds its own image decoder: give the same folder as --vq"
-                    if getattr(models.ar, "holds_image_decoder", False) else "give --vq")
-            print(f"no images written: the model's image decoder is needed to make them ({give}). Its output is "
-                  f"in {tokens_out or latents_out}", file=sys.stderr)
+            print(f"no images written ({missing_decoder(args, models)}); the model's output is in "
+                  f"{tokens_out or latents_out}", file=sys.stderr)
         else:
             save_images(outputs_to_images(models.vq, models.ar, outputs), Path(args.out))
 
@@ -556,7 +607,10 @@ def command_bench(args) -> int:
     from .tools.bench_dd import run_dd_bench
     from .tools.bench_mar import run_mar_bench
 
+    check_arguments(args)
+    args.out = args.out or str(DEFAULT_OUT / ("bench-mar" if args.mar else "bench-dd" if args.dd else "bench"))
     (run_mar_bench if args.mar else run_dd_bench if args.dd else run_bench)(args)
+    print(f"[bench] the report, its JSON and plots are in {args.out}")
     return 0
 
 
@@ -590,13 +644,23 @@ def show_warning(message, category, filename, lineno, file=None, line=None):
 
 
 def set_threads(threads: int | None) -> None:
-    if threads is None:
-        return
-    if threads < 1:
-        raise FastARError(f"--threads {threads}: give at least 1 (or leave it out for PyTorch's default)")
+    """--threads, else one per core that other jobs leave free (PyTorch's default takes every core, which on a
+    busy machine is many times slower than fewer threads: 122 s against 10.7 s seen for the first example)."""
+    if threads is not None and threads < 1:
+        raise FastARError(f"--threads {threads}: give at least 1 (or leave it out for one per free core)")
     import torch
 
-    torch.set_num_threads(threads)
+    torch.set_num_threads(threads or free_cores())
+
+
+def free_cores() -> int:
+    """The cores the load average leaves idle (all of them where there is no load average), at least 1."""
+    cores = os.cpu_count() or 1
+    try:
+        busy = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average on this platform
+        return cores
+    return max(1, min(cores, round(cores - busy)))
 
 
 def main(argv=None) -> int:

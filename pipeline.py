@@ -184,14 +184,14 @@ class LoadedModels:
 def load_models(model_path: str | None, vq_path: str | None, device: str = "auto", dtype: str = "auto",
                 drafter_path: str | None = None, image_size: int | None = None, compile_switch: str = "off",
                 gpu_weights: float | None = None) -> LoadedModels:
-    """The AR model, VQ decoder and optional drafter; model and VQ default to the bundled demo models,
-    ``drafter_path="demo"`` is the bundled demo drafter. ``image_size`` (pixels) overrides the model's.
+    """The AR model, image decoder and optional drafter; the model defaults to the bundled demo model, the image
+    decoder of a bundled model to its bundled one, ``drafter_path="demo"`` is the bundled demo drafter. ``image_size`` (pixels) overrides the model's.
     ``compile_switch`` (on, auto, off): the token model's decoding steps through torch.compile
     (model_loaders/compiled.py). ``gpu_weights``: GB of the model's weights kept on the GPU, the rest streamed
     from host memory at every step (model_loaders/streaming.py); None: all of them."""
     from .model_loaders import load_ar_model, load_image_decoder
     from .model_loaders.compiled import compile_steps
-    from .model_loaders.demo import DEMO_AR, DEMO_VQ
+    from .model_loaders.demo import DEMO_AR, demo_image_decoder
     from .model_loaders.drafters import load_drafter
     from .model_loaders.streaming import place
 
@@ -212,8 +212,7 @@ def load_models(model_path: str | None, vq_path: str | None, device: str = "auto
         warnings.warn(f"{gb(streamed)} of the model's weights stay in system memory and stream to {dev} at every step "
                       "(slower; compiled steps off)", FastARWarning, stacklevel=2)
     compile_steps(ar, compile_switch)
-    if vq_path is None and model_path is None:
-        vq_path = DEMO_VQ
+    vq_path = vq_path or demo_image_decoder(model_path or DEMO_AR)
     vq = load_image_decoder(vq_path, device=dev, dtype=torch.float32 if dev.type == "cpu" else dt) if vq_path else None
     if vq is not None:
         check_image_decoder(ar, vq)

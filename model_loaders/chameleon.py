@@ -31,6 +31,7 @@ from ..errors import FastARError
 from .chameleon_model import ChameleonConfig, ChameleonGPT
 from .checkpoint import IMAGE_DECODER, CheckpointInfo, load_weights, read_json, require_family, select, shape_of
 from .protocol import PromptConditioning
+from .tokenizing import encode_text
 from .vqgan import VQGAN, VQGANConfig
 
 BOI, EOI, ROW_END, TURN_END = "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>"
@@ -78,7 +79,7 @@ class ChameleonPrompts:
         ids = []
         for prompt in conditioning.prompts:
             text = self.template.format(prompt=prompt, w=w, h=h) + self.turn_end
-            tokens = self.tokenizer.encode(text, add_special_tokens=False).ids
+            tokens = encode_text(self.tokenizer, text)
             ids.append(([self.bos] if self.bos is not None else []) + tokens)
         return ids
 

@@ -36,7 +36,8 @@ CACHE_BUFFER = re.compile(r"(^|\.)kv_cache\.|(^|\.)(freqs_cis|causal_mask|inv_fr
 FOLDER_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 FOLDER_SINGLE_FILES = ("model.safetensors", "pytorch_model.bin")
 
-MODELS_HINT = "put downloaded models in ComfyUI's models/fastar folder, or give the full path"
+MODELS_HINT = ("check the path (a checkpoint file or a model folder); in ComfyUI, models go in its models/fastar "
+               "folder")
 CORRUPT_HINT = "the file is truncated or corrupt: re-download it"
 
 AR_MODEL = "an AR model"
@@ -78,7 +79,8 @@ def read_state_dict(path) -> tuple[dict[str, torch.Tensor], CheckpointInfo]:
     """The weights of a checkpoint file or HF-style folder, cleaned, with what was saved beside them."""
     path = Path(path)
     if not path.exists():
-        raise FastARError(f"no checkpoint at {path}: {MODELS_HINT}")
+        where = "" if path.is_absolute() else f" (looked for in {Path.cwd()})"
+        raise FastARError(f"no checkpoint at {path}{where}: {MODELS_HINT}")
     if path.is_dir():
         return read_folder(path)
     info = CheckpointInfo(source=path.name, config=read_json(path.with_suffix(".json")))
@@ -92,8 +94,30 @@ def read_state_dict(path) -> tuple[dict[str, torch.Tensor], CheckpointInfo]:
     return clean_state_dict(tensors, info.source), info
 
 
+def check_weights_format(path: Path) -> None:
+    """Refuse a file that is no weights file at all (a web page saved under the model's name, a text file), which
+    would otherwise read as a damaged one: a safetensors file starts with its header's length and then '{', a
+    PyTorch file is a zip archive or a pickle (protocol byte 0x80)."""
+    with open(path, "rb") as f:
+        head = f.read(64)
+    if head.startswith(b"version https://git-lfs"):
+        raise FastARError(f"{path.name} is a Git LFS pointer, not the weights: fetch the file itself (git lfs pull in "
+                          "the clone, or the download link of the file)")
+    if not head:
+        raise FastARError(f"{path.name} is empty: {CORRUPT_HINT}")
+    if path.suffix.lower() == ".safetensors":
+        looks_right = len(head) >= 9 and head[8:9] == b"{"
+    else:
+        looks_right = head.startswith(b"PK") or head[:1] == b"\x80"
+    if not looks_right:
+        kind = "safetensors" if path.suffix.lower() == ".safetensors" else "PyTorch checkpoint"
+        raise FastARError(f"{path.name} is not a {kind} file at all (it starts with {head[:8]!r}): the download may "
+                          "have saved a web page or an error message instead; download the weights file itself")
+
+
 def read_weights_file(path: Path, info: CheckpointInfo) -> dict[str, torch.Tensor]:
     """The tensors of one weights file; its metadata or training args go into ``info`` (first file wins)."""
+    check_weights_format(path)
     if path.suffix.lower() == ".safetensors":
         tensors, metadata = read_safetensors(path)
         info.metadata = info.metadata or metadata

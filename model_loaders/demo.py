@@ -1,4 +1,6 @@
 """The bundled demo models: small models in the official formats, trained on procedural images (tools/)."""
+from __future__ import annotations
+
 from pathlib import Path
 
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo"
@@ -15,6 +17,17 @@ DEMO_VAR_DD = DEMO_DIR / "demo_var_dd.safetensors"  # VAR-DD student of DEMO_VAR
 DEMO_DD = DEMO_DIR / "demo_dd.safetensors"  # Distilled Decoding student of DEMO_AR (python -m fastar distill-dd)
 DEMO_TEXT = DEMO_DIR / "demo_text"  # text-to-image demo: a Lumina-mGPT-format HF folder with its own tokenizer
 DEMO_VQGAN = DEMO_DIR / "demo_vqgan.safetensors"  # its image decoder: DEMO_VQ converted to Chameleon's VQGAN format
+
+
+IMAGE_DECODERS = {DEMO_AR: DEMO_VQ, DEMO_DD: DEMO_VQ, DEMO_TEXT: DEMO_VQGAN, DEMO_MAR: DEMO_KL,
+                  DEMO_VAR: DEMO_VAR_VQVAE, DEMO_VAR_DD: DEMO_VAR_VQVAE}
+
+
+def demo_image_decoder(model_path) -> Path | None:
+    """The bundled image decoder a bundled model was trained with (a DD student: its teacher's); None for any
+    other model."""
+    resolved = Path(model_path).resolve()
+    return next((vq for model, vq in IMAGE_DECODERS.items() if model.resolve() == resolved), None)
 
 
 def is_demo_mar(path) -> bool:

@@ -26,6 +26,7 @@ from .mar import load_mar_draft
 
 RETRAIN_HINT = "use a drafter trained for this target model (python -m fastar train-drafter makes one)"
 KIND_NAMES = {"c2i": "class-to-image", "t2i": "text-to-image"}
+SMALL_AR_FAMILIES = ("llamagen-gpt", "llamagen-gpt-hf")  # the checkpoints a small-model drafter can be
 
 
 def load_drafter(path, target: LlamaGenGPT, *, device=None, dtype=None):
@@ -47,6 +48,9 @@ def load_drafter(path, target: LlamaGenGPT, *, device=None, dtype=None):
     if not isinstance(target, LlamaGenGPT):
         raise FastARError(f"{info.source} is {FAMILY_WHAT[family]}: small-model drafters serve LlamaGen targets; "
                           f"for {target.what} pick its EAGLE drafter (LANTERN's release), or decode with sjd or gsd")
+    if family not in SMALL_AR_FAMILIES:  # the kind first: a MAR, VAR or DD student cannot draft codes one by one
+        raise FastARError(f"{info.source} is {FAMILY_WHAT[family]}, and the target is {target.what}: a drafter "
+                          "for it is an EAGLE drafter folder or a smaller LlamaGen GPT trained on the same VQ codes")
     model = LOADERS[family](sd, info=info, device=device, dtype=dtype)
     check_ar_drafter(model, target, info.source)
     return SmallARDrafter(model)

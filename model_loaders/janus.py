@@ -19,6 +19,7 @@ from .checkpoint import CheckpointInfo, load_weights, read_json, select, shape_o
 from .janus_model import JanusConfig, JanusGPT
 from .llm_decoder import DecoderConfig
 from .protocol import PromptConditioning
+from .tokenizing import encode_text
 
 TEMPLATE = "<|User|>: {prompt}\n\n<|Assistant|>:"
 BOI = "<begin_of_image>"
@@ -98,7 +99,7 @@ class JanusPrompts:
             raise FastARError("this is a text-to-image model: give it prompts (--prompt, or FastAR Text Conditioning)")
         ids = []
         for prompt in conditioning.prompts:
-            tokens = self.tokenizer.encode(TEMPLATE.format(prompt=prompt), add_special_tokens=False).ids
+            tokens = encode_text(self.tokenizer, TEMPLATE.format(prompt=prompt))
             ids.append(([self.bos] if self.bos is not None else []) + tokens + [self.boi])
         return ids
 

@@ -164,8 +164,8 @@ def summary(stats: DecodeStats, baseline: DecodeStats | None = None) -> str:
         lines.append(f"speed-up vs {baseline_name(stats)} (measured): {per_token * tokens / stats.decode_time_s:.2f}x")
     else:
         unpriced = ", drafter not counted" if stats.drafter_forwards else ""  # only a measured baseline prices it
-        lines.append(f"speed-up vs {baseline_name(stats)} (estimate, forwards{unpriced}): "
-                     f"{plain / max(stats.target_forwards, 1):.2f}x")
+        lines.append(f"forwards saved vs {baseline_name(stats)}: {plain / max(stats.target_forwards, 1):.2f}x fewer "
+                     f"(step compression, not wall time{unpriced}; connect a plain run as baseline to measure)")
     conditioning = stats.settings.get("conditioning")
     if conditioning:
         lines.append(f"{conditioning}, seed {stats.settings.get('seed')}")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..errors import FastARError, check_choice
+from ..errors import check_choice
 from .processing import probabilities
 from .table_cache import cached_table
 
@@ -76,12 +76,7 @@ class GroupedRule(ExactRule):
     prob_filter: str = "absolute"
     name = "grouped"
 
-    def __post_init__(self):
-        if self.group < 1:
-            raise FastARError(f"GSD group size {self.group} must be at least 1 (1 = plain SJD)")
-        if self.prob_threshold < 0 or not 0 <= self.distance_threshold <= 1:
-            raise FastARError("GSD thresholds: the probability gap must be >= 0 and the distance (a fraction "
-                              "of the codes) between 0 and 1")
+    def __post_init__(self):  # the settings' ranges: DecoderSpec.validate()
         check_choice("GSD probability filter", self.prob_filter, PROB_FILTERS)
         self.embeddings = self.embeddings.detach().float()
         self.radius = neighbourhood_radius(self.embeddings, self.distance_threshold)
@@ -173,10 +168,6 @@ class LanternRule(ExactRule):
     delta: float = 0.1
     greedy: bool = False
     name = "lantern"
-
-    def __post_init__(self):
-        if not 0.0 <= self.delta <= 1.0:
-            raise FastARError(f"LANTERN delta {self.delta} is out of range: use 0..1 (0 = exact speculative decoding)")
 
     def judged_target(self, out, sampling, p):
         if not self.greedy:

@@ -104,6 +104,25 @@ class DecoderSpec:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def validate(self) -> "DecoderSpec":
+        """The settings' ranges, whatever the model (the front ends check them before loading anything)."""
+        if self.window < 2:
+            raise FastARError(f"Jacobi window {self.window} is too small: use at least 2 (1 is plain AR)")
+        if self.gamma < 1:
+            raise FastARError(f"gamma {self.gamma} is too small: draft at least 1 token per target forward")
+        if self.group < 1:
+            raise FastARError(f"GSD group size {self.group} must be at least 1 (1 = plain SJD)")
+        if self.prob_threshold < 0 or not 0 <= self.distance_threshold <= 1:
+            raise FastARError("GSD thresholds: the probability gap must be >= 0 and the distance (a fraction "
+                              "of the codes) between 0 and 1")
+        if self.lantern_k < 1:
+            raise FastARError(f"LANTERN k {self.lantern_k}: consider at least 1 neighbour (the code itself)")
+        if not 0.0 <= self.lantern_delta <= 1.0:
+            raise FastARError(f"LANTERN delta {self.lantern_delta} is out of range: use 0..1 (0 = exact "
+                              "speculative decoding)")
+        FlowMapSettings(steps=self.flow_steps).validate()
+        return self
+
 
 def make_generator(seed: int, device) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(int(seed))
@@ -125,6 +144,7 @@ def decode(model, conditioning, sampling: SamplingSettings, spec: DecoderSpec, *
     the same codes. ``drafter`` (spec, gsd, lantern) drafts chains instead of Jacobi windows;
     ``codebook`` [V, D] (the VQ decoder's code vectors) is needed by LANTERN and fm."""
     check_codebook(check_decoder(spec.decoder, model, drafter), model, codebook)
+    spec.validate()
     sampling.validate()
     notes = quality_warnings(spec, drafter)
     for note in notes:
@@ -142,8 +162,9 @@ def check_codebook(decoder: Decoder, model, codebook) -> None:
     if not decoder.codebook:
         return
     if codebook is None:
-        raise FastARError(f"{decoder.name} needs the VQ decoder's codebook {decoder.codebook}: load the VQ model that "
-                          "decodes this AR model's tokens and pass it to the sampler")
+        raise FastARError(f"{decoder.name} needs the VQ decoder's codebook {decoder.codebook}: give the VQ model that "
+                          "decodes this model's tokens (--vq on the command line; in ComfyUI, connect a FastAR Load "
+                          "Image Decoder to the sampler's vq input)")
     if codebook.shape[0] != model.vocab_size:
         raise FastARError(f"the VQ codebook has {codebook.shape[0]} codes but the AR model predicts "
                           f"{model.vocab_size}: load the VQ decoder this AR model was trained with")
@@ -207,8 +228,10 @@ def decode_next_scale(model, conditioning, sampling: SamplingSettings, *, seed: 
     ``scale_codes``, a list, receives each scale's codes ``[B, pn, pn]``."""
     check_decoder(decoder, model, None)
     if vqvae is None or getattr(vqvae, "input_kind", None) != "multi-scale":
-        raise FastARError("a VAR model needs its multi-scale VQVAE (vae_ch160v4096z32.pth for the release) as the "
-                          "image decoder: each scale's codes become the next scale's input through it")
+        raise FastARError("a VAR model needs its multi-scale VQVAE as the image decoder (vae_ch160v4096z32.pth for "
+                          "the release, demo/demo_var_vqvae.safetensors for the demo): each scale's codes become the "
+                          "next scale's input through it. Give it with --vq on the command line; in ComfyUI, connect "
+                          "a FastAR Load Image Decoder to the VAR sampler")
     generator = make_generator(seed, model.device)
     draw = None
     if decoder == "fm":

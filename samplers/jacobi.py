@@ -14,7 +14,6 @@ from typing import Callable, Optional
 
 import torch
 
-from ..errors import FastARError
 from .acceptance import ExactRule
 from .drafts import DraftSource
 from .processing import SamplingSettings, probabilities, sample
@@ -76,8 +75,6 @@ def jacobi_decode(
     rule = rule or ExactRule()
     h, w = model.grid
     N, V, B, dev = h * w, model.vocab_size, conditioning.batch, model.device
-    if window < 2:
-        raise FastARError(f"Jacobi window {window} is too small: use at least 2 (1 is plain AR)")
     L = min(window - 1, N - 1)  # draft slots
     watch = watch or Stopwatch(dev)
     settings = {"window": window, "init": init, "coupling": coupling, "rule": rule.name}

@@ -12,7 +12,6 @@ from typing import Optional
 
 import torch
 
-from ..errors import FastARError
 from .acceptance import ExactRule
 from .processing import SamplingSettings, probabilities, sample
 from .stats import Stopwatch
@@ -36,8 +35,6 @@ def speculative_decode(
     """Draft-then-verify decoding. ``gamma`` = drafts per target forward; at most gamma + 1 tokens are
     fixed per forward. Lossless with the exact rule."""
     rule = rule or ExactRule()
-    if gamma < 1:
-        raise FastARError(f"gamma {gamma} is too small: draft at least 1 token per target forward")
     N, B, dev = model.grid[0] * model.grid[1], conditioning.batch, model.device
     L = min(gamma, N - 1)
     watch = watch or Stopwatch(dev)

@@ -395,9 +395,8 @@ CORRUPT_FILES = {
     "truncated-pt": lambda d: truncated(d / "t.pt", lambda p: torch.save({"model": official_sd()}, p)),
     "truncated-legacy-pt": lambda d: truncated(
         d / "t.pt", lambda p: torch.save({"model": official_sd()}, p, _use_new_zipfile_serialization=False)),
-    "random-safetensors": lambda d: filled(d / "r.safetensors", bytes(range(256)) * 4),
-    "random-pt": lambda d: filled(d / "r.pt", bytes(range(256)) * 4),
     "empty-safetensors": lambda d: filled(d / "e.safetensors", b""),
+    "truncated-header-safetensors": lambda d: filled(d / "h.safetensors", b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a"),
 }
 
 
@@ -407,18 +406,28 @@ def test_corrupt_files_ask_for_a_redownload(tmp_path, kind):
         read_state_dict(CORRUPT_FILES[kind](tmp_path))
 
 
-@pytest.mark.parametrize("text", ["hello", "h", "}", "(", "PK", "version https://git-lfs.github.com/spec/v1\n",
-                                  "<!DOCTYPE html><html>Not Found</html>", "0123456789"])
-def test_text_named_pt_is_reported_as_corrupt(tmp_path, text):
-    """What a failed download leaves: an HTML page, an LFS pointer, a stray text file named like weights."""
-    with pytest.raises(FastARError, match="truncated or corrupt: re-download it"):
-        read_state_dict(filled(tmp_path / "model.pt", text.encode()))
+@pytest.mark.parametrize("name", ["model.pt", "model.safetensors"])
+@pytest.mark.parametrize("content", [b"hello", b"h", b"}", b"(", b"<!DOCTYPE html><html>Not Found</html>",
+                                     b"0123456789", bytes(range(256)) * 4])
+def test_a_file_that_is_no_weights_file_says_so(tmp_path, name, content):
+    """What a failed download leaves (an HTML page, a stray text file named like weights, other bytes) is not
+    called damaged: re-downloading the same link would give the same page."""
+    kind = "safetensors" if name.endswith(".safetensors") else "PyTorch checkpoint"
+    with pytest.raises(FastARError, match=f"{name} is not a {kind} file at all .*download the weights file itself"):
+        read_state_dict(filled(tmp_path / name, content))
+
+
+def test_a_git_lfs_pointer_says_how_to_fetch_the_weights(tmp_path):
+    pointer = b"version https://git-lfs.github.com/spec/v1\noid sha256:abc\nsize 123\n"
+    with pytest.raises(FastARError, match="is a Git LFS pointer, not the weights: fetch the file itself"):
+        read_state_dict(filled(tmp_path / "model.safetensors", pointer))
 
 
 def test_reader_fuzzed_with_short_random_files_only_raises_clear_errors(tmp_path):
     """Any damaged pickle stream must end in a FastARError that says what to do, never in a traceback."""
     generator = torch.Generator().manual_seed(0)
-    clear = re.compile("truncated or corrupt: re-download it|refused for safety|holds no weights")
+    clear = re.compile("truncated or corrupt: re-download it|refused for safety|holds no weights|is empty|"
+                       "is not a PyTorch checkpoint file at all")
     for i in range(300):
         size = int(torch.randint(0, 48, (), generator=generator))
         data = bytes(torch.randint(0, 256, (size,), generator=generator, dtype=torch.uint8).tolist())

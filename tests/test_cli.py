@@ -1,5 +1,6 @@
 """The command line on the bundled demo models, run as a user runs it (a real subprocess)."""
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fastar.model_loaders.demo import DEMO_AR, DEMO_DRAFTER, DEMO_VQ
+from fastar.model_loaders.demo import DEMO_AR, DEMO_DD, DEMO_DRAFTER, DEMO_MAR, DEMO_TEXT, DEMO_VAR, DEMO_VAR_DD, DEMO_VQ
 
 needs_demo = pytest.mark.skipif(not (DEMO_AR.exists() and DEMO_VQ.exists() and DEMO_DRAFTER.exists()),
                                 reason="demo weights not built")
@@ -49,10 +50,14 @@ def test_an_output_folder_that_cannot_be_made_is_said_before_generating(tmp_path
 
 @needs_demo
 def test_without_a_vq_the_codes_are_kept_next_to_out_and_progress_counts_the_batch(tmp_path):
-    r = fastar("generate", "--model", DEMO_AR, "--class", "4", "--batch", 2, "--decoder", "sjd",
+    model = tmp_path / "my_c2i.safetensors"  # not the bundled demo: no image decoder is known for it
+    shutil.copy(DEMO_AR, model)
+    r = fastar("generate", "--model", model, "--class", "4", "--batch", 2, "--decoder", "sjd",
                "--out", tmp_path / "pics" / "img.png", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     kept = tmp_path / "pics" / "img.tokens.json"
+    note, progress = r.stderr.index("note: no images from this run"), r.stderr.index("256/256 tokens")
+    assert note < progress, "said after the generation, not before"
     assert "no images written" in r.stderr and str(kept) in r.stderr and "--vq" in r.stderr
     assert len(json.loads(kept.read_text())["tokens"]) == 2 and not list(tmp_path.glob("pics/*.png"))
     assert "256/256 tokens (2 images)" in r.stderr  # and the tok/s beside it is of both images
@@ -99,6 +104,57 @@ def test_bad_input_gives_a_clear_error_and_exit_code(tmp_path, args, message):
     r = fastar("generate", "--quiet", *args, cwd=tmp_path)
     assert r.returncode == 2
     assert message in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--window", "0"], "Jacobi window 0 is too small"),
+    (["--gamma", "0"], "gamma 0 is too small"),
+    (["--group", "0"], "GSD group size 0"),
+    (["--lantern-delta", "2"], "LANTERN delta 2.0 is out of range"),
+    (["--temperature", "-1"], "temperature"),
+    (["--batch", "0"], "--batch 0: generate at least 1 image"),
+    (["--prefill", "1.5"], "pre-fill 1.5"),
+])
+def test_settings_are_checked_before_anything_loads(tmp_path, args, message):
+    """A model that does not exist: the settings' error comes first, before the model is even looked for."""
+    r = fastar("generate", "--quiet", "--model", "not-loaded.safetensors", *args, cwd=tmp_path)
+    assert r.returncode == 2 and message in r.stderr and "not-loaded" not in r.stderr, r.stderr
+
+
+@needs_demo
+@pytest.mark.parametrize("model, extra", [
+    (DEMO_MAR, ["--num-iter", "4", "--diffusion-steps", "5"]),
+    (DEMO_VAR, []),
+    (DEMO_DD, []),
+    (DEMO_VAR_DD, []),
+    (DEMO_TEXT, ["--prompt", "a red ring on a cyan background", "--window", "32"]),
+], ids=lambda value: getattr(value, "name", ""))
+def test_each_bundled_model_finds_its_image_decoder_and_writes_where_it_says(tmp_path, model, extra):
+    r = fastar("generate", "--model", model, *extra, "--quiet", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    written = list((tmp_path / "out").glob("*.png"))
+    assert len(written) == 1 and written[0].name.startswith(f"{model.stem}_") and "_seed0" in written[0].name
+    assert f"wrote 1 image(s) to {Path('out') / written[0].name}" in r.stdout
+    assert np.asarray(Image.open(written[0])).std() > 5
+
+
+@needs_demo
+def test_the_text_demo_names_the_words_it_does_not_know(tmp_path):
+    r = fastar("generate", "--model", DEMO_TEXT, "--prompt", "a purple dog on a red background", "--window", "64",
+               "--quiet", "--tokens-out", "t.json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "does not know 'purple', 'dog'" in r.stderr and "'red'" not in r.stderr.split("does not know")[1]
+
+
+def test_the_default_threads_leave_busy_cores_alone(monkeypatch):
+    from fastar import cli
+
+    monkeypatch.setattr(cli.os, "cpu_count", lambda: 8)
+    for load, threads in ((0.1, 8), (3.0, 5), (7.6, 1), (20.0, 1)):
+        monkeypatch.setattr(cli.os, "getloadavg", lambda load=load: (load, load, load))
+        assert cli.free_cores() == threads
+    monkeypatch.delattr(cli.os, "getloadavg")
+    assert cli.free_cores() == 8
 
 
 @needs_demo

@@ -279,6 +279,18 @@ def test_files_that_are_no_drafter_are_refused(tmp_path):
         assert all(f in str(e.value) for f in fragments), str(e.value)
 
 
+@pytest.mark.parametrize("name, what", [("demo_mar.safetensors", "a MAR model"),
+                                        ("demo_dd.safetensors", "a Distilled Decoding student"),
+                                        ("demo_var.safetensors", "a VAR model")])
+def test_a_model_of_another_kind_is_refused_as_drafter_naming_both_kinds(name, what):
+    from fastar.model_loaders.demo import DEMO_DIR
+
+    with pytest.raises(FastARError) as e:
+        load_drafter(DEMO_DIR / name, tiny_model())
+    assert f"is {what}, and the target is a LlamaGen GPT" in str(e.value), str(e.value)
+    assert "EAGLE drafter folder or a smaller LlamaGen GPT" in str(e.value)
+
+
 AR_REFUSALS = {
     "vocabulary": (dict(vocab_size=60), {}, ["draws 60 codes", "draws 50", "VQ tokenizer"]),
     "grid": (dict(grid=(5, 5)), {}, ["5x5", "4x4", "image size"]),

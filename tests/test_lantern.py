@@ -6,6 +6,7 @@ import torch
 from fastar.errors import FastARError
 from fastar.samplers.acceptance import ExactRule, LanternRule
 from fastar.samplers.latent_neighbours import latent_neighbours
+from fastar.samplers.decoders import DecoderSpec
 
 
 def random_setup(seed=0, V=24, D=4, batch=(5, 3)):
@@ -112,6 +113,6 @@ def test_greedy_accepts_exactly_when_the_draft_is_the_argmax_of_the_distorted_ta
 
 
 def test_out_of_range_delta_is_refused():
-    codebook, *_ = random_setup()
-    with pytest.raises(FastARError, match="delta"):
-        LanternRule(latent_neighbours(codebook, 4), 1.5)
+    for delta in (1.5, -0.1):
+        with pytest.raises(FastARError, match="LANTERN delta .* out of range: use 0..1"):
+            DecoderSpec("lantern", lantern_delta=delta).validate()

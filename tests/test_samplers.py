@@ -112,9 +112,18 @@ def test_group_filters_by_probability_gap_distance_and_support():
     assert grouped(50, prob_threshold=1.0, distance_threshold=1.0).accept_probability(p_cut, q_cut, torch.tensor([[0]])) == 0
 
 
-def test_group_distance_threshold_out_of_range_is_refused():
-    with pytest.raises(FastARError):
-        grouped(3, distance_threshold=1.5)
+@pytest.mark.parametrize("changes, message", [
+    (dict(distance_threshold=1.5), "GSD thresholds"), (dict(prob_threshold=-0.1), "GSD thresholds"),
+    (dict(group=0), "GSD group size 0"),
+    (dict(window=1), "Jacobi window 1"), (dict(gamma=0), "gamma 0"), (dict(lantern_k=0), "LANTERN k 0"),
+    (dict(lantern_delta=-0.5), "LANTERN delta"), (dict(flow_steps=1), "flow-map steps 1")])
+def test_settings_out_of_range_are_refused_by_the_spec_and_by_decode(changes, message):
+    spec = DecoderSpec("gsd", **changes)
+    with pytest.raises(FastARError, match=message):
+        spec.validate()
+    model = tiny_model()
+    with pytest.raises(FastARError, match=message):  # the decoders' entrance checks it too (the nodes' path)
+        decode(model, tiny_conditioning(model), SamplingSettings(), spec, seed=0)
 
 
 def test_group_distance_is_scale_free():

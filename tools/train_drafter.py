@@ -157,11 +157,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options, shared with ``python -m fastar train-drafter``."""
     p.add_argument("--target", default=str(DEMO_AR), help="target AR checkpoint (default: the bundled demo model)")
     p.add_argument("--out", help="eagle: output folder; ar: output .safetensors (default: the demo drafter)")
-    p.add_argument("--kind", choices=("eagle", "ar"), default="eagle")
+    p.add_argument("--kind", choices=("eagle", "ar"), default="eagle",
+                   help="eagle: a head on the target's hidden states; ar: a small model of the same family")
     p.add_argument("--samples", type=int, default=2500, help="target samples to train on (generated once)")
     p.add_argument("--val-samples", type=int, default=64, help="held-out target samples for the agreement")
-    p.add_argument("--steps", type=int, default=900)
-    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--steps", type=int, default=900, help="optimiser steps")
+    p.add_argument("--batch", type=int, default=32, help="sequences per step")
     p.add_argument("--lr", type=float, default=3e-3,
                    help="peak learning rate (LANTERN trained real drafters at 1e-4, batch 16, for many more steps)")
     p.add_argument("--warmup", type=int, default=100, help="linear warm-up steps")
@@ -170,7 +171,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=int, default=2, help="ar: drafter layers")
     p.add_argument("--heads", type=int, default=4, help="ar: drafter heads")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the samples and the training")
     p.add_argument("--cache-dir", default=str(DATA_DIR), help="where generated target samples are kept")
     p.add_argument("--log-every", type=int, default=50, help="print the loss every N steps")
 

@@ -25,6 +25,19 @@ def test_every_node_and_input_is_documented():
     assert (ROOT / "docs" / "comfyui_workflow.png").stat().st_size < 400_000  # small
 
 
+def test_the_readme_lists_every_node_by_its_display_name():
+    names = set()
+    for source in (ROOT / "nodes").glob("*.py"):
+        names |= set(re.findall(r'(?:display_name=|DISPLAY = )"(FastAR [^"]+)"', source.read_text()))
+    readme = (ROOT / "README.md").read_text()
+    listed = readme[readme.index("Nodes (every input"):readme.index("## Command line")]
+    assert len(names) == len(NODES), names
+    assert {name for name in names if name not in listed} == set()
+    for name in sorted(names, key=len, reverse=True):
+        listed = listed.replace(name, "")
+    assert "FastAR " not in listed, f"a node that does not exist: {listed}"  # a renamed or removed one
+
+
 def test_web_docs_match_docs_nodes_md():
     sections = node_docs.sections((ROOT / "docs" / "nodes.md").read_text())
     for node, body in sections.items():
