@@ -231,7 +231,7 @@ def test_bench_dd_compares_the_student_with_its_teacher(tmp_path):
     student = tiny_student(grid=(16, 16), vocab=512, classes=8, split=100, t2=80)
     released_layout(student, tmp_path / "student.pt")
     (tmp_path / "student.json").write_text(json.dumps({"num_attention_heads": 4, "split_t": 100}))
-    r = fastar("bench", "--dd", "--model", tmp_path / "student.pt", "--samples", 16, "--timing-runs", 1,
+    r = fastar("bench", "--dd", "--model", tmp_path / "student.pt", "--samples", 8, "--timing-runs", 1,
                "--out", tmp_path / "bench", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "bench" / "bench_dd.json").read_text())

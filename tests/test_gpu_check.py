@@ -64,7 +64,7 @@ def test_the_sync_probe_runs_every_decoder_and_counts_what_the_debug_mode_report
             warnings.warn("called a synchronizing CUDA operation")
 
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", debug_mode)
-    counts = gpu_check.probe_sync("cpu", None)
+    counts = gpu_check.probe_sync("cpu", None, images=1, mar_steps=4)  # the GPU's run: 4 images, 16 MAR steps
     assert set(counts) == {"ar", "sjd", "gsd", "spec", "mar-ar", "mar-cspd"}
     assert counts["ar"]["syncs"] == 1 and all(c["syncs"] == 0 for name, c in counts.items() if name != "ar")
     assert counts["mar-cspd"]["drafter_forwards"] > 0 and counts["spec"]["syncs_per_step"] == 0

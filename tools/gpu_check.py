@@ -310,9 +310,10 @@ def environment() -> dict:
 
 
 # ----------------------------------------------------------------------------------------------- in-process probes
-def probe_sync(device: str, out: Path) -> dict:
+def probe_sync(device: str, out: Path, images: int = 4, mar_steps: int = 16) -> dict:
     """Host syncs per image of each decoder on the demo models (sync debug mode's warnings, counted): the token
-    decoders per target forward, MAR per step, CSpD per drafted step (tests/test_host_syncs.py: the CPU's count)."""
+    decoders per target forward, MAR per step (``mar_steps`` of them), CSpD per drafted step, ``images`` at once
+    (tests/test_host_syncs.py: the CPU's count)."""
     import torch
 
     from ..model_loaders import load_ar_model
@@ -326,13 +327,13 @@ def probe_sync(device: str, out: Path) -> dict:
     torch_device = torch.device(device)
     model = load_ar_model(str(DEMO / "demo_c2i.safetensors"), device=torch_device, dtype=torch.float32)
     spec_drafter = load_drafter(str(DEMO / "demo_drafter"), model)
-    cond = ClassConditioning(torch.arange(4, device=device))
+    cond = ClassConditioning(torch.arange(images, device=device))
     runs = {name: (lambda seed, name=name: decode(model, cond, SamplingSettings(), DecoderSpec(name), seed=seed,
                                                   **({"drafter": spec_drafter} if name == "spec" else {}))[1])
             for name in ("ar", "sjd", "gsd", "spec")}
     mar = load_ar_model(str(DEMO / "demo_mar.safetensors"), device=torch_device, dtype=torch.float32)
     mar_draft = load_drafter("demo", mar)
-    masked = MaskedSettings(num_iter=16, cfg_scale=3.0, diffusion_steps=25)
+    masked = MaskedSettings(num_iter=mar_steps, cfg_scale=3.0, diffusion_steps=25)
     runs["mar-ar"] = lambda seed: decode_masked(mar, cond, masked, seed=seed)[1]
     runs["mar-cspd"] = lambda seed: decode_masked(mar, cond, masked, "cspd", seed=seed, drafter=mar_draft,
                                                   cspd=CSpDSettings())[1]
