@@ -12,22 +12,19 @@ from pathlib import Path
 from .errors import FastARError, FastARWarning
 from .model_loaders.compiled import COMPILE_MODES, SWITCH
 from .samplers.acceptance import PROB_FILTERS
-from .samplers.cspd import VERIFY_MODES, CSpDSettings
-from .samplers.decoders import DECODERS, LOSSLESS, NEEDS_DRAFTER, DecoderSpec, check_decoder
+from .samplers.cspd import VERIFY_MODES
 from .samplers.distilled import DDSettings
+from .samplers.decoders import DECODERS, LOSSLESS, NEEDS_DRAFTER, check_decoder
 from .samplers.drafts import COUPLINGS, INIT_STRATEGIES
-from .samplers.masked import CFG_SCHEDULES, MaskedSettings
+from .samplers.masked import CFG_SCHEDULES
 from .samplers.next_scale import VAR_SAMPLING
 from .samplers.processing import SamplingSettings
+from .settings import (CSPD_DEFAULTS, DD_DEFAULTS, MASKED_DEFAULTS, SAMPLING_DEFAULTS, SPEC_DEFAULTS,
+                       check_arguments, cspd_from, masked_settings_from, sampling_from, spec_from, top_k_of, top_p_of)
 from .tools.distill_dd import add_arguments as add_distill_args
 from .tools.train_drafter import add_arguments as add_drafter_training_args
 
-SPEC_DEFAULTS = DecoderSpec()
 DEFAULT_DECODER = {"token-ar": "sjd", "masked-ar": "ar", "few-step": "dd", "next-scale": "ar"}
-SAMPLING_DEFAULTS = SamplingSettings()
-MASKED_DEFAULTS = MaskedSettings()
-CSPD_DEFAULTS = CSpDSettings()
-DD_DEFAULTS = DDSettings()
 
 
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
@@ -226,25 +223,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def spec_from(args, decoder: str) -> DecoderSpec:
-    return DecoderSpec(decoder=decoder, window=args.window, init=args.init, coupling=args.coupling,
-                       group=args.group, prob_threshold=args.prob_threshold, prob_filter=args.prob_filter,
-                       distance_threshold=args.distance_threshold, gamma=SPEC_DEFAULTS.gamma if args.gamma is None else args.gamma,
-                       lantern_k=args.lantern_k, lantern_delta=args.lantern_delta, flow_steps=args.flow_steps)
-
-
-def masked_settings_from(args) -> MaskedSettings:
-    if top_k_of(args) != SAMPLING_DEFAULTS.top_k or top_p_of(args) != SAMPLING_DEFAULTS.top_p:
-        raise FastARError("--top-k and --top-p act on token probabilities; a MAR model samples continuous tokens: "
-                          "leave them out (--temperature and --cfg apply)")
-    return MaskedSettings(num_iter=args.num_iter, cfg_scale=cfg_of(args), cfg_schedule=args.cfg_schedule,
-                          temperature=args.temperature, diffusion_steps=args.diffusion_steps)
-
-
-def cspd_from(args) -> CSpDSettings:
-    return CSpDSettings(gamma=CSPD_DEFAULTS.gamma if args.gamma is None else args.gamma, prefill=args.prefill, verify=args.cspd_verify).validate()
-
-
 def drafter_choice(args, decoder: str) -> str | None:
     """The drafter path for ``decoder``: --drafter, or the demo drafter for a decoder that needs one on a
     demo model; None (Jacobi drafts) otherwise."""
@@ -253,25 +231,6 @@ def drafter_choice(args, decoder: str) -> str | None:
     if args.drafter:
         return args.drafter
     return "demo" if decoder in NEEDS_DRAFTER and (args.model is None or is_demo_mar(args.model)) else None
-
-
-def cfg_of(args) -> float:
-    return SAMPLING_DEFAULTS.cfg_scale if args.cfg is None else args.cfg
-
-
-def top_k_of(args, default: int = SAMPLING_DEFAULTS.top_k) -> int:
-    """--top-k, or ``default`` when the flag is absent (0 given means off, never the default)."""
-    return default if args.top_k is None else args.top_k
-
-
-def top_p_of(args, default: float = SAMPLING_DEFAULTS.top_p) -> float:
-    """--top-p, or ``default`` when the flag is absent (1 given means off, never the default)."""
-    return default if args.top_p is None else args.top_p
-
-
-def sampling_from(args) -> SamplingSettings:
-    return SamplingSettings(cfg_scale=cfg_of(args), temperature=args.temperature, top_k=top_k_of(args),
-                            top_p=top_p_of(args)).validate()
 
 
 class ProgressLine:
@@ -313,16 +272,6 @@ def make_output_folders(args) -> None:
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
             except OSError as error:
                 raise FastARError(f"--{name.replace('_', '-')} {path}: its folder cannot be made ({error.strerror})")
-
-
-def check_arguments(args) -> None:
-    """The settings' ranges, before anything loads (a big model takes minutes to): the decoder's, the sampling's,
-    CSpD's and the batch. What depends on the model (its classes, token count, drafter) is checked after."""
-    spec_from(args, getattr(args, "decoder", None) or SPEC_DEFAULTS.decoder).validate()
-    sampling_from(args)
-    cspd_from(args)
-    if getattr(args, "batch", 1) < 1:
-        raise FastARError(f"--batch {args.batch}: generate at least 1 image")
 
 
 def command_generate(args) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..cli import sampling_from, spec_from
+from ..settings import sampling_from, spec_from
 from ..errors import FastARError
 from ..model_loaders.ar_drafter import SmallARDrafter
 from ..model_loaders.compiled import compiled_mode

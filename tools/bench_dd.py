@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..cli import top_k_of, top_p_of
+from ..settings import top_k_of, top_p_of
 from ..errors import FastARError
 from ..model_loaders.demo import DEMO_AR, DEMO_DD, DEMO_VAR, demo_image_decoder
 from ..pipeline import LoadedModels, check_image_decoder, class_conditioning, load_models

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..cli import cspd_from, masked_settings_from
+from ..settings import cspd_from, masked_settings_from
 from ..errors import FastARError
 from ..model_loaders.demo import DEMO_KL, DEMO_MAR
 from ..pipeline import class_conditioning, load_models

@@ -1,0 +1,66 @@
+"""User values -> the settings objects the samplers take: what the command line's flags (and the benchmark's,
+which shares them) mean, with their defaults and ranges, in one place below both."""
+from __future__ import annotations
+
+from .errors import FastARError
+from .samplers.cspd import CSpDSettings
+from .samplers.decoders import DecoderSpec
+from .samplers.distilled import DDSettings
+from .samplers.masked import MaskedSettings
+from .samplers.processing import SamplingSettings
+
+SPEC_DEFAULTS = DecoderSpec()
+SAMPLING_DEFAULTS = SamplingSettings()
+MASKED_DEFAULTS = MaskedSettings()
+CSPD_DEFAULTS = CSpDSettings()
+DD_DEFAULTS = DDSettings()
+
+
+def spec_from(args, decoder: str) -> DecoderSpec:
+    return DecoderSpec(decoder=decoder, window=args.window, init=args.init, coupling=args.coupling,
+                       group=args.group, prob_threshold=args.prob_threshold, prob_filter=args.prob_filter,
+                       distance_threshold=args.distance_threshold,
+                       gamma=SPEC_DEFAULTS.gamma if args.gamma is None else args.gamma,
+                       lantern_k=args.lantern_k, lantern_delta=args.lantern_delta, flow_steps=args.flow_steps)
+
+
+def masked_settings_from(args) -> MaskedSettings:
+    if top_k_of(args) != SAMPLING_DEFAULTS.top_k or top_p_of(args) != SAMPLING_DEFAULTS.top_p:
+        raise FastARError("--top-k and --top-p act on token probabilities; a MAR model samples continuous tokens: "
+                          "leave them out (--temperature and --cfg apply)")
+    return MaskedSettings(num_iter=args.num_iter, cfg_scale=cfg_of(args), cfg_schedule=args.cfg_schedule,
+                          temperature=args.temperature, diffusion_steps=args.diffusion_steps)
+
+
+def cspd_from(args) -> CSpDSettings:
+    gamma = CSPD_DEFAULTS.gamma if args.gamma is None else args.gamma
+    return CSpDSettings(gamma=gamma, prefill=args.prefill, verify=args.cspd_verify).validate()
+
+
+def cfg_of(args) -> float:
+    return SAMPLING_DEFAULTS.cfg_scale if args.cfg is None else args.cfg
+
+
+def top_k_of(args, default: int = SAMPLING_DEFAULTS.top_k) -> int:
+    """--top-k, or ``default`` when the flag is absent (0 given means off, never the default)."""
+    return default if args.top_k is None else args.top_k
+
+
+def top_p_of(args, default: float = SAMPLING_DEFAULTS.top_p) -> float:
+    """--top-p, or ``default`` when the flag is absent (1 given means off, never the default)."""
+    return default if args.top_p is None else args.top_p
+
+
+def sampling_from(args) -> SamplingSettings:
+    return SamplingSettings(cfg_scale=cfg_of(args), temperature=args.temperature, top_k=top_k_of(args),
+                            top_p=top_p_of(args)).validate()
+
+
+def check_arguments(args) -> None:
+    """The settings' ranges, before anything loads (a big model takes minutes to): the decoder's, the sampling's,
+    CSpD's and the batch. What depends on the model (its classes, token count, drafter) is checked after."""
+    spec_from(args, getattr(args, "decoder", None) or SPEC_DEFAULTS.decoder).validate()
+    sampling_from(args)
+    cspd_from(args)
+    if getattr(args, "batch", 1) < 1:
+        raise FastARError(f"--batch {args.batch}: generate at least 1 image")

@@ -1,0 +1,117 @@
+"""The package's imports, read from its source (ast): no circle anywhere (a function-level import counts: it is
+still a circle of purposes), and none running up the layers of ARCHITECTURE (docs: architecture.md): samplers
+know nothing of nodes, the command line or the commands; model_loaders nothing of samplers either; the runtime
+nothing of the demo recipes or the test machinery."""
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "fastar"
+NOT_PACKAGE = {"tests", ".venv", ".comfyui", "demo", "web", "workflows", "docs", ".ci"}
+RUNTIME = ("nodes", "samplers", "model_loaders", "pipeline", "memory", "settings", "errors", "interrupts",
+           "torch_version")
+RECIPES_AND_TEST_MACHINERY = ("tools.demo_data", "tools.demo_common", "tools.train_", "tools.check_demo",
+                              "tools.autoencoder_data", "tools.toy_model", "tools.comfyui")
+BELOW = {  # a layer -> what it must never import
+    "samplers": ("nodes", "cli", "tools", "pipeline", "settings"),
+    "model_loaders": ("samplers", "nodes", "cli", "tools", "pipeline", "settings"),
+}
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_modules(root: Path = ROOT) -> dict[str, Path]:
+    return {module_name(p, root): p for p in root.rglob("*.py") if not set(p.relative_to(root).parts) & NOT_PACKAGE}
+
+
+def imports_of(name: str, path: Path, modules: dict) -> set[str]:
+    """The package modules ``name`` imports (relative or absolute, at any depth of its code)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] if package else []
+                target = ".".join([*filter(None, base), *([node.module] if node.module else [])])
+            elif (node.module or "").startswith(PACKAGE + "."):
+                target = node.module[len(PACKAGE) + 1:]
+            else:
+                continue
+            found |= {f"{target}.{a.name}" if f"{target}.{a.name}" in modules else target for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name[len(PACKAGE) + 1:] for a in node.names if a.name.startswith(PACKAGE + ".")}
+    return {m for m in found if m in modules and m != name}
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    modules = package_modules(root)
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while not group or group[-1] != v:
+                group.append(stack.pop())
+                on_stack.discard(group[-1])
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def within(name: str, prefixes) -> bool:
+    return any(name == p or name.startswith(p + ".") or (p.endswith("_") and name.startswith(p)) for p in prefixes)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    wrong = []
+    for name, targets in graph.items():
+        for layer, forbidden in BELOW.items():
+            if within(name, (layer,)):
+                wrong += [f"{name} -> {t}" for t in targets if within(t, forbidden)]
+        if within(name, RUNTIME):
+            wrong += [f"{name} -> {t}" for t in targets if within(t, RECIPES_AND_TEST_MACHINERY)]
+    return wrong
+
+
+def test_the_package_has_no_import_circle():
+    graph = import_graph()
+    assert len(graph) > 90 and {"settings", "samplers.processing"} <= graph["cli"], graph["cli"]
+    assert circles(graph) == []
+
+
+def test_no_import_runs_up_the_layers():
+    assert upward_imports(import_graph()) == []
+
+
+def test_the_checks_see_a_circle_and_an_upward_import_added_on_purpose(tmp_path):
+    """A copy of the package with ``samplers.jacobi`` importing the CLI, which imports the samplers."""
+    for path in package_modules().values():
+        copy = tmp_path / path.relative_to(ROOT)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(path.read_text())
+    jacobi = tmp_path / "samplers" / "jacobi.py"
+    jacobi.write_text(jacobi.read_text() + "\n\ndef _loop():\n    from ..cli import main  # noqa\n")
+    graph = import_graph(tmp_path)
+    assert any("samplers.jacobi" in group and "cli" in group for group in circles(graph))
+    assert "samplers.jacobi -> cli" in upward_imports(graph)
