@@ -10,7 +10,7 @@ import warnings
 from pathlib import Path
 
 from .errors import FastARError, FastARWarning
-from .model_loaders.compiled import COMPILE_MODES, SWITCH
+from .model_loaders.shared.compiled import COMPILE_MODES, SWITCH
 from .samplers.acceptance import PROB_FILTERS
 from .samplers.cspd import VERIFY_MODES
 from .samplers.distilled import DDSettings
@@ -21,8 +21,8 @@ from .samplers.next_scale import VAR_SAMPLING
 from .samplers.processing import SamplingSettings
 from .settings import (CSPD_DEFAULTS, DD_DEFAULTS, MASKED_DEFAULTS, SAMPLING_DEFAULTS, SPEC_DEFAULTS,
                        check_arguments, cspd_from, masked_settings_from, sampling_from, spec_from, top_k_of, top_p_of)
-from .tools.distill_dd import add_arguments as add_distill_args
-from .tools.train_drafter import add_arguments as add_drafter_training_args
+from .commands.distill_dd import add_arguments as add_distill_args
+from .commands.train_drafter import add_arguments as add_drafter_training_args
 
 DEFAULT_DECODER = {"token-ar": "sjd", "masked-ar": "ar", "few-step": "dd", "next-scale": "ar"}
 
@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
 def drafter_choice(args, decoder: str) -> str | None:
     """The drafter path for ``decoder``: --drafter, or the demo drafter for a decoder that needs one on a
     demo model; None (Jacobi drafts) otherwise."""
-    from .model_loaders.demo import is_demo_mar
+    from .model_loaders.shared.demo import is_demo_mar
 
     if args.drafter:
         return args.drafter
@@ -552,9 +552,9 @@ def check_decoder_input(decoder, inputs) -> None:
 
 
 def command_bench(args) -> int:
-    from .tools.bench import run_bench
-    from .tools.bench_dd import run_dd_bench
-    from .tools.bench_mar import run_mar_bench
+    from .commands.bench import run_bench
+    from .commands.bench_dd import run_dd_bench
+    from .commands.bench_mar import run_mar_bench
 
     check_arguments(args)
     args.out = args.out or str(DEFAULT_OUT / ("bench-mar" if args.mar else "bench-dd" if args.dd else "bench"))
@@ -564,21 +564,21 @@ def command_bench(args) -> int:
 
 
 def command_profile(args) -> int:
-    from .tools.speed_profile import run_profile
+    from .commands.speed_profile import run_profile
 
     run_profile(args)
     return 0
 
 
 def command_train_drafter(args) -> int:
-    from .tools.train_drafter import train
+    from .commands.train_drafter import train
 
     train(args)
     return 0
 
 
 def command_distill_dd(args) -> int:
-    from .tools.distill_dd import distill
+    from .commands.distill_dd import distill
 
     distill(args)
     return 0

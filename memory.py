@@ -86,7 +86,7 @@ def token_working_bytes(ar, conditioning, batch: int, use_cfg: bool, spec, *, dr
 class Need:
     """A run's memory: ``weights`` (whatever the batch) and ``working(batch)``, for the batch asked. Of the
     weights, ``streamable`` bytes may stay in host memory and stream to the device at each step
-    (model_loaders/streaming.py), which then needs ``stream_buffer`` bytes for the layers in flight."""
+    (model_loaders/shared/streaming.py), which then needs ``stream_buffer`` bytes for the layers in flight."""
 
     weights: dict  # name -> bytes
     working: Callable[[int], int]  # batch -> bytes

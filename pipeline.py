@@ -11,7 +11,7 @@ import torch
 from .errors import FastARError, FastARWarning
 from .memory import (GB, Need, check_room, decode_bytes_per_image, free_bytes, gb, images_per_chunk,
                      token_working_bytes)
-from .model_loaders.protocol import ClassConditioning, PromptConditioning
+from .model_loaders.shared.protocol import ClassConditioning, PromptConditioning
 from .samplers.processing import DTYPE_NAMES
 
 DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
@@ -187,13 +187,13 @@ def load_models(model_path: str | None, vq_path: str | None, device: str = "auto
     """The AR model, image decoder and optional drafter; the model defaults to the bundled demo model, the image
     decoder of a bundled model to its bundled one, ``drafter_path="demo"`` is the bundled demo drafter. ``image_size`` (pixels) overrides the model's.
     ``compile_switch`` (on, auto, off): the token model's decoding steps through torch.compile
-    (model_loaders/compiled.py). ``gpu_weights``: GB of the model's weights kept on the GPU, the rest streamed
-    from host memory at every step (model_loaders/streaming.py); None: all of them."""
+    (model_loaders/shared/compiled.py). ``gpu_weights``: GB of the model's weights kept on the GPU, the rest streamed
+    from host memory at every step (model_loaders/shared/streaming.py); None: all of them."""
     from .model_loaders import load_ar_model, load_image_decoder
-    from .model_loaders.compiled import compile_steps
-    from .model_loaders.demo import DEMO_AR, demo_image_decoder
-    from .model_loaders.drafters import load_drafter
-    from .model_loaders.streaming import place
+    from .model_loaders.shared.compiled import compile_steps
+    from .model_loaders.shared.demo import DEMO_AR, demo_image_decoder
+    from .model_loaders.drafters.loader import load_drafter
+    from .model_loaders.shared.streaming import place
 
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
@@ -247,7 +247,7 @@ def conditioning_for(model, *, classes: list[str] | None = None, batch: int = 1,
     if kind == "caption":
         if not prompts or not t5_folder:
             raise FastARError("this is a text-to-image model: give --prompt and --t5 (a local FLAN-T5 folder)")
-        from .model_loaders.t5 import encode_captions, load_t5_encoder
+        from .model_loaders.llamagen.t5 import encode_captions, load_t5_encoder
 
         prompts = prompts * batch if len(prompts) == 1 else prompts
         encoder = load_t5_encoder(t5_folder, device=model.device)

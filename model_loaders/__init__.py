@@ -1,14 +1,14 @@
 """Model families: architectures and checkpoint readers. The front doors pick the loader from the keys."""
 from ..errors import FastARError
 from ..torch_version import check_torch_version
-from .chameleon import load_chameleon, load_vqgan
-from .checkpoint import AR_MODEL, IMAGE_DECODER, detect_family, read_state_dict, require_family
-from .dd import load_dd_student
-from .janus import load_janus, vq_of_janus
-from .llamagen import load_llamagen, load_vq
-from .mar import load_kl_vae, load_mar
-from .streaming import make_streamable
-from .var import load_var, load_var_dd, load_var_vqvae
+from .chameleon.loader import load_chameleon, load_vqgan
+from .shared.checkpoint import AR_MODEL, IMAGE_DECODER, detect_family, read_state_dict, require_family
+from .dd.loader import load_dd_student
+from .janus.loader import load_janus, vq_of_janus
+from .llamagen.loader import load_llamagen, load_vq
+from .mar.loader import load_kl_vae, load_mar
+from .shared.streaming import make_streamable
+from .var.loader import load_var, load_var_dd, load_var_vqvae
 
 LOADERS = {"llamagen-dd": load_dd_student, "llamagen-gpt": load_llamagen, "llamagen-gpt-hf": load_llamagen,
            "mar": load_mar, "chameleon": load_chameleon, "janus": load_janus, "var": load_var,

@@ -16,8 +16,8 @@ import comfy.utils
 
 from ..interrupts import interruptible
 from ..memory import Need, check_room as refuse_unless_room
-from ..model_loaders.compiled import release_static_buffers
-from ..model_loaders.streaming import (move_resident, stream_buffer_bytes, streamable_bytes, streamable_layers,
+from ..model_loaders.shared.compiled import release_static_buffers
+from ..model_loaders.shared.streaming import (move_resident, stream_buffer_bytes, streamable_bytes, streamable_layers,
                                        streamed_bytes)
 from ..pipeline import DTYPES
 
@@ -110,7 +110,7 @@ def load_for_inference(patchers: list, memory_required: int) -> None:
     """Make room (offloading other models), load the patchers' models to their load device and reserve
     ``memory_required`` bytes (KV cache and activations) on top. A model with blocks that can stream is loaded
     the way ComfyUI loads its own models: partially where the GPU is short, the rest streamed
-    (model_loaders/streaming.py); other models are loaded fully."""
+    (model_loaders/shared/streaming.py); other models are loaded fully."""
     streams = any(streamable_layers(patcher.model.inner) for patcher in patchers)
     try:
         mm.load_models_gpu(patchers, memory_required=memory_required, force_full_load=not streams)

@@ -17,8 +17,8 @@ from pathlib import Path
 import folder_paths
 
 from ..errors import FastARError
-from ..model_loaders.checkpoint import AR_MODEL, DRAFTER as CHECKPOINT_DRAFTER, FAMILY_KIND, IMAGE_DECODER, detect_family
-from ..model_loaders.demo import DEMO_AR, DEMO_DIR, DEMO_MAR_DRAFT
+from ..model_loaders.shared.checkpoint import AR_MODEL, DRAFTER as CHECKPOINT_DRAFTER, FAMILY_KIND, IMAGE_DECODER, detect_family
+from ..model_loaders.shared.demo import DEMO_AR, DEMO_DIR, DEMO_MAR_DRAFT
 
 FOLDER = "fastar"
 DRAFTER_FOLDER = "fastar_drafters"

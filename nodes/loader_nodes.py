@@ -9,9 +9,9 @@ import torch
 from comfy_api.latest import io
 
 from ..errors import FastARError
-from ..model_loaders.compiled import SWITCH, compile_steps, switch_error
-from ..model_loaders.demo import DEMO_DRAFTER
-from ..model_loaders.protocol import ClassConditioning, PromptConditioning
+from ..model_loaders.shared.compiled import SWITCH, compile_steps, switch_error
+from ..model_loaders.shared.demo import DEMO_DRAFTER
+from ..model_loaders.shared.protocol import ClassConditioning, PromptConditioning
 from ..pipeline import DTYPES, check_class_index, conditioning_type
 from . import comfy_glue as glue
 from . import files
@@ -257,7 +257,7 @@ class LoadDrafter(CheckpointLoader):
 
     @classmethod
     def load(cls, path, name, dtype, model: ModelHandle):
-        from ..model_loaders.drafters import load_drafter
+        from ..model_loaders.drafters.loader import load_drafter
 
         target = model.module
         drafter = load_drafter(path, target, device=glue.offload_device(),
@@ -268,7 +268,7 @@ class LoadDrafter(CheckpointLoader):
 def drafter_weights(drafter) -> torch.nn.Module:
     """The module holding a drafter's own weights (an EAGLE head borrows the rest from its target; a MAR
     draft is a model itself)."""
-    from ..model_loaders.eagle_drafter import EagleDrafter
+    from ..model_loaders.drafters.eagle import EagleDrafter
 
     if isinstance(drafter, torch.nn.Module):
         return drafter
@@ -453,7 +453,7 @@ class TextConditioning(io.ComfyNode):
 
     @classmethod
     def execute(cls, model: ModelHandle, prompt, t5_folder) -> io.NodeOutput:
-        from ..model_loaders.t5 import encode_captions, load_t5_encoder
+        from ..model_loaders.llamagen.t5 import encode_captions, load_t5_encoder
 
         kind = conditioning_type(model.module)
         short = prompt.strip().splitlines()[0][:60]

@@ -12,8 +12,8 @@ from comfy_api.latest import io
 from ..errors import FastARError, check_choice
 from ..memory import (cache_rows, decode_bytes_per_image, decode_window, element_bytes, kv_bytes, kv_cache_bytes,
                       token_working_bytes)
-from ..model_loaders.eagle_drafter import EagleHead
-from ..model_loaders.protocol import CaptionConditioning, ClassConditioning, PromptConditioning
+from ..model_loaders.drafters.eagle import EagleHead
+from ..model_loaders.shared.protocol import CaptionConditioning, ClassConditioning, PromptConditioning
 from ..pipeline import CONDITIONING_NAMES, check_image_decoder, class_conditioning, conditioning_type
 from ..samplers.acceptance import PROB_FILTERS
 from ..samplers.cspd import VERIFY_MODES, CSpDSettings

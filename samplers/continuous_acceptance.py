@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..model_loaders.diffusion import ReverseStep
+from ..model_loaders.mar.diffusion import ReverseStep
 
 
 def log_density(x: torch.Tensor, gaussian: ReverseStep) -> torch.Tensor:

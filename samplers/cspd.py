@@ -28,8 +28,8 @@ from typing import Optional
 import torch
 
 from ..errors import FastARError, check_choice
-from ..model_loaders.diffusion import ReverseStep
-from ..model_loaders.mar import check_mar_draft
+from ..model_loaders.mar.diffusion import ReverseStep
+from ..model_loaders.mar.loader import check_mar_draft
 from .continuous_acceptance import accept, sample_residual
 from .masked import Canvas, Guide, MaskedSettings, Plan, at, mask_schedule, reverse_process, row_index
 from .stats import DecodeStats, Stopwatch

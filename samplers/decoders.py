@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..errors import FastARError, FastARWarning
-from ..model_loaders.compiled import COMPILE_CLOCK
+from ..model_loaders.shared.compiled import COMPILE_CLOCK
 from .acceptance import ExactRule, GroupedRule, LanternRule
 from .jacobi import ar_decode, jacobi_decode
 from .latent_neighbours import latent_neighbours

@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 from ..errors import FastARError
-from ..model_loaders.protocol import ClassConditioning
+from ..model_loaders.shared.protocol import ClassConditioning
 from .flow_map import nearest_code
 from .jacobi import ar_decode
 from .processing import SamplingSettings

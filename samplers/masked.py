@@ -22,7 +22,7 @@ import torch
 
 from ..errors import FastARError, check_choice
 from ..interrupts import check_interrupt
-from ..model_loaders.diffusion import ReverseStep
+from ..model_loaders.mar.diffusion import ReverseStep
 from .stats import DecodeStats, Stopwatch
 from .verifier import ProgressFn, finish
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import FastARError
-from ..model_loaders.protocol import ModelOutput
+from ..model_loaders.shared.protocol import ModelOutput
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ import torch
 
 from fastar.errors import FastARError
 from fastar.model_loaders import load_ar_model
-from fastar.model_loaders.demo import DEMO_AR
-from fastar.model_loaders.drafters import load_drafter
-from fastar.model_loaders.protocol import PromptConditioning
+from fastar.model_loaders.shared.demo import DEMO_AR
+from fastar.model_loaders.drafters.loader import load_drafter
+from fastar.model_loaders.shared.protocol import PromptConditioning
 from fastar.tests.tiny_chameleon import CODES, hf_model, write_anole_drafter, write_folder
 
 PROMPTS = ["a red ring on a blue background", "a green square"]
@@ -107,7 +107,7 @@ def test_the_drafter_reads_the_targets_windows_as_the_reference_does(reference, 
 
 
 def test_spec_and_lantern_with_the_drafter_run_from_the_command_line(folders, drafter_files, tmp_path):
-    from fastar.model_loaders.vqgan import VQGAN, VQGANConfig
+    from fastar.model_loaders.chameleon.vqgan import VQGAN, VQGANConfig
 
     vqgan = tmp_path / "vqgan.ckpt"
     torch.manual_seed(0)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fastar.model_loaders import load_ar_model
-from fastar.model_loaders.protocol import PromptConditioning
+from fastar.model_loaders.shared.protocol import PromptConditioning
 from fastar.samplers.jacobi import ar_decode
 from fastar.samplers.processing import SamplingSettings
 from fastar.tests.tiny_chameleon import CODES, code_name, hf_model, vocabulary, write_folder
@@ -142,7 +142,7 @@ def test_the_command_line_draws_from_prompts_with_every_token_decoder(folder, tm
     import subprocess
     import sys
 
-    from fastar.model_loaders.vqgan import VQGAN, VQGANConfig
+    from fastar.model_loaders.chameleon.vqgan import VQGAN, VQGANConfig
 
     if "anole" in folder.name:
         pytest.skip("one layout is enough for the command line")
@@ -193,7 +193,7 @@ def test_the_loaded_output_head_keeps_only_the_image_rows(model, reference):
 
 def test_token_pixels_read_from_either_name_of_the_level_multipliers():
     """transformers' configs say channel_multiplier, the 2024 Chameleon configs ch_mult: both give 16 px tokens."""
-    from fastar.model_loaders.chameleon import token_pixels
+    from fastar.model_loaders.chameleon.loader import token_pixels
 
     for name in ("channel_multiplier", "ch_mult"):
         assert token_pixels({"vq_config": {name: [1, 1, 2, 2, 4]}}) == 16

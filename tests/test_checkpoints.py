@@ -11,10 +11,10 @@ from safetensors.torch import save_file
 
 from fastar.errors import FastARError, FastARWarning
 from fastar.model_loaders import load_ar_model, load_image_decoder
-from fastar.model_loaders.checkpoint import CheckpointInfo, detect_family, read_state_dict
-from fastar.model_loaders.llamagen import llamagen_config, load_llamagen, load_vq
-from fastar.model_loaders.llamagen_gpt import LlamaGenGPT, find_multiple
-from fastar.model_loaders.vq import VQConfig, VQModel
+from fastar.model_loaders.shared.checkpoint import CheckpointInfo, detect_family, read_state_dict
+from fastar.model_loaders.llamagen.loader import llamagen_config, load_llamagen, load_vq
+from fastar.model_loaders.llamagen.model import LlamaGenGPT, find_multiple
+from fastar.model_loaders.llamagen.vq import VQConfig, VQModel
 from tiny_llamagen import tiny_conditioning, tiny_model, tiny_tokens
 
 TINY_ARGS = argparse.Namespace(n_head=4, image_size=64, downsample_size=16, gpt_model="custom")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fastar.model_loaders.demo import DEMO_AR, DEMO_DD, DEMO_DRAFTER, DEMO_MAR, DEMO_TEXT, DEMO_VAR, DEMO_VAR_DD, DEMO_VQ
+from fastar.model_loaders.shared.demo import DEMO_AR, DEMO_DD, DEMO_DRAFTER, DEMO_MAR, DEMO_TEXT, DEMO_VAR, DEMO_VAR_DD, DEMO_VQ
 
 needs_demo = pytest.mark.skipif(not (DEMO_AR.exists() and DEMO_VQ.exists() and DEMO_DRAFTER.exists()),
                                 reason="demo weights not built")
@@ -225,9 +225,9 @@ def test_bench_sweeps_every_slider_and_plots_the_pareto_front(tmp_path, monkeypa
     from fastar.pipeline import load_models
     from fastar.samplers.decoders import DecoderSpec
     from fastar.samplers.processing import SamplingSettings
-    from fastar.tools import bench
-    from fastar.tools.classifier import classify, load_classifier
-    from fastar.tools.demo_data import make_batch
+    from fastar.commands import bench
+    from fastar.commands.classifier import classify, load_classifier
+    from fastar.demo_recipes.demo_data import make_batch
 
     for name, values in (("SWEEP_GROUPS", (1, 10)), ("SWEEP_WINDOWS", (4,)), ("SWEEP_DELTAS", (0.0, 0.4)),
                          ("SWEEP_KS", (1,))):
@@ -251,7 +251,7 @@ def test_bench_sweeps_every_slider_and_plots_the_pareto_front(tmp_path, monkeypa
 
 def test_bench_sweeps_only_the_decoders_asked_for():
     from fastar.samplers.decoders import DecoderSpec
-    from fastar.tools import bench
+    from fastar.commands import bench
 
     def series(decoders):
         return {config[0] for config in bench.sweep_configs(DecoderSpec(), set(decoders), drafted=False)}
@@ -266,7 +266,7 @@ def test_bench_sweeps_only_the_decoders_asked_for():
 
 def test_bench_without_matplotlib_says_what_to_install(monkeypatch):
     from fastar.errors import FastARError
-    from fastar.tools import bench
+    from fastar.commands import bench
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     with pytest.raises(FastARError, match="pip install matplotlib, or run the benchmark with --no-pareto"):

@@ -1,4 +1,4 @@
-"""Compiled steps (model_loaders/compiled.py): a model whose session steps run through torch.compile gives the
+"""Compiled steps (model_loaders/shared/compiled.py): a model whose session steps run through torch.compile gives the
 same tokens as eager for the same seed (ar, sjd with a window wider and narrower than a row, spec with a drafter;
 CFG, temperature, top-k and top-p; batch 2), its logits match eager's, and only token models take the switch."""
 from pathlib import Path
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from fastar.errors import FastARError
-from fastar.model_loaders.ar_drafter import SmallARDrafter
-from fastar.model_loaders.compiled import compile_steps, compiled_mode
-from fastar.model_loaders.protocol import ClassConditioning
+from fastar.model_loaders.drafters.small_ar import SmallARDrafter
+from fastar.model_loaders.shared.compiled import compile_steps, compiled_mode
+from fastar.model_loaders.shared.protocol import ClassConditioning
 from fastar.samplers.decoders import DecoderSpec, decode
 from fastar.samplers.processing import SamplingSettings
 from tiny_llamagen import tiny_conditioning, tiny_model
@@ -30,8 +30,8 @@ def steps_really_compile():
     """A machine that cannot compile falls back to eager (tested below, in a subprocess): here that would make
     every equality eager against eager, so it fails instead."""
     yield
-    from fastar.model_loaders.compiled import compiled_forward
-    from fastar.model_loaders.llamagen_gpt import LlamaGenSession
+    from fastar.model_loaders.shared.compiled import compiled_forward
+    from fastar.model_loaders.llamagen.model import LlamaGenSession
 
     assert compiled_forward(LlamaGenSession, "default").failure is None
 
@@ -78,7 +78,7 @@ def test_only_token_models_take_compiled_steps():
 def test_auto_compiles_where_proven_and_the_switch_is_read_at_each_start(monkeypatch):
     """auto: compiled on the device types proven (CPU here, CUDA by the GPU check), eager on others (here: the CPU
     taken off the list); the device is read when a session starts, as ComfyUI moves models between devices."""
-    import fastar.model_loaders.compiled as compiled
+    import fastar.model_loaders.shared.compiled as compiled
 
     model = compile_steps(tiny_model(seed=3), "auto")
     assert compiled_mode(model) == "default"
@@ -91,7 +91,7 @@ def test_auto_compiles_where_proven_and_the_switch_is_read_at_each_start(monkeyp
 
 
 def test_the_switch_at_load_time():
-    from fastar.model_loaders.demo import DEMO_KL, DEMO_MAR
+    from fastar.model_loaders.shared.demo import DEMO_KL, DEMO_MAR
     from fastar.pipeline import load_models
 
     assert compiled_mode(load_models(None, None, "cpu", compile_switch="on").ar) == "default"
@@ -109,7 +109,7 @@ def test_a_machine_that_cannot_compile_decodes_eagerly_with_a_warning(tmp_path):
 
     script = (
         "import warnings, torch\n"
-        "from fastar.model_loaders.compiled import compile_steps\n"
+        "from fastar.model_loaders.shared.compiled import compile_steps\n"
         "from fastar.samplers.decoders import DecoderSpec, decode\n"
         "from fastar.samplers.processing import SamplingSettings\n"
         "from tiny_llamagen import tiny_conditioning, tiny_model\n"
@@ -147,8 +147,8 @@ def test_a_first_run_reports_its_compilation_apart():
 def test_layout_models_compile_to_eagers_tokens(shape):
     """Chameleon-family (row-end tokens inside windows that cross a row) and Janus sessions, which ComfyUI's
     auto switch compiles on a CPU like LlamaGen's: the same tokens as eager for ar and sjd."""
-    from fastar.model_loaders.protocol import PromptConditioning
-    from fastar.tools.speed_profile import build
+    from fastar.model_loaders.shared.protocol import PromptConditioning
+    from fastar.commands.speed_profile import build
 
     eager = build(shape, torch.device("cpu"), torch.float32)
     compiled = compile_steps(build(shape, torch.device("cpu"), torch.float32))
@@ -157,8 +157,8 @@ def test_layout_models_compile_to_eagers_tokens(shape):
         want, _ = decode(eager, prompts, SAMPLING, spec, seed=1)
         got, stats = decode(compiled, prompts, SAMPLING, spec, seed=1)
         assert torch.equal(got, want)
-    from fastar.model_loaders.compiled import compiled_forward
-    from fastar.model_loaders.llm_decoder import LayoutSession
+    from fastar.model_loaders.shared.compiled import compiled_forward
+    from fastar.model_loaders.shared.llm_decoder import LayoutSession
 
     assert compiled_forward(LayoutSession, "default").failure is None  # compiled, not fallen back to eager
 
@@ -175,8 +175,8 @@ def test_cancel_during_a_first_compile_returns_at_once_and_the_compiled_graph_is
     import threading
 
     from fastar.interrupts import interruptible
-    from fastar.model_loaders.compiled import compiled_forward, unique_graphs
-    from fastar.model_loaders.llamagen_gpt import LlamaGenSession
+    from fastar.model_loaders.shared.compiled import compiled_forward, unique_graphs
+    from fastar.model_loaders.llamagen.model import LlamaGenSession
 
     eager, compiled = models
     step = compiled_forward(LlamaGenSession, "default")
@@ -212,7 +212,7 @@ def test_a_session_started_in_another_thread_may_compile_many_shapes():
     steps run eagerly without a word (as a long ComfyUI session found)."""
     import threading
 
-    from fastar.model_loaders.compiled import COMPILED_SHAPES
+    from fastar.model_loaders.shared.compiled import COMPILED_SHAPES
 
     model, seen = compile_steps(tiny_model(seed=5)), []
 
@@ -228,7 +228,7 @@ def test_a_session_started_in_another_thread_may_compile_many_shapes():
 
 
 def test_a_compile_failure_not_about_a_compiler_does_not_advise_installing_one(monkeypatch):
-    from fastar.model_loaders.compiled import CompiledStep
+    from fastar.model_loaders.shared.compiled import CompiledStep
 
     def fail(*args, **kwargs):
         raise RuntimeError("an operator inductor does not support")
@@ -274,9 +274,9 @@ def test_prompts_of_other_lengths_share_one_compiled_step():
     """A text model's step is compiled for its prefix length: compiled sessions pad prefixes to a bucket, so a
     prompt of another length reuses the graph (tokens as eager's, unpadded: test_layout_models_compile_...)."""
     from fastar.model_loaders import load_ar_model
-    from fastar.model_loaders.compiled import unique_graphs
-    from fastar.model_loaders.compiled_session import PREFIX_BUCKET
-    from fastar.model_loaders.protocol import PromptConditioning
+    from fastar.model_loaders.shared.compiled import unique_graphs
+    from fastar.model_loaders.shared.compiled_session import PREFIX_BUCKET
+    from fastar.model_loaders.shared.protocol import PromptConditioning
 
     model = compile_steps(load_ar_model(str(ROOT / "demo" / "demo_text")))  # a real tokenizer
     spec = DecoderSpec("sjd", window=4)

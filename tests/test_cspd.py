@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from fastar.errors import FastARError
-from fastar.model_loaders.diffusion import ReverseStep
-from fastar.model_loaders.protocol import ClassConditioning
+from fastar.model_loaders.mar.diffusion import ReverseStep
+from fastar.model_loaders.shared.protocol import ClassConditioning
 from fastar.samplers import continuous_acceptance as rule
 from fastar.samplers.cspd import CSpDSettings, cspd_decode, merged_schedule
 from fastar.samplers.masked import MaskedSettings, mask_schedule, masked_decode
@@ -132,7 +132,7 @@ def test_refusals_say_what_to_do():
     other = tiny_mar(3, classes=5)
     with pytest.raises(FastARError, match="draft MAR has 5 classes but the target has 4"):
         cspd_decode(TARGET, other, rows, MaskedSettings(num_iter=4), CSpDSettings(), generator=torch.Generator())
-    from fastar.tools.toy_model import ToyModel
+    from fastar.commands.toy_model import ToyModel
 
     with pytest.raises(FastARError, match="CSpD drafts with a smaller MAR model; the drafter given is a toy token model"):
         cspd_decode(TARGET, ToyModel(), rows, MaskedSettings(num_iter=4), CSpDSettings(), generator=torch.Generator())

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastar.model_loaders.protocol import ClassConditioning
+from fastar.model_loaders.shared.protocol import ClassConditioning
 from fastar.samplers import continuous_acceptance as rule
 from fastar.samplers import cspd as cspd_module
 from fastar.samplers.cspd import CSpDSettings, cspd_decode, merged_schedule

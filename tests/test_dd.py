@@ -17,9 +17,9 @@ from PIL import Image
 
 from fastar.errors import FastARError
 from fastar.model_loaders import load_ar_model, load_image_decoder
-from fastar.model_loaders.dd_student import DDStudent, DDStudentConfig
-from fastar.model_loaders.demo import DEMO_VQ
-from fastar.model_loaders.protocol import ClassConditioning
+from fastar.model_loaders.dd.student import DDStudent, DDStudentConfig
+from fastar.model_loaders.shared.demo import DEMO_VQ
+from fastar.model_loaders.shared.protocol import ClassConditioning
 from fastar.samplers.decoders import decode_distilled
 from fastar.samplers.distilled import DDSettings, dd_decode
 from fastar.samplers.jacobi import ar_decode

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from fastar.model_loaders import load_ar_model, load_image_decoder
-from fastar.model_loaders.dd_student import DDStudent, model_fingerprint
-from fastar.model_loaders.demo import DEMO_AR, DEMO_DD, DEMO_VQ
-from fastar.model_loaders.protocol import ClassConditioning
+from fastar.model_loaders.dd.student import DDStudent, model_fingerprint
+from fastar.model_loaders.shared.demo import DEMO_AR, DEMO_DD, DEMO_VQ
+from fastar.model_loaders.shared.protocol import ClassConditioning
 from fastar.samplers.decoders import fm_decode
 from fastar.samplers.distilled import DDSettings, dd_decode
 from fastar.samplers.flow_map import nearest_code, token_noise

@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from fastar.model_loaders import load_ar_model, load_image_decoder
-from fastar.model_loaders.demo import DEMO_KL, DEMO_MAR, DEMO_MAR_DRAFT
-from fastar.model_loaders.drafters import load_drafter
-from fastar.model_loaders.protocol import ClassConditioning
+from fastar.model_loaders.shared.demo import DEMO_KL, DEMO_MAR, DEMO_MAR_DRAFT
+from fastar.model_loaders.drafters.loader import load_drafter
+from fastar.model_loaders.shared.protocol import ClassConditioning
 from fastar.pipeline import outputs_to_images
 from fastar.samplers.cspd import CSpDSettings, merged_schedule
 from fastar.samplers.decoders import decode_masked
 from fastar.samplers.masked import MaskedSettings
-from fastar.tools.classifier import classify, load_classifier
+from fastar.commands.classifier import classify, load_classifier
 
 SETTINGS = MaskedSettings(num_iter=32, cfg_scale=3.0, diffusion_steps=50)  # what README's numbers are measured at
 EVERY_CLASS = ClassConditioning(torch.arange(8))

@@ -5,14 +5,14 @@ import numpy as np
 import pytest
 
 from fastar.model_loaders import load_ar_model, load_image_decoder
-from fastar.model_loaders.demo import DEMO_TEXT, DEMO_VQGAN
-from fastar.model_loaders.protocol import PromptConditioning
+from fastar.model_loaders.shared.demo import DEMO_TEXT, DEMO_VQGAN
+from fastar.model_loaders.shared.protocol import PromptConditioning
 from fastar.pipeline import outputs_to_images
 from fastar.samplers.decoders import DecoderSpec, decode
 from fastar.samplers.processing import SamplingSettings
-from fastar.tools.check_demo import colour_pair
-from fastar.tools.classifier import classify, load_classifier
-from fastar.tools.demo_data import balanced_labels, caption
+from fastar.demo_recipes.check_demo import colour_pair
+from fastar.commands.classifier import classify, load_classifier
+from fastar.demo_recipes.demo_data import balanced_labels, caption
 
 SAMPLES = 32
 

@@ -1,5 +1,5 @@
 """The bundled demo VAR (demo/demo_var.safetensors on demo_var_vqvae.safetensors, trained by
-``tools/train_var_vqvae.py`` and ``tools/train_var.py``) and its VAR-DD student (demo_var_dd.safetensors,
+``demo_recipes/train_var_vqvae.py`` and ``demo_recipes/train_var.py``) and its VAR-DD student (demo_var_dd.safetensors,
 ``distill-dd --teacher demo/demo_var.safetensors``): they are what the training scripts write, VAR's samples
 show the requested class, and the student follows its teacher's flow map (from the same noise its f_hat lies
 far closer to the teacher's ``fm`` f_hat than from another row's noise)."""
@@ -9,15 +9,15 @@ import pytest
 import torch
 
 from fastar.model_loaders import load_ar_model, load_image_decoder
-from fastar.model_loaders.dd_student import model_fingerprint
-from fastar.model_loaders.demo import DEMO_VAR, DEMO_VAR_DD, DEMO_VAR_VQVAE
-from fastar.model_loaders.protocol import ClassConditioning
+from fastar.model_loaders.dd.student import model_fingerprint
+from fastar.model_loaders.shared.demo import DEMO_VAR, DEMO_VAR_DD, DEMO_VAR_VQVAE
+from fastar.model_loaders.shared.protocol import ClassConditioning
 from fastar.pipeline import decode_images
 from fastar.samplers.decoders import decode_distilled, decode_next_scale
 from fastar.samplers.distilled import DDSettings
 from fastar.samplers.flow_map import token_noise
-from fastar.tools.classifier import classify, load_classifier
-from fastar.tools.train_var import JUDGED
+from fastar.commands.classifier import classify, load_classifier
+from fastar.demo_recipes.train_var import JUDGED
 
 pytestmark = pytest.mark.skipif(not (DEMO_VAR.exists() and DEMO_VAR_VQVAE.exists()), reason="demo VAR not built")
 PATCH_NUMS = (1, 2, 3, 4, 6, 8)

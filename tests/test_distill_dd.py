@@ -8,13 +8,13 @@ import torch
 
 from fastar.errors import FastARError
 from fastar.model_loaders import load_ar_model
-from fastar.model_loaders.dd_student import DDStudent, model_fingerprint
-from fastar.model_loaders.demo import DEMO_VQ
-from fastar.model_loaders.protocol import ClassConditioning
+from fastar.model_loaders.dd.student import DDStudent, model_fingerprint
+from fastar.model_loaders.shared.demo import DEMO_VQ
+from fastar.model_loaders.shared.protocol import ClassConditioning
 from fastar.samplers.decoders import DecoderSpec, decode, fm_decode
-from fastar.tools import distill_dd
-from fastar.tools.dd_pairs import PairSettings, load_pairs, make_pairs
-from fastar.tools.demo_common import save_fp16
+from fastar.commands import distill_dd
+from fastar.commands.dd_pairs import PairSettings, load_pairs, make_pairs
+from fastar.demo_recipes.demo_common import save_fp16
 from tiny_llamagen import tiny_model
 
 SETTINGS = PairSettings(cfg_scale=1.5, per_class=6, shard_size=4, seed=3)

@@ -13,9 +13,9 @@ from safetensors.torch import load_file, save_file
 from torch.testing import assert_close
 
 from fastar.errors import FastARError
-from fastar.model_loaders.ar_drafter import SmallARDrafter
-from fastar.model_loaders.drafters import load_drafter, save_eagle_drafter
-from fastar.model_loaders.eagle_drafter import EagleDrafter
+from fastar.model_loaders.drafters.small_ar import SmallARDrafter
+from fastar.model_loaders.drafters.loader import load_drafter, save_eagle_drafter
+from fastar.model_loaders.drafters.eagle import EagleDrafter
 from test_llamagen_math import null_conditioning
 from tiny_llamagen import tiny_conditioning, tiny_model, tiny_tokens
 
@@ -283,7 +283,7 @@ def test_files_that_are_no_drafter_are_refused(tmp_path):
                                         ("demo_dd.safetensors", "a Distilled Decoding student"),
                                         ("demo_var.safetensors", "a VAR model")])
 def test_a_model_of_another_kind_is_refused_as_drafter_naming_both_kinds(name, what):
-    from fastar.model_loaders.demo import DEMO_DIR
+    from fastar.model_loaders.shared.demo import DEMO_DIR
 
     with pytest.raises(FastARError) as e:
         load_drafter(DEMO_DIR / name, tiny_model())

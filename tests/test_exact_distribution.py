@@ -12,8 +12,8 @@ from functools import lru_cache
 import pytest
 import torch
 
-from fastar.model_loaders.ar_drafter import SmallARDrafter
-from fastar.model_loaders.protocol import ClassConditioning
+from fastar.model_loaders.drafters.small_ar import SmallARDrafter
+from fastar.model_loaders.shared.protocol import ClassConditioning
 from fastar.samplers import jacobi, speculative
 from fastar.samplers.acceptance import ExactRule
 from fastar.samplers.decoders import DecoderSpec, decode, make_generator
@@ -21,7 +21,7 @@ from fastar.samplers.drafts import COUPLINGS, INIT_STRATEGIES, DraftSource
 from fastar.samplers.jacobi import jacobi_decode
 from fastar.samplers.processing import SamplingSettings, probabilities, sample
 from fastar.samplers.speculative import speculative_decode
-from fastar.tools.toy_model import ToyModel
+from fastar.commands.toy_model import ToyModel
 
 ROWS = 12000
 ALPHA = 1e-4  # false-alarm rate per test; the broken rules below land far beyond it

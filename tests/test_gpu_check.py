@@ -1,16 +1,16 @@
-"""The GPU check script (tools/gpu_check.py) on the CPU: what it can run without a GPU runs here, so that the few
+"""The GPU check script (commands/gpu_check.py) on the CPU: what it can run without a GPU runs here, so that the few
 minutes of a lent GPU are not spent finding the script's own faults. ``--device cpu`` makes its "GPU" steps CPU
 runs: they must equal the CPU references, the conformance run the official codes, and a difference must show."""
 import json
 import subprocess
 import sys
 
-from fastar.tools.gpu_check import Step, goal_lines, judge
+from fastar.commands.gpu_check import Step, goal_lines, judge
 
 
 def test_the_check_runs_its_steps_and_reports_exact_codes(tmp_path):
     only = "llamagen-c2i-ar-greedy-cpu,llamagen-c2i-ar-greedy-gpu-fp32,conformance-var"
-    done = subprocess.run([sys.executable, "-m", "fastar.tools.gpu_check", "--device", "cpu", "--out", tmp_path,
+    done = subprocess.run([sys.executable, "-m", "fastar.commands.gpu_check", "--device", "cpu", "--out", tmp_path,
                            "--only", only, "--workers", "2", "--budget", "900"], capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 0, done.stderr
@@ -54,7 +54,7 @@ def test_the_sync_probe_runs_every_decoder_and_counts_what_the_debug_mode_report
 
     import torch
 
-    from fastar.tools import gpu_check
+    from fastar.commands import gpu_check
 
     modes = []
 

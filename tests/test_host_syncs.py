@@ -7,8 +7,8 @@ import copy
 import pytest
 import torch
 
-from fastar.model_loaders.ar_drafter import SmallARDrafter
-from fastar.model_loaders.protocol import ClassConditioning
+from fastar.model_loaders.drafters.small_ar import SmallARDrafter
+from fastar.model_loaders.shared.protocol import ClassConditioning
 from fastar.samplers.cspd import CSpDSettings
 from fastar.samplers.decoders import DecoderSpec, decode, decode_masked, decode_next_scale
 from fastar.samplers.masked import MaskedSettings

@@ -11,8 +11,8 @@ import torch
 from PIL import Image
 
 from fastar.model_loaders import load_ar_model, load_image_decoder
-from fastar.model_loaders.janus import special_token
-from fastar.model_loaders.protocol import PromptConditioning
+from fastar.model_loaders.janus.loader import special_token
+from fastar.model_loaders.shared.protocol import PromptConditioning
 from fastar.samplers.jacobi import ar_decode
 from fastar.samplers.processing import SamplingSettings
 from fastar.tests.tiny_janus import CODES, GRID, hf_model, vocabulary, write_converted, write_deepseek

@@ -8,7 +8,7 @@ import torch
 from fastar import memory
 from fastar.errors import FastARError
 from fastar.memory import Need, check_room, token_working_bytes
-from fastar.model_loaders.demo import DEMO_VQ
+from fastar.model_loaders.shared.demo import DEMO_VQ
 from fastar.model_loaders import load_image_decoder
 from fastar.pipeline import check_token_room, decode_images
 from fastar.samplers.decoders import DecoderSpec

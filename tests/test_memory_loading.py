@@ -9,8 +9,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from fastar.model_loaders import checkpoint, load_ar_model
-from fastar.model_loaders.checkpoint import read_state_dict
+from fastar.model_loaders import load_ar_model
+from fastar.model_loaders.shared import checkpoint
+from fastar.model_loaders.shared.checkpoint import read_state_dict
 from fastar.tests.tiny_chameleon import hf_model, save_tokenizer, vocabulary
 
 

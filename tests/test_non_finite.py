@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from fastar.errors import FastARError
-from fastar.model_loaders.ar_drafter import SmallARDrafter
-from fastar.model_loaders.protocol import ClassConditioning
+from fastar.model_loaders.drafters.small_ar import SmallARDrafter
+from fastar.model_loaders.shared.protocol import ClassConditioning
 from fastar.samplers.decoders import DecoderSpec, decode, decode_next_scale
 from fastar.samplers.processing import SamplingSettings, sample
 from tiny_llamagen import tiny_conditioning, tiny_model

@@ -58,7 +58,7 @@ def test_readme_has_the_commands_this_test_runs():
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(shlex.split(c)[:3]))
 def test_a_readme_command_runs_as_written(command, tmp_path):
     argv = shlex.split(command)
-    if argv[0].startswith("."):  # python -m fastar.tools.NAME: a recipe or the GPU check
+    if argv[0].startswith("."):  # python -m fastar.PACKAGE.NAME: a demo recipe or the GPU check
         assert (ROOT / Path(*argv[0].lstrip(".").split("."))).with_suffix(".py").is_file(), argv[0]
         return
     build_parser().parse_args(argv)  # every option exists, every required one is there

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from fastar.errors import FastARError
-from fastar.model_loaders.protocol import ModelOutput
+from fastar.model_loaders.shared.protocol import ModelOutput
 from fastar.samplers.acceptance import ExactRule, GroupedRule, leading_accepts, positive_residual
 from fastar.samplers.decoders import DecoderSpec, decode
 from fastar.samplers.processing import SamplingSettings, probabilities

@@ -1,9 +1,9 @@
-"""Weights streamed from host memory (model_loaders/streaming.py): which layers may stream, what the CLI keeps on
+"""Weights streamed from host memory (model_loaders/shared/streaming.py): which layers may stream, what the CLI keeps on
 the GPU for ``--gpu-weights``, and every family generating the same images with all its blocks streamed.
 
 On a CPU the copy to the input's device changes nothing, so streamed weights are made HostOnly here: a tensor
 that allows the copy (counted) and fails on any other use, as a weight left in host memory fails on a GPU when
-code reads it outside its layer's streaming forward. The GPU check runs the real thing (tools/gpu_check.py)."""
+code reads it outside its layer's streaming forward. The GPU check runs the real thing (commands/gpu_check.py)."""
 import numpy as np
 import pytest
 import torch
@@ -11,11 +11,12 @@ from PIL import Image
 
 from fastar.cli import main
 from fastar.errors import FastARError
-from fastar.model_loaders import load_ar_model, streaming
-from fastar.model_loaders.compiled import compile_steps, compiled_mode
-from fastar.model_loaders.demo import (DEMO_AR, DEMO_DD, DEMO_KL, DEMO_MAR, DEMO_TEXT, DEMO_VAR, DEMO_VAR_DD,
+from fastar.model_loaders import load_ar_model
+from fastar.model_loaders.shared import streaming
+from fastar.model_loaders.shared.compiled import compile_steps, compiled_mode
+from fastar.model_loaders.shared.demo import (DEMO_AR, DEMO_DD, DEMO_KL, DEMO_MAR, DEMO_TEXT, DEMO_VAR, DEMO_VAR_DD,
                                       DEMO_VAR_VQVAE, DEMO_VQ, DEMO_VQGAN)
-from fastar.model_loaders.streaming import (StreamedLinear, make_streamable, place, resident_minimum,
+from fastar.model_loaders.shared.streaming import (StreamedLinear, make_streamable, place, resident_minimum,
                                             stream_buffer_bytes, streamable_layers, streamed_bytes, streamed_layers)
 from fastar.samplers.decoders import DecoderSpec, decode
 from fastar.samplers.processing import SamplingSettings

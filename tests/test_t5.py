@@ -6,7 +6,7 @@ import torch
 from torch.testing import assert_close
 
 from fastar.errors import FastARError
-from fastar.model_loaders.t5 import encode_captions, load_t5_encoder
+from fastar.model_loaders.llamagen.t5 import encode_captions, load_t5_encoder
 
 WORDS = "a red cat sits on the green mat under blue sky with one two three dog".split()
 

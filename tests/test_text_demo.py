@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from fastar.model_loaders import load_ar_model, load_image_decoder
-from fastar.model_loaders.demo import DEMO_VQ
-from fastar.model_loaders.protocol import PromptConditioning
-from fastar.model_loaders.vqgan import VQGAN
-from fastar.tools import train_text_demo
-from fastar.tools.demo_data import HIGH, LOW, make_captioned_batch
+from fastar.model_loaders.shared.demo import DEMO_VQ
+from fastar.model_loaders.shared.protocol import PromptConditioning
+from fastar.model_loaders.chameleon.vqgan import VQGAN
+from fastar.demo_recipes import train_text_demo
+from fastar.demo_recipes.demo_data import HIGH, LOW, make_captioned_batch
 
 needs_demo_vq = pytest.mark.skipif(not DEMO_VQ.exists(), reason="the demo VQ is not bundled")
 
@@ -46,7 +46,7 @@ def test_sequences_put_every_code_where_the_model_reads_it(tmp_path):
     if not DEMO_VQ.exists():
         pytest.skip("the demo VQ is not bundled")
     out = tmp_path / "demo_text"
-    r = subprocess.run([sys.executable, "-m", "fastar.tools.train_text_demo", "--steps", "2", "--images", "64",
+    r = subprocess.run([sys.executable, "-m", "fastar.demo_recipes.train_text_demo", "--steps", "2", "--images", "64",
                         "--val-images", "32", "--batch", "4", "--out", out, "--vqgan-out", tmp_path / "vqgan.safetensors"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr

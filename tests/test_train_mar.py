@@ -3,11 +3,11 @@ import argparse
 
 import torch
 
-from fastar.model_loaders.diffusion import TRAIN_STEPS, SpacedDiffusion
-from fastar.model_loaders.mar_model import MAR
+from fastar.model_loaders.mar.diffusion import TRAIN_STEPS, SpacedDiffusion
+from fastar.model_loaders.mar.model import MAR
 from fastar.tests.tiny_mar import mar_config, random_model
-from fastar.tools import train_mar
-from fastar.tools.demo_common import Timer
+from fastar.demo_recipes import train_mar
+from fastar.demo_recipes.demo_common import Timer
 
 
 def test_mask_ratios_cover_the_range_inference_visits():

@@ -12,10 +12,10 @@ import torch.nn.functional as F
 
 from fastar.errors import FastARError
 from fastar.model_loaders import load_ar_model, load_image_decoder
-from fastar.model_loaders.demo import DEMO_VQ
-from fastar.model_loaders.protocol import ClassConditioning
-from fastar.model_loaders.var_model import VAR, VARConfig
-from fastar.model_loaders.var_vqvae import MultiScaleVQVAE, VQVAEConfig, phi_index
+from fastar.model_loaders.shared.demo import DEMO_VQ
+from fastar.model_loaders.shared.protocol import ClassConditioning
+from fastar.model_loaders.var.model import VAR, VARConfig
+from fastar.model_loaders.var.vqvae import MultiScaleVQVAE, VQVAEConfig, phi_index
 from fastar.samplers.next_scale import RecordedDraw, next_scale_decode, scale_sampling
 from fastar.samplers.processing import SamplingSettings
 from tiny_var import PATCH_NUMS, randomised, release_var_state_dict, release_vqvae_state_dict, tiny_var, tiny_vqvae

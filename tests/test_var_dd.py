@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from fastar.model_loaders import load_ar_model
-from fastar.model_loaders.protocol import ClassConditioning
-from fastar.model_loaders.var_dd_student import VARDDConfig, VARDDStudent, dd_mask
+from fastar.model_loaders.shared.protocol import ClassConditioning
+from fastar.model_loaders.var.dd_student import VARDDConfig, VARDDStudent, dd_mask
 from fastar.samplers.decoders import decode_distilled
 from fastar.samplers.distilled import DDSettings
 from tiny_var import PATCH_NUMS, randomised, tiny_vqvae
@@ -169,8 +169,8 @@ def test_distill_dd_makes_a_var_dd_student_from_a_var_teacher(tmp_path):
     from fastar.model_loaders import load_image_decoder
     from fastar.samplers.flow_map import NoiseToCode
     from fastar.samplers.next_scale import RecordedDraw, next_scale_decode
-    from fastar.tools.dd_pairs import PairSettings, load_pairs
-    from fastar.tools.distill_dd import var_student_from_teacher
+    from fastar.commands.dd_pairs import PairSettings, load_pairs
+    from fastar.commands.distill_dd import var_student_from_teacher
     from tiny_var import write_release_files
 
     write_release_files(tmp_path)

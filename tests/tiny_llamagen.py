@@ -2,8 +2,8 @@
 zero-initialised, so a freshly built model would give constant logits and hide mistakes."""
 import torch
 
-from fastar.model_loaders.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
-from fastar.model_loaders.protocol import CaptionConditioning, ClassConditioning
+from fastar.model_loaders.llamagen.model import LlamaGenConfig, LlamaGenGPT
+from fastar.model_loaders.shared.protocol import CaptionConditioning, ClassConditioning
 
 NUM_CLASSES = 10
 CAPTION_TOKENS = 6

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from fastar.model_loaders.var_dd_student import VARDDConfig, VARDDStudent
-from fastar.model_loaders.var_model import VAR, VARConfig
-from fastar.model_loaders.var_vqvae import MultiScaleVQVAE, VQVAEConfig, fuse_attention
+from fastar.model_loaders.var.dd_student import VARDDConfig, VARDDStudent
+from fastar.model_loaders.var.model import VAR, VARConfig
+from fastar.model_loaders.var.vqvae import MultiScaleVQVAE, VQVAEConfig, fuse_attention
 
 PATCH_NUMS = (1, 2, 3, 4)
 

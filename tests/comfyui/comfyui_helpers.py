@@ -9,7 +9,7 @@ sys.path.insert(0, str(ROOT / "tools" / "comfyui"))
 
 import harness  # noqa: E402
 
-from fastar.model_loaders.demo import DEMO_AR, DEMO_VQ  # noqa: E402
+from fastar.model_loaders.shared.demo import DEMO_AR, DEMO_VQ  # noqa: E402
 
 WORKFLOWS = sorted((ROOT / "workflows").glob("*.json"))
 REAL_DEMO = DEMO_AR.exists() and DEMO_VQ.exists()

@@ -25,14 +25,14 @@ import torch  # noqa: E402
 
 import comfy.model_management as mm  # noqa: E402
 from fastar.errors import FastARError  # noqa: E402
-from fastar.model_loaders.ar_drafter import SmallARDrafter  # noqa: E402
-from fastar.model_loaders.compiled import compile_steps  # noqa: E402
-from fastar.model_loaders.eagle_drafter import EagleConfig, EagleDrafter, EagleHead  # noqa: E402
-from fastar.model_loaders.llamagen_gpt import LlamaGenConfig, LlamaGenGPT  # noqa: E402
-from fastar.model_loaders.protocol import CaptionConditioning, ClassConditioning  # noqa: E402
-from fastar.model_loaders.streaming import (StreamedLinear, make_streamable, model_bytes,  # noqa: E402
+from fastar.model_loaders.drafters.small_ar import SmallARDrafter  # noqa: E402
+from fastar.model_loaders.shared.compiled import compile_steps  # noqa: E402
+from fastar.model_loaders.drafters.eagle import EagleConfig, EagleDrafter, EagleHead  # noqa: E402
+from fastar.model_loaders.llamagen.model import LlamaGenConfig, LlamaGenGPT  # noqa: E402
+from fastar.model_loaders.shared.protocol import CaptionConditioning, ClassConditioning  # noqa: E402
+from fastar.model_loaders.shared.streaming import (StreamedLinear, make_streamable, model_bytes,  # noqa: E402
                                             resident_minimum, streamable_layers, streamed_layers)
-from fastar.model_loaders.vq import VQConfig, VQModel  # noqa: E402
+from fastar.model_loaders.llamagen.vq import VQConfig, VQModel  # noqa: E402
 from fastar.nodes import comfy_glue as glue  # noqa: E402
 from fastar.nodes.loader_nodes import drafter_weights  # noqa: E402
 from fastar.memory import kv_cache_bytes  # noqa: E402

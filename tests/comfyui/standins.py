@@ -22,14 +22,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from fastar.model_loaders.dd_student import DDStudent, DDStudentConfig
-from fastar.model_loaders.demo import DEMO_AR, DEMO_DRAFTER
+from fastar.model_loaders.dd.student import DDStudent, DDStudentConfig
+from fastar.model_loaders.shared.demo import DEMO_AR, DEMO_DRAFTER
 from fastar.tests.tiny_mar import KL, mar_config, official_kl, official_mar
 from fastar.tests.tiny_var import write_release_files as write_var
 from fastar.tests.tiny_var import write_release_student as write_var_dd
-from fastar.model_loaders.eagle_drafter import EagleConfig, EagleHead
-from fastar.model_loaders.llamagen_gpt import LlamaGenConfig, LlamaGenGPT
-from fastar.model_loaders.vq import VQConfig, VQModel
+from fastar.model_loaders.drafters.eagle import EagleConfig, EagleHead
+from fastar.model_loaders.llamagen.model import LlamaGenConfig, LlamaGenGPT
+from fastar.model_loaders.llamagen.vq import VQConfig, VQModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "comfyui"))
 from workflows import (ANOLE_7B, CHAMELEON_VQGAN, DEMO_DRAFTER as DEMO_DRAFTER_NAME, FLAN_T5,  # noqa: E402
@@ -203,7 +203,7 @@ def write_text_models(folder: Path) -> None:
     """Tiny text-to-image models in their release layouts and names: a Lumina-mGPT folder (its config.json says
     128 px, 8 x 8 tokens, over the 768 of its name) with Meta's VQGAN checkpoint layout beside it, an Anole
     folder (transformers' layout), and a Janus-Pro folder (its VQ inside)."""
-    from fastar.model_loaders.vqgan import VQGAN, VQGANConfig
+    from fastar.model_loaders.chameleon.vqgan import VQGAN, VQGANConfig
     from fastar.tests import tiny_chameleon, tiny_janus
 
     tiny_chameleon.write_folder(folder / LUMINA_768.rstrip("/"), tiny_chameleon.hf_model(seed=3), lumina=True,

@@ -3,7 +3,7 @@ the folders, Load Image Decoder lists Meta's VQGAN file and the Janus folder (it
 reads the prompt with the model's own tokenizer (no T5), the token samplers run, and the mix-ups say what to
 do (a class label for a prompt model, no T5 for LlamaGen t2i); Anole drafts with LANTERN's Anole drafter."""
 from comfyui_helpers import node_of, workflow_prompt
-from fastar.tools.check_demo import colour_pair
+from fastar.demo_recipes.check_demo import colour_pair
 from standins import CHAMELEON_VQGAN, JANUS_PRO_7B, LANTERN_DRAFTER_ANOLE, LUMINA_768
 from test_comfyui_mar import options, succeeded
 from test_comfyui_runs import images_of

@@ -69,8 +69,8 @@ def test_anole_drafter_drafts_what_lanterns_drafter_drafts():
     CFG-combined logits agree to 1e-4."""
     import numpy as np
 
-    from fastar.model_loaders.drafters import load_drafter
-    from fastar.model_loaders.protocol import PromptConditioning
+    from fastar.model_loaders.drafters.loader import load_drafter
+    from fastar.model_loaders.shared.protocol import PromptConditioning
 
     folder, run = fixture(ANOLE_LANTERN), expected(ANOLE_LANTERN)["runs"][0]
     args = run["args"]

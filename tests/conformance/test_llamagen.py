@@ -75,8 +75,8 @@ def test_lantern_drafter_drafts_what_the_official_drafter_drafts():
     import torch
 
     from fastar.model_loaders import load_ar_model
-    from fastar.model_loaders.drafters import load_drafter
-    from fastar.model_loaders.protocol import ClassConditioning
+    from fastar.model_loaders.drafters.loader import load_drafter
+    from fastar.model_loaders.shared.protocol import ClassConditioning
 
     folder, run = fixture(LANTERN), expected(LANTERN)["runs"][0]
     target = load_ar_model(folder / "gpt.pt")
@@ -123,8 +123,8 @@ def test_lantern_t2i_drafter_drafts_what_the_official_drafter_drafts():
     import torch
 
     from fastar.model_loaders import load_ar_model
-    from fastar.model_loaders.drafters import load_drafter
-    from fastar.model_loaders.t5 import encode_captions, load_t5_encoder
+    from fastar.model_loaders.drafters.loader import load_drafter
+    from fastar.model_loaders.llamagen.t5 import encode_captions, load_t5_encoder
 
     folder, run = fixture(LANTERN_T2I), expected(LANTERN_T2I)["runs"][0]
     args = run["args"]

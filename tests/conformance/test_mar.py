@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fastar.model_loaders import load_ar_model
-from fastar.model_loaders.protocol import ClassConditioning
+from fastar.model_loaders.shared.protocol import ClassConditioning
 from fastar.samplers import masked
 from fastar.samplers.masked import MaskedSettings, Plan, Trajectories, mask_schedule, masked_decode
 from fastar.tests.conformance.common import assert_image_close, expected, fastar, fixture

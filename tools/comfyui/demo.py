@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     missing = [name for name in DEMO_FILES if not any((folder / name).exists() for folder in folders)]
     if missing:
         print(f"error: the bundled demo weights are missing ({', '.join(missing)} in demo/): build them with "
-              "python -m fastar.tools.train_vq && python -m fastar.tools.train_ar (see README)", file=sys.stderr)
+              "python -m fastar.demo_recipes.train_vq && python -m fastar.demo_recipes.train_ar (see README)", file=sys.stderr)
         return 2
     problem = harness.installed()
     if problem:

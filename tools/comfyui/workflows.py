@@ -39,7 +39,7 @@ DEMO_MAR, DEMO_MAR_DRAFT, DEMO_KL = "demo_mar.safetensors", "demo_mar_draft.safe
 VAR_D30, VAR_VQVAE, VAR_DD_D24 = "var_d30.pth", "vae_ch160v4096z32.pth", "var-d24.pth"
 DEMO_DD = "demo_dd.safetensors"
 DEMO_VAR, DEMO_VAR_VQVAE, DEMO_VAR_DD = "demo_var.safetensors", "demo_var_vqvae.safetensors", "demo_var_dd.safetensors"
-DEMO_VAR_TOP_P = 0.7  # the demo VAR's setting (tools/train_var.py JUDGED: the release's cfg 1.5 with top-p 0.7)
+DEMO_VAR_TOP_P = 0.7  # the demo VAR's setting (demo_recipes/train_var.py JUDGED: the release's cfg 1.5 with top-p 0.7)
 DEMO_DD_TOP_K = 8  # the demo student's teacher settings (its pairs): cfg 2.0, top-k 8
 # The Distilled Decoding release (microsoft/distilled_decoding on Hugging Face: LlamaGen-DD/llamagen-B.pt, -L.pt)
 LLAMAGEN_DD_B = "llamagen-B.pt"

@@ -1,0 +1,395 @@
+"""``python -m fastar bench``: decoders side by side on one model, same classes and seeds (bench.md).
+
+Measures, per decoder: step compression (image tokens per target forward, per row), mean accepted
+tokens per iteration, latency ratio against plain AR (batch 1 with CFG, interleaved runs, medians,
+VQ decode excluded), class accuracy and a Frechet distance in the demo classifier's feature space
+(against real procedural images and against plain AR's samples), the window cost c(W), slider
+sweeps for the Pareto plot, and the total-variation distance of relaxed decoders on the toy model.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..settings import sampling_from, spec_from
+from ..errors import FastARError
+from ..model_loaders.drafters.small_ar import SmallARDrafter
+from ..model_loaders.shared.compiled import compiled_mode
+from ..model_loaders.shared.protocol import ClassConditioning, PromptConditioning
+from ..pipeline import class_conditioning, conditioning_type, load_models, outputs_to_images
+from ..samplers.decoders import DECODERS, LOSSLESS, NEEDS_DRAFTER, WITH_DRAFTER, DecoderSpec, decode
+from ..samplers.processing import SamplingSettings
+
+CHUNK = 16  # rows per batched quality run
+REAL_IMAGES = 512
+WINDOW_COSTS = (1, 2, 4, 8, 16, 32)
+SWEEP_GROUPS = (1, 3, 10, 25, 50, 100)
+SWEEP_WINDOWS = (4, 8, 16, 32)
+SWEEP_DELTAS = (0.0, 0.05, 0.1, 0.2, 0.4, 0.7)
+SWEEP_KS = (1, 4, 16, 64, 256, 1000)
+SWEEP_K_DELTA = 0.2
+RELAXED = tuple(d for d in DECODERS if not LOSSLESS[d])  # their distance to the exact target is measured on the toy
+TOY_DELTAS = (0.0, 0.05, 0.1, 0.2, 0.4)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One benchmarked decoder: a label, its spec, and whether it drafts with the drafter model.
+    ``NAME-jacobi`` drafts Jacobi windows, ``NAME-drafter`` chains from the drafter; a bare name uses
+    the drafter when the decoder needs one or is LANTERN."""
+
+    label: str
+    spec: DecoderSpec
+    drafted: bool
+
+
+def parse_entries(text: str, args) -> dict[str, Entry]:
+    entries = {}
+    for label in (item.strip() for item in text.split(",")):
+        if not label:
+            continue
+        name, _, source = label.partition("-")
+        if name not in DECODERS or source not in ("", "jacobi", "drafter"):
+            raise FastARError(f"unknown bench decoder '{label}': use one of {', '.join(DECODERS)}, optionally "
+                              "with -jacobi or -drafter (e.g. lantern-jacobi)")
+        drafted = source == "drafter" or (source == "" and name in NEEDS_DRAFTER + ("lantern",))
+        if drafted and name not in WITH_DRAFTER:
+            raise FastARError(f"'{label}': the {name} decoder does not use a drafter")
+        entries[label] = Entry(label, spec_from(args, name), drafted)
+    if "ar" not in entries:  # every ratio is against plain AR, measured in the same run
+        entries = {"ar": Entry("ar", spec_from(args, "ar"), False), **entries}
+    return entries
+
+
+def demo_rows(model, labels: list[int], first: int = 0):
+    """Conditioning for the demo classes ``labels``: the labels themselves for a class model; for a model that
+    reads prompts (the text demo), their captions, the colours varying with the sample's index ``first + i``."""
+    if conditioning_type(model) != "prompt":
+        return class_conditioning(model, labels)
+    from ..demo_recipes.demo_data import caption
+
+    bits = [[(i * 3 >> b) & 1 for b in (2, 1, 0)] for i in range(first, first + len(labels))]
+    return PromptConditioning([caption(label, b) for label, b in zip(labels, bits)])
+
+
+def demo_classes(model) -> int:
+    """How many demo classes the model draws (its classes, or the text demo's shapes)."""
+    from ..demo_recipes.demo_data import CLASS_NAMES
+
+    return model.cfg.num_classes if conditioning_type(model) == "c2i" else len(CLASS_NAMES)
+
+
+def run_decoder(models, cond, sampling, entry: Entry, seed: int):
+    return decode(models.ar, cond, sampling, entry.spec, seed=seed, codebook=models.codebook(),
+                  drafter=models.drafter if entry.drafted else None)
+
+
+def sample_many(models, sampling, entry: Entry, labels: list[int], seed: int):
+    """Codes for every label (batched in chunks, one seed per chunk), per-row forward counts, accepted
+    run lengths and drafter forwards."""
+    codes, row_forwards, accepted, drafter_forwards = [], [], [], 0
+    for start in range(0, len(labels), CHUNK):
+        cond = demo_rows(models.ar, labels[start : start + CHUNK], start)
+        out, stats = run_decoder(models, cond, sampling, entry, seed + start)
+        codes.append(out.cpu())
+        row_forwards += stats.row_forwards
+        accepted += [c for it in stats.accepted_per_iteration for c in it if c > 0]
+        drafter_forwards += stats.drafter_forwards
+    return torch.cat(codes), row_forwards, accepted, drafter_forwards
+
+
+def quality(models, judge, codes: torch.Tensor, labels: list[int], reference_feats) -> dict:
+    from .classifier import classify, frechet_distance
+
+    images = outputs_to_images(models.vq, models.ar, codes)
+    preds, feats = classify(judge, images)
+    accuracy = float((np.asarray(preds) == np.asarray(labels)).mean())
+    return {"class_accuracy": accuracy, "frechet": frechet_distance(feats, reference_feats), "_feats": feats}
+
+
+def speed(row_forwards: list[int], accepted: list[int], num_tokens: int) -> dict:
+    return {
+        "step_compression": num_tokens * len(row_forwards) / sum(row_forwards),
+        "mean_accepted": float(np.mean(accepted)),
+        "accepted_histogram": np.bincount(accepted).tolist(),
+    }
+
+
+def timed_runs(models, sampling, entries: dict[str, Entry], runs: int, num_classes: int, seed: int) -> dict:
+    """Batch-1 wall times (drafter included) and the drafter's share, interleaved A B C A B C ... so
+    drift hits every decoder alike. Medians per decoder."""
+    times = {name: [] for name in entries}
+    drafter_share = {name: [] for name in entries}
+    cond = demo_rows(models.ar, [0])
+    for entry in entries.values():  # warm-up
+        run_decoder(models, cond, sampling, entry, seed)
+    for r in range(runs):
+        cond = demo_rows(models.ar, [r % num_classes], r)
+        for name, entry in entries.items():
+            _, stats = run_decoder(models, cond, sampling, entry, seed + 1000 + r)
+            times[name].append(stats.decode_time_s)
+            drafter_share[name].append(stats.drafter_time_s / stats.wall_time_s)
+    return {name: {"median_time_s": statistics.median(times[name]),
+                   "drafter_time_share": statistics.median(drafter_share[name])} for name in entries}
+
+
+@torch.no_grad()
+def window_costs(model, cfg: bool, repeats: int = 20) -> dict:
+    """c(W): time of one forward over W tokens / time of a single-token forward (cache half full)."""
+    N = model.grid[0] * model.grid[1]
+    session = model.start(demo_rows(model, [0]), cfg=cfg, max_window=max(WINDOW_COSTS))
+    start = torch.full((1,), N // 2, dtype=torch.long, device=model.device)
+    seconds = {}
+    for width in WINDOW_COSTS:
+        tokens = torch.zeros(1, width, dtype=torch.long, device=model.device)
+        session.forward(tokens, start)
+        samples = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            session.forward(tokens, start)
+            if model.device.type == "cuda":
+                torch.cuda.synchronize()
+            samples.append(time.perf_counter() - t0)
+        seconds[width] = statistics.median(samples)
+    return {str(w): seconds[w] / seconds[1] for w in WINDOW_COSTS}
+
+
+def toy_total_variation(base: DecoderSpec, rows: int = 20000) -> dict:
+    """Measured TV distance to the exact target on the enumerable toy (6 codes, 3 tokens) for GSD per
+    group size and LANTERN per delta, with a drafter toy and on Jacobi drafts. The exact decoders' TV
+    (G=1, delta=0) is the sampling-noise floor."""
+    from .toy_model import ToyModel
+
+    toy = ToyModel(vocab=6, grid=(1, 3), num_classes=1, scale=1.5, seed=0)
+    drafter = SmallARDrafter(ToyModel(vocab=6, grid=(1, 3), num_classes=1, scale=1.5, seed=1))
+    sampling = SamplingSettings(cfg_scale=2.0)
+    exact = toy.exact_joint(0, cfg_scale=2.0)
+    cond = ClassConditioning(torch.zeros(rows, dtype=torch.long))
+
+    def tv(spec, with_drafter=False, seed=0):
+        codes, _ = decode(toy, cond, sampling, spec, seed=seed, drafter=drafter if with_drafter else None,
+                          codebook=toy.code_embeddings())
+        empirical = torch.bincount(toy.index_of(codes), minlength=len(exact)).double() / rows
+        return float(0.5 * (empirical - exact).abs().sum())
+
+    jacobi = replace(base, window=3, init="random")
+    lantern = replace(jacobi, decoder="lantern", gamma=2)
+    return {
+        "rows": rows,
+        "gsd_by_group": {str(g): tv(replace(jacobi, decoder="gsd", group=g), seed=g) for g in (1, 3, 5)},
+        "lantern_drafter_by_delta": {str(d): tv(replace(lantern, lantern_delta=d), True, seed=10) for d in TOY_DELTAS},
+        "lantern_jacobi_by_delta": {str(d): tv(replace(lantern, lantern_delta=d), seed=20) for d in TOY_DELTAS},
+    }
+
+
+def sweep_configs(base: DecoderSpec, decoders: set[str], drafted: bool) -> list[tuple[str, str, DecoderSpec, bool]]:
+    """The slider sweeps of the benchmarked decoders: GSD's group size, SJD's window and coupling, LANTERN's
+    delta and k (with the drafter when there is one). Each config names its series and slider."""
+    configs = []
+    if "gsd" in decoders:
+        configs += [("GSD (group size)", "group", replace(base, decoder="gsd", group=g), False) for g in SWEEP_GROUPS]
+    if "sjd" in decoders:
+        configs += [(f"SJD {c} (window)", "window", replace(base, decoder="sjd", window=w, coupling=c), False)
+                    for c in ("independent", "maximal") for w in SWEEP_WINDOWS]
+    if "lantern" in decoders:
+        configs += [("LANTERN (delta)", "lantern_delta", replace(base, decoder="lantern", lantern_delta=d), drafted)
+                    for d in SWEEP_DELTAS]
+        configs += [(f"LANTERN (k, delta={SWEEP_K_DELTA})", "lantern_k",
+                     replace(base, decoder="lantern", lantern_delta=SWEEP_K_DELTA, lantern_k=k), drafted)
+                    for k in SWEEP_KS]
+    return configs
+
+
+def sweep(models, judge, sampling, configs, labels, seed, reference_feats) -> list[dict]:
+    """Speed/quality points of the sweep configs, with a progress line per point."""
+    points = []
+    for i, (series, slider, spec, with_drafter) in enumerate(configs, 1):
+        started = time.perf_counter()
+        codes, forwards, accepted, _ = sample_many(models, sampling, Entry(series, spec, with_drafter), labels, seed)
+        q = quality(models, judge, codes, labels, reference_feats)
+        q.pop("_feats")
+        point = {"series": series, "slider": slider, "value": spec.as_dict()[slider], "spec": spec.as_dict(),
+                 "drafter": with_drafter, **speed(forwards, accepted, codes.shape[1]), **q}
+        points.append(point)
+        print(f"[bench] sweep {i}/{len(configs)} {sweep_label(point)}: {point['step_compression']:.2f}x, "
+              f"class accuracy {100 * point['class_accuracy']:.1f}% ({time.perf_counter() - started:.0f} s)",
+              flush=True)
+    return points
+
+
+def run_bench(args) -> dict:
+    from .classifier import classify, frechet_distance, load_classifier
+    from ..demo_recipes.demo_data import make_batch
+
+    started = time.perf_counter()
+    entries = parse_entries(args.decoders, args)
+    if not args.no_pareto:
+        require_matplotlib()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    drafter_path = args.drafter or ("demo" if args.model is None else None)
+    models = load_models(args.model, args.vq, args.device, args.dtype, drafter_path=drafter_path,
+                         image_size=args.image_size, compile_switch=args.compile, gpu_weights=args.gpu_weights)
+    if models.vq is None:
+        raise FastARError("the benchmark decodes images: give --vq with --model")
+    if models.drafter is None and any(e.drafted for e in entries.values()):
+        raise FastARError("some benchmarked decoders draft with a drafter: give --drafter, or bench them "
+                          "with Jacobi drafts (e.g. lantern-jacobi)")
+    sampling = sampling_from(args)
+    judge = load_classifier(device=models.ar.device)
+    num_classes = demo_classes(models.ar)
+    labels = [i % num_classes for i in range(args.samples)]
+    real_images, _ = make_batch(np.random.default_rng(12345), REAL_IMAGES)
+    reference_feats = classify(judge, real_images)[1]
+    num_tokens = models.ar.grid[0] * models.ar.grid[1]
+
+    results = {}
+    for name, entry in entries.items():
+        print(f"[bench] {name}: {args.samples} samples", flush=True)
+        entry_started = time.perf_counter()
+        codes, forwards, accepted, drafter_forwards = sample_many(models, sampling, entry, labels, args.seed)
+        results[name] = {"lossless": LOSSLESS[entry.spec.decoder], "spec": entry.spec.as_dict(),
+                         "drafter": models.drafter.name if entry.drafted else None,
+                         "drafter_forwards_per_image": drafter_forwards / len(labels),
+                         **speed(forwards, accepted, num_tokens),
+                         **quality(models, judge, codes, labels, reference_feats)}
+        print(f"[bench] {name}: {results[name]['step_compression']:.2f}x step compression, class accuracy "
+              f"{100 * results[name]['class_accuracy']:.1f}% ({time.perf_counter() - entry_started:.0f} s)", flush=True)
+    ar_feats = results["ar"]["_feats"]
+    for r in results.values():
+        r["frechet_vs_ar"] = frechet_distance(r.pop("_feats"), ar_feats)
+
+    print(f"[bench] latency: {args.timing_runs} interleaved batch-1 runs per decoder", flush=True)
+    timings = timed_runs(models, sampling, entries, args.timing_runs, num_classes, args.seed)
+    for name, r in results.items():
+        r.update(timings[name])
+        r["latency_ratio"] = timings["ar"]["median_time_s"] / timings[name]["median_time_s"]
+
+    report = {
+        "model": str(args.model or "bundled demo model"),
+        "device": str(models.ar.device),
+        "dtype": str(models.ar.dtype).replace("torch.", ""),
+        "compiled": compiled_mode(models.ar),
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
+        "samples": args.samples,
+        "sampling": asdict(sampling),
+        "results": results,
+        "window_cost": window_costs(models.ar, sampling.use_cfg),
+    }
+    decoders = {entry.spec.decoder for entry in entries.values()}
+    if decoders & set(RELAXED):
+        print("[bench] toy total-variation distance of the relaxed decoders", flush=True)
+        report["toy_tv"] = toy_total_variation(spec_from(args, "sjd"), args.toy_rows)
+    configs = [] if args.no_pareto else sweep_configs(spec_from(args, "sjd"), decoders, models.drafter is not None)
+    if configs:
+        sweep_labels = labels[: args.sweep_samples or max(num_classes, args.samples // 2)]
+        print(f"[bench] slider sweeps for the Pareto plot: {len(configs)} points x {len(sweep_labels)} samples",
+              flush=True)
+        report["pareto"] = sweep(models, judge, sampling, configs, sweep_labels, args.seed, reference_feats)
+        plot_pareto(report["pareto"], results, out_dir / "pareto.png")
+    report["bench_time_s"] = round(time.perf_counter() - started)
+    (out_dir / "bench.json").write_text(json.dumps(report, indent=1))
+    (out_dir / "bench.md").write_text(markdown(report))
+    print((out_dir / "bench.md").read_text())
+    return report
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        f"# FastAR benchmark ({report['model']}, {report['device']}, {report['dtype']}"
+        + (f", compiled steps ({report['compiled']})" if report.get("compiled") else "")
+        + f", {report['samples']} samples per decoder)",
+        "",
+        "| decoder | lossless | drafter | step compression | mean accepted | drafter forwards / image | latency ratio "
+        "| drafter share of time | class accuracy | Frechet (real) | Frechet (vs AR) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in report["results"].items():
+        lines.append(
+            f"| {name} | {'yes' if r['lossless'] else 'no'} | {r['drafter'] or '-'} | {r['step_compression']:.2f}x | "
+            f"{r['mean_accepted']:.2f} | {r['drafter_forwards_per_image']:.0f} | {r['latency_ratio']:.2f}x | "
+            f"{100 * r['drafter_time_share']:.0f}% | {100 * r['class_accuracy']:.1f}% | {r['frechet']:.2f} | "
+            f"{r['frechet_vs_ar']:.2f} |"
+        )
+    costs = ", ".join(f"c({w})={c:.2f}" for w, c in report["window_cost"].items())
+    lines += ["", f"Window cost on {report['device']} ({report['machine']}): {costs}. "
+                  f"The benchmark took {report['bench_time_s'] / 60:.1f} min."]
+    if "toy_tv" in report:
+        tv = report["toy_tv"]
+        lines += ["", f"Total-variation distance to the exact target on the enumerable toy ({tv['rows']} rows; the "
+                      "exact settings G=1 and delta=0 show the sampling-noise floor):", ""]
+        for key, title in (("gsd_by_group", "GSD, group G"),
+                           ("lantern_drafter_by_delta", "LANTERN with a drafter, delta"),
+                           ("lantern_jacobi_by_delta", "LANTERN on Jacobi drafts, delta")):
+            lines.append(f"- {title}: " + ", ".join(f"{k}: {v:.4f}" for k, v in tv[key].items()))
+    if "pareto" in report:
+        lines += ["", "| sweep point | step compression | mean accepted | class accuracy | Frechet (real) |",
+                  "|---|---|---|---|---|"]
+        for p in report["pareto"]:
+            lines.append(f"| {sweep_label(p)} | {p['step_compression']:.2f}x | {p['mean_accepted']:.2f} | "
+                         f"{100 * p['class_accuracy']:.1f}% | {p['frechet']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def sweep_label(point: dict) -> str:
+    source = " with the drafter" if point["drafter"] else ""
+    return f"{point['series']}{source}: {point['slider']}={point['value']}"
+
+
+def require_matplotlib() -> None:
+    """Fail before the long run, not after it, when the plot cannot be drawn."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise FastARError("the Pareto plot needs matplotlib, which FastAR does not install: pip install "
+                          "matplotlib, or run the benchmark with --no-pareto") from None
+
+
+def quality_panels():
+    """A figure with two panels side by side (class accuracy, Frechet distance), drawn off screen."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(1, 2, figsize=(12, 4.6))
+
+
+def save_panels(fig, axes, title: str, path: Path) -> None:
+    """One legend under both panels (inside a panel it can hide a point: it hid plain AR's star), then save."""
+    import matplotlib.pyplot as plt
+
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_pareto(points: list[dict], results: dict, path: Path) -> None:
+    fig, axes = quality_panels()
+    series: dict[str, list[dict]] = {}
+    for point in points:
+        series.setdefault(point["series"], []).append(point)
+    for ax, metric, title in ((axes[0], "class_accuracy", "class accuracy"), (axes[1], "frechet", "Frechet distance (lower is better)")):
+        for label, pts in series.items():
+            xs = [p["step_compression"] for p in pts]
+            ys = [p[metric] for p in pts]
+            ax.plot(xs, ys, "o-", label=label)
+            for p, x, y in zip(pts, xs, ys):
+                ax.annotate(str(p["value"]), (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7)
+        ar = results["ar"]
+        ax.plot([ar["step_compression"]], [ar[metric]], "k*", markersize=10, label="plain AR")
+        ax.set_xlabel("step compression (tokens per target forward)")
+        ax.set_ylabel(title)
+        ax.grid(alpha=0.3)
+    save_panels(fig, axes, "FastAR speed/quality trade-off on the demo model", path)

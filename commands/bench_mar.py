@@ -1,0 +1,180 @@
+"""``python -m fastar bench --mar``: MAR's own sampler at several step counts against CSpD (both verify
+modes) on one MAR model, same classes and seeds (bench.md).
+
+Per row: target and draft calls per image, CSpD's acceptance rate and residual redraws, latency ratio
+against plain MAR at ``--num-iter`` (batch 1 with CFG, interleaved runs, medians, image decode excluded),
+class accuracy and Frechet distances in the demo classifier's feature space (against real procedural
+images and against plain MAR at ``--num-iter``); one Pareto plot of quality against latency ratio.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..settings import cspd_from, masked_settings_from
+from ..errors import FastARError
+from ..model_loaders.shared.demo import DEMO_KL, DEMO_MAR
+from ..pipeline import class_conditioning, load_models
+from ..samplers.cspd import CSpDSettings
+from ..samplers.decoders import decode_masked
+from ..samplers.masked import MaskedSettings
+from .bench import CHUNK, REAL_IMAGES, quality, quality_panels, require_matplotlib, save_panels
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    decoder: str  # "ar" or "cspd"
+    settings: MaskedSettings
+    cspd: CSpDSettings
+
+
+def rows_for(args, num_tokens: int) -> list[Row]:
+    base, cspd = masked_settings_from(args), cspd_from(args)
+    rows = [Row("mar", "ar", base, cspd)]  # the baseline first: every ratio is against it
+    steps = [int(k) for k in args.mar_steps.split(",") if k.strip()]
+    rows += [Row(f"mar@{k}", "ar", replace(base, num_iter=k), cspd)
+             for k in steps if k != base.num_iter and k <= num_tokens]
+    rows += [Row(f"cspd-{mode}", "cspd", base, replace(cspd, verify=mode)) for mode in ("steps", "merged")]
+    return rows
+
+
+def run_row(models, labels: list[int], row: Row, seed: int):
+    cond = class_conditioning(models.ar, labels)
+    return decode_masked(models.ar, cond, row.settings, row.decoder, seed=seed, cspd=row.cspd,
+                         drafter=models.drafter if row.decoder == "cspd" else None)
+
+
+def sample_many(models, row: Row, labels: list[int], seed: int):
+    """Tokens for every label (chunks of CHUNK rows, one seed per chunk) and the summed counters."""
+    tokens, totals = [], {"target": 0, "draft": 0, "drafted": 0, "accepted": 0, "tries": 0, "fallbacks": 0}
+    for start in range(0, len(labels), CHUNK):
+        out, stats = run_row(models, labels[start : start + CHUNK], row, seed + start)
+        tokens.append(out.cpu())
+        totals["target"] += stats.target_forwards  # a call serves every row of its chunk: per image = per chunk
+        totals["draft"] += stats.drafter_forwards
+        totals["drafted"] += stats.drafted_tokens
+        totals["accepted"] += stats.accepted_tokens
+        totals["tries"] += stats.resample_tries
+        totals["fallbacks"] += stats.resample_fallbacks
+    return torch.cat(tokens), totals
+
+
+def timed_runs(models, rows: list[Row], runs: int, num_classes: int, seed: int) -> dict:
+    """Batch-1 wall times (drafter included), interleaved so drift hits every row alike; medians."""
+    times = {row.label: [] for row in rows}
+    for row in rows:  # warm-up
+        run_row(models, [0], row, seed)
+    for r in range(runs):
+        for row in rows:
+            _, stats = run_row(models, [r % num_classes], row, seed + 1000 + r)
+            times[row.label].append(stats.wall_time_s)
+    return {label: statistics.median(t) for label, t in times.items()}
+
+
+def run_mar_bench(args) -> dict:
+    from .classifier import classify, frechet_distance, load_classifier
+    from ..demo_recipes.demo_data import MAR_TOKEN, make_batch
+
+    started = time.perf_counter()
+    require_matplotlib()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model_path = args.model or DEMO_MAR
+    models = load_models(str(model_path), args.vq or str(DEMO_KL), args.device, args.dtype,
+                         drafter_path=args.drafter or "demo", gpu_weights=args.gpu_weights)
+    if models.ar.kind != "masked-ar":
+        raise FastARError(f"bench --mar compares MAR decoders: {model_path} is {models.ar.what}; drop --mar to "
+                          "bench a token model")
+    rows = rows_for(args, models.ar.cfg.num_tokens)
+    judge = load_classifier(device=models.ar.device)
+    num_classes = models.ar.cfg.num_classes
+    labels = [i % num_classes for i in range(args.samples)]
+    # the demo MAR's own data (drawn for its 16-pixel tokens) is what its samples are compared with
+    reference_feats = classify(judge, make_batch(np.random.default_rng(12345), REAL_IMAGES, token=MAR_TOKEN)[0])[1]
+    chunks = -(-len(labels) // CHUNK)
+
+    results = {}
+    for row in rows:
+        print(f"[bench] {row.label}: {args.samples} samples", flush=True)
+        row_started = time.perf_counter()
+        tokens, totals = sample_many(models, row, labels, args.seed)
+        results[row.label] = {
+            "decoder": row.decoder, "settings": asdict(row.settings),
+            "cspd": asdict(row.cspd) if row.decoder == "cspd" else None,
+            "target_calls": totals["target"] / chunks, "draft_calls": totals["draft"] / chunks,
+            "acceptance_rate": totals["accepted"] / totals["drafted"] if totals["drafted"] else None,
+            "residual_tries_per_image": totals["tries"] / len(labels),
+            "fallbacks_per_image": totals["fallbacks"] / len(labels),
+            **quality(models, judge, tokens, labels, reference_feats)}
+        r = results[row.label]
+        print(f"[bench] {row.label}: {r['target_calls']:.1f} target + {r['draft_calls']:.1f} draft calls, class "
+              f"accuracy {100 * r['class_accuracy']:.1f}% ({time.perf_counter() - row_started:.0f} s)", flush=True)
+    baseline_feats = results["mar"]["_feats"]
+    for r in results.values():
+        r["frechet_vs_mar"] = frechet_distance(r.pop("_feats"), baseline_feats)
+
+    print(f"[bench] latency: {args.timing_runs} interleaved batch-1 runs per row", flush=True)
+    medians = timed_runs(models, rows, args.timing_runs, num_classes, args.seed)
+    for label, r in results.items():
+        r["median_time_s"] = medians[label]
+        r["latency_ratio"] = medians["mar"] / medians[label]
+
+    report = {
+        "model": str(model_path), "drafter": args.drafter or "bundled demo draft",
+        "device": str(models.ar.device), "dtype": str(models.ar.dtype).replace("torch.", ""),
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads", "samples": args.samples,
+        "results": results, "bench_time_s": round(time.perf_counter() - started),
+    }
+    plot_pareto(results, out_dir / "pareto_mar.png")
+    (out_dir / "bench_mar.json").write_text(json.dumps(report, indent=1))
+    (out_dir / "bench_mar.md").write_text(markdown(report))
+    print((out_dir / "bench_mar.md").read_text())
+    return report
+
+
+def markdown(report: dict) -> str:
+    base = report["results"]["mar"]["settings"]
+    lines = [
+        f"# FastAR MAR benchmark ({report['model']}, {report['device']}, {report['dtype']}, {report['samples']} "
+        f"samples per row; cfg {base['cfg_scale']} {base['cfg_schedule']}, temperature {base['temperature']}, "
+        f"{base['diffusion_steps']} diffusion steps)",
+        "",
+        "| row | steps | target calls / image | draft calls / image | acceptance | residual redraws / image "
+        "| latency ratio | class accuracy | Frechet (real) | Frechet (vs mar) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, r in report["results"].items():
+        acceptance = "-" if r["acceptance_rate"] is None else f"{100 * r['acceptance_rate']:.1f}%"
+        lines.append(
+            f"| {label} | {r['settings']['num_iter']} | {r['target_calls']:.1f} | {r['draft_calls']:.1f} | "
+            f"{acceptance} | {r['residual_tries_per_image']:.1f} | {r['latency_ratio']:.2f}x | "
+            f"{100 * r['class_accuracy']:.1f}% | {r['frechet']:.2f} | {r['frechet_vs_mar']:.2f} |")
+    lines += ["", f"Latency: batch 1, median of interleaved runs on {report['device']} ({report['machine']}), "
+                  f"image decode excluded. The benchmark took {report['bench_time_s'] / 60:.1f} min."]
+    return "\n".join(lines) + "\n"
+
+
+def plot_pareto(results: dict, path: Path) -> None:
+    fig, axes = quality_panels()
+    plain = sorted((r for r in results.values() if r["decoder"] == "ar"), key=lambda r: r["latency_ratio"])
+    for ax, metric, title in ((axes[0], "class_accuracy", "class accuracy"),
+                              (axes[1], "frechet", "Frechet distance to real images (lower is better)")):
+        ax.plot([r["latency_ratio"] for r in plain], [r[metric] for r in plain], "o-", color="k",
+                label="plain MAR (steps)")
+        for r in plain:
+            ax.annotate(str(r["settings"]["num_iter"]), (r["latency_ratio"], r[metric]), textcoords="offset points",
+                        xytext=(3, 3), fontsize=7)
+        for label, r in results.items():
+            if r["decoder"] == "cspd":
+                ax.plot([r["latency_ratio"]], [r[metric]], "s", markersize=8, label=label)
+        ax.set_xlabel("speed-up over plain MAR at the default steps (latency ratio)")
+        ax.set_ylabel(title)
+        ax.grid(alpha=0.3)
+    save_panels(fig, axes, "FastAR on MAR: fewer steps vs continuous speculative decoding", path)

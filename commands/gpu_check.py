@@ -1,0 +1,427 @@
+"""The GPU check (issue 31): one script, one report, under 10 minutes on one GPU.
+
+    python -m fastar.commands.gpu_check --out out/gpu_check [--budget 480] [--device cuda]
+
+What it runs, each step a ``python -m fastar ...`` subprocess (a device assert in one must not end the rest):
+- greedy codes on the GPU in fp32 against the CPU's, per bundled demo family, at settings where greedy is not
+  degenerate (several classes or prompts, CFG >= 2); lossless decoders (sjd, spec) against ``ar`` on the GPU;
+- the conformance fixtures (tests/conformance) on the GPU in fp32 against the official samplers' codes;
+- compiled steps against eager ones on the GPU (the proof ``--compile auto`` needs before it turns on for CUDA);
+- bf16 and fp16 runs of every demo family and decoder, their images side by side in ``precision.png``;
+- host syncs per decoder (``torch.cuda.set_sync_debug_mode``) and the peak memory of a 7B shape with CFG
+  (``--probe``, in-process);
+- the speed profile of LlamaGen-XL and a 7B shape against the bandwidth floor (``python -m fastar profile``).
+Steps run a few at a time (correctness) and the profiles alone at the end (timing); a step that would start
+after ``--budget`` seconds is reported as skipped. Writes ``report.json``, ``report.md`` and ``precision.png``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "demo"
+FIXTURES = ROOT / "tests" / "conformance" / "fixtures"
+PROMPTS = ["--prompt", "a red ring on a cyan background", "--prompt", "a blue square on a yellow background"]
+GREEDY = ["--top-k", "1"]
+
+
+@dataclass(frozen=True)
+class Family:
+    """A bundled demo model as the command line takes it, and the decoders that apply to it."""
+
+    name: str
+    model: list  # --model / --vq arguments
+    condition: list  # what to draw, with CFG
+    decoders: tuple = ("ar", "sjd")
+    greedy: bool = True  # sampled discrete codes, so greedy is defined (not MAR's latents, not a DD student's map)
+    compiles: bool = True  # --compile applies (token models' static-cache steps)
+
+
+FAMILIES = [
+    Family("llamagen-c2i", ["--model", DEMO / "demo_c2i.safetensors", "--vq", DEMO / "demo_vq.safetensors"],
+           ["--classes", "0,1,2,3", "--cfg", "2"], ("ar", "sjd", "gsd", "spec", "lantern")),
+    Family("lumina-text", ["--model", DEMO / "demo_text", "--vq", DEMO / "demo_vqgan.safetensors"],
+           [*PROMPTS, "--cfg", "3"], ("ar", "sjd", "gsd")),
+    Family("var", ["--model", DEMO / "demo_var.safetensors", "--vq", DEMO / "demo_var_vqvae.safetensors"],
+           ["--classes", "0,1,2,3", "--cfg", "2"], ("ar",), compiles=False),
+    Family("var-dd", ["--model", DEMO / "demo_var_dd.safetensors", "--vq", DEMO / "demo_var_vqvae.safetensors"],
+           ["--classes", "0,1,2,3"], ("dd",), greedy=False, compiles=False),
+    Family("llamagen-dd", ["--model", DEMO / "demo_dd.safetensors", "--vq", DEMO / "demo_vq.safetensors"],
+           ["--classes", "0,1,2,3"], ("dd",), greedy=False, compiles=False),
+    Family("mar", ["--model", DEMO / "demo_mar.safetensors", "--vae", DEMO / "demo_kl_vae.safetensors"],
+           ["--classes", "0,1,2,3", "--cfg", "3", "--num-iter", "16", "--diffusion-steps", "25"],
+           ("ar", "cspd"), greedy=False, compiles=False),
+]
+DRAFTERS = {"spec": DEMO / "demo_drafter", "lantern": DEMO / "demo_drafter", "cspd": DEMO / "demo_mar_draft.safetensors"}
+
+# conformance fixture -> the arguments naming its model (the runs' own arguments are in its expected.json)
+CONFORMANCE = {
+    "llamagen_c2i": ["--model", FIXTURES / "llamagen_c2i" / "gpt.pt", "--vq", FIXTURES / "llamagen_c2i" / "vq.pt"],
+    "llamagen_t2i": ["--model", FIXTURES / "llamagen_t2i" / "gpt.pt", "--vq", FIXTURES / "llamagen_c2i" / "vq.pt",
+                     "--t5", FIXTURES / "llamagen_t2i" / "t5"],
+    "anole": ["--model", FIXTURES / "anole", "--vq", FIXTURES / "chameleon_vqgan" / "vqgan.ckpt"],
+    "lumina_mgpt": ["--model", FIXTURES / "lumina_mgpt", "--vq", FIXTURES / "chameleon_vqgan" / "vqgan.ckpt"],
+    "janus_transformers": ["--model", FIXTURES / "janus_transformers"],
+    "janus_deepseek": ["--model", FIXTURES / "janus_deepseek"],
+    "var": ["--model", FIXTURES / "var" / "var_d2.pth", "--vq", FIXTURES / "var" / "vae_ch32v32z8.pth"],
+    # LANTERN's drafters: greedy spec runs, the official EaModel.generate's codes
+    "llamagen_lantern": ["--model", FIXTURES / "llamagen_lantern" / "gpt.pt",
+                         "--drafter", FIXTURES / "llamagen_lantern" / "drafter"],
+    "llamagen_t2i_lantern": ["--model", FIXTURES / "llamagen_t2i_lantern" / "LlamaGen-T2I", "--t5",
+                             FIXTURES / "llamagen_t2i" / "t5", "--drafter", FIXTURES / "llamagen_t2i_lantern" / "drafter"],
+    "anole_lantern": ["--model", FIXTURES / "anole", "--vq", FIXTURES / "chameleon_vqgan" / "vqgan.ckpt",
+                      "--drafter", FIXTURES / "anole_lantern" / "drafter"],
+}
+
+
+@dataclass
+class Step:
+    """One subprocess of the check and what came of it."""
+
+    name: str
+    argv: list
+    group: str
+    compare: dict = field(default_factory=dict)  # what its codes must equal: {"step": name} or {"codes": [...]}
+    image: str | None = None  # the PNG it writes, for the precision sheet
+    timeout: int = 240
+    env: dict = field(default_factory=dict)  # on top of the check's environment
+    rc: int | None = None
+    seconds: float | None = None
+    tail: str = ""
+    verdict: str = "skipped"
+    notes: list = field(default_factory=list)  # lines of its output about CUDA graphs (skipped, re-recorded)
+
+
+def fastar_argv(*args) -> list:
+    return [sys.executable, "-m", "fastar", *map(str, args)]
+
+
+def generate(name, group, family_args, extra, out: Path, *, device, dtype, compare=None, image=False, tokens=True):
+    png = out / "images" / f"{name}.png"
+    args = ["generate", *family_args, *extra, "--device", device, "--dtype", dtype, "--quiet", "--out", png,
+            "--stats-out", out / "stats" / f"{name}.json"]
+    if tokens:
+        args += ["--tokens-out", out / "tokens" / f"{name}.json"]
+    return Step(name, fastar_argv(*args), group, compare or {}, str(png) if image else None)
+
+
+def correctness_steps(out: Path, device: str) -> list[Step]:
+    steps = []
+    for fam in FAMILIES:
+        first = fam.decoders[0]
+        base = [*fam.model, *fam.condition]
+        if fam.greedy:
+            cpu = f"{fam.name}-{first}-greedy-cpu"
+            steps.append(generate(cpu, "cpu-reference", base, [*GREEDY, "--decoder", first], out, device="cpu",
+                                  dtype="fp32"))
+            gpu = f"{fam.name}-{first}-greedy-gpu-fp32"
+            steps.append(generate(gpu, "gpu-vs-cpu", base, [*GREEDY, "--decoder", first], out, device=device,
+                                  dtype="fp32", compare={"step": cpu}))
+            for decoder in fam.decoders[1:]:
+                if decoder in ("sjd", "spec"):  # lossless: greedy equals ar's greedy
+                    steps.append(generate(f"{fam.name}-{decoder}-greedy-gpu-fp32", "lossless-on-gpu", base,
+                                          [*GREEDY, "--decoder", decoder, *drafter(decoder)], out, device=device,
+                                          dtype="fp32", compare={"step": gpu}))
+            for decoder in fam.decoders[:2] if fam.compiles else ():
+                if decoder in ("ar", "sjd"):
+                    eager = gpu if decoder == first else f"{fam.name}-{decoder}-greedy-gpu-fp32"
+                    steps.append(generate(f"{fam.name}-{decoder}-greedy-gpu-compiled", "compiled-vs-eager", base,
+                                          [*GREEDY, "--decoder", decoder, "--compile", "on"], out, device=device,
+                                          dtype="fp32", compare={"step": eager}))
+            steps.append(generate(f"{fam.name}-{first}-greedy-gpu-streamed", "streamed-vs-resident", base,
+                                  [*GREEDY, "--decoder", first, "--gpu-weights", "0"], out, device=device,
+                                  dtype="fp32", compare={"step": gpu}))  # every block from host memory
+        for dtype in ("fp32", "bf16", "fp16"):
+            for decoder in fam.decoders:
+                steps.append(generate(f"{fam.name}-{decoder}-{dtype}", "half-precision", base,
+                                      ["--decoder", decoder, *drafter(decoder), "--seed", "1"], out, device=device,
+                                      dtype=dtype, image=True, tokens=fam.greedy))
+    for case, model_args in CONFORMANCE.items():
+        expected = json.loads((FIXTURES / case / "expected.json").read_text())
+        for i, run in enumerate(expected["runs"]):
+            steps.append(generate(f"conformance-{case}-{i}", "conformance-on-gpu", model_args, run["args"], out,
+                                  device=device, dtype="fp32", compare={"codes": run["codes"]}))
+    order = ("cpu-reference", "gpu-vs-cpu", "half-precision", "conformance-on-gpu", "compiled-vs-eager",
+             "streamed-vs-resident", "lossless-on-gpu")  # the most telling first: a step past the budget is skipped
+    return sorted(steps, key=lambda s: order.index(s.group))
+
+
+def drafter(decoder: str) -> list:
+    return ["--drafter", DRAFTERS[decoder]] if decoder in DRAFTERS else []
+
+
+def probe_and_profile_steps(out: Path, device: str) -> list[Step]:
+    probe = [sys.executable, "-m", "fastar.commands.gpu_check", "--device", device, "--out", out, "--probe"]
+
+    def profile(name, shape, *extra):
+        return Step(name, fastar_argv("profile", "--shape", shape, "--device", device, "--dtype", "bf16", "--repeats",
+                                      "3", "--out", out / "stats" / f"{name}.json", *extra), "profile", timeout=300)
+
+    compiled = {"TORCH_LOGS": "perf_hints"}  # inductor says why it skips CUDA graphs (the step's notes)
+    return [Step("sync-counts", [*map(str, probe), "sync"], "probes", timeout=180),
+            Step("memory-7b", [*map(str, probe), "memory"], "probes", timeout=180),
+            profile("profile-llamagen-xl", "llamagen-xl", "--windows", "1,16,32", "--batches", "1,2"),
+            profile("profile-anole-7b", "anole-7b", "--windows", "1,16,32", "--batches", "1,2", "--no-decoders"),
+            # whole images for LlamaGen-XL (SJD's latency speed-up against its step compression), forwards for 7B
+            replace(profile("profile-llamagen-xl-compiled", "llamagen-xl", "--windows", "1,16", "--batches", "2",
+                            "--compile", "--repeats", "2"), env=compiled),
+            replace(profile("profile-anole-7b-compiled", "anole-7b", "--windows", "1,16", "--batches", "2",
+                            "--no-decoders", "--compile"), env=compiled),
+            # a 7B model on a 12 GB card: 8 GB of its weights on the GPU, the other 6 streamed at every forward
+            profile("profile-anole-7b-streamed", "anole-7b", "--windows", "1,16", "--batches", "2", "--no-decoders",
+                    "--gpu-weights", "8")]
+
+
+def run_step(step: Step, deadline: float, env: dict) -> Step:
+    if time.time() > deadline:
+        return step
+    t0 = time.time()
+    try:
+        done = subprocess.run([str(a) for a in step.argv], capture_output=True, text=True, env=env | step.env,
+                              timeout=min(step.timeout, max(10, deadline + 60 - t0)), cwd=ROOT.parent)
+        output = done.stdout + done.stderr
+        step.rc, step.tail = done.returncode, output[-1500:]
+        step.notes = sorted({line.strip()[:300] for line in output.splitlines() if "cudagraph" in line.lower()})
+    except subprocess.TimeoutExpired as e:
+        step.rc, step.tail = -9, f"timed out after {e.timeout:.0f} s"
+    step.seconds = round(time.time() - t0, 1)
+    step.verdict = "ran" if step.rc == 0 else "FAILED"
+    return step
+
+
+def codes_of(out: Path, name: str):
+    path = out / "tokens" / f"{name}.json"
+    return json.loads(path.read_text())["tokens"] if path.exists() else None
+
+
+def judge(steps: list[Step], out: Path) -> None:
+    """Codes against what each step had to equal: 'exact', or the share of codes that agree."""
+    by_name = {s.name: s for s in steps}
+    for step in steps:
+        if step.rc != 0 or not step.compare:
+            continue
+        ours = codes_of(out, step.name)
+        theirs = step.compare.get("codes") or codes_of(out, step.compare.get("step", ""))
+        if ours is None or theirs is None or by_name.get(step.compare.get("step"), step).rc != 0:
+            step.verdict = "no reference"
+        elif ours == theirs:
+            step.verdict = "exact"
+        else:
+            flat = lambda codes: [c for row in codes for c in (row if isinstance(row, list) else [row])]
+            a, b = flat(ours), flat(theirs)
+            same = sum(x == y for x, y in zip(a, b)) / max(len(a), len(b), 1)
+            first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            step.verdict = f"DIFFERS ({same:.1%} agree, first at {first})"
+
+
+def precision_sheet(steps: list[Step], out: Path) -> None:
+    """Every half-precision image in one PNG: a row per family and decoder, columns fp32, bf16, fp16."""
+    from PIL import Image, ImageDraw
+
+    rows: dict[str, dict[str, Path]] = {}
+    for step in steps:
+        if step.image and step.rc == 0 and step.group == "half-precision":
+            key, dtype = step.name.rsplit("-", 1)
+            files = sorted(Path(step.image).parent.glob(Path(step.image).stem + "*.png"))
+            if files:
+                rows.setdefault(key, {})[dtype] = files
+    if not rows:
+        return
+    cell, label = 96, 170
+    sheet = Image.new("RGB", (label + 3 * 4 * cell, len(rows) * cell), "white")
+    draw = ImageDraw.Draw(sheet)
+    for r, (key, by_dtype) in enumerate(sorted(rows.items())):
+        draw.text((4, r * cell + cell // 2), key, fill="black")
+        for c, dtype in enumerate(("fp32", "bf16", "fp16")):
+            for i, path in enumerate(by_dtype.get(dtype, [])[:4]):
+                tile = Image.open(path).convert("RGB").resize((cell - 4, cell - 4))
+                sheet.paste(tile, (label + (c * 4 + i) * cell, r * cell))
+    sheet.save(out / "precision.png")
+
+
+def write_report(steps: list[Step], out: Path, environment: dict) -> None:
+    profiles = {p.stem: json.loads(p.read_text()) for p in (out / "stats").glob("profile-*.json")}
+    probes = {p.stem: json.loads(p.read_text()) for p in (out / "stats").glob("probe-*.json")}
+    report = {"environment": environment, "steps": [{k: v for k, v in vars(s).items() if k not in ("argv", "compare")}
+                                                    | {"command": " ".join(map(str, s.argv[2:]))} for s in steps],
+              "probes": probes, "profiles": profiles}
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    lines = ["# GPU check", "", "```", json.dumps(environment, indent=1), "```", "",
+             "| step | group | verdict | s |", "|---|---|---|---|"]
+    lines += [f"| {s.name} | {s.group} | {s.verdict} | {s.seconds} |" for s in steps]
+    for s in steps:
+        if s.notes:
+            lines += ["", f"## {s.name}: CUDA graphs", "```", *s.notes[:20], "```"]
+    failed = [s for s in steps if s.verdict == "FAILED"]
+    for s in failed:
+        lines += ["", f"## {s.name} failed", "```", " ".join(map(str, s.argv[2:])), s.tail, "```"]
+    lines += ["", "## goals", "", *goal_lines(profiles)]
+    lines += ["", "## probes", "```", json.dumps(probes, indent=1), "```", "", "## profiles", "```",
+              json.dumps(profiles, indent=1)[:20000], "```"]
+    (out / "report.md").write_text("\n".join(lines))
+
+
+FLOOR_GOAL, SJD_GOAL = 1.25, 0.9  # issue 31: an iteration within 1.25x the floor; SJD's latency >= 0.9 x compression
+
+
+def goal_lines(profiles: dict) -> list[str]:
+    """The speed goals, per profile and batch: the 1-token forward against the bandwidth floor, and SJD's latency
+    speed-up over ar against its step compression (whole images, when the profile ran them)."""
+    lines = []
+    for name, profile in sorted(profiles.items()):
+        for batch, entry in profile.get("batches", {}).items():
+            if "floor_ms" not in entry:
+                continue  # a MAR profile: no token floor
+            ratio = entry["forward_over_floor"]
+            line = (f"- {name}, batch {batch}: forward {entry['forward_ms']['1']:.2f} ms, {ratio:.2f}x the "
+                    f"{entry['floor_ms']:.2f} ms floor ({'meets' if ratio <= FLOOR_GOAL else 'misses'} "
+                    f"{FLOOR_GOAL}x)")
+            if profile.get("streamed_gb"):  # its floor: the streamed weights cross from host memory
+                line += (f"; {profile['streamed_gb']:.1f} GB of weights streamed at "
+                         f"{profile['host_bandwidth_gb_s']:.1f} GB/s")
+            decoders = entry.get("decoders", {})
+            if "ar" in decoders and "sjd" in decoders:
+                ar, sjd = decoders["ar"], decoders["sjd"]
+                speedup, compression = ar["image_s"] / sjd["image_s"], ar["target_forwards"] / sjd["target_forwards"]
+                share = speedup / compression
+                line += (f"; sjd {speedup:.2f}x faster than ar per image for {compression:.2f}x fewer forwards "
+                         f"({share:.2f} of it: {'meets' if share >= SJD_GOAL else 'misses'} {SJD_GOAL})")
+            lines.append(line)
+    return lines or ["- no token profile ran"]
+
+
+def environment() -> dict:
+    import torch
+
+    info = {"torch": torch.__version__, "python": sys.version.split()[0], "cuda": torch.version.cuda}
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        info |= {"gpu": p.name, "memory_gb": round(p.total_memory / 1e9, 1), "capability": f"{p.major}.{p.minor}",
+                 "bf16": torch.cuda.is_bf16_supported()}
+    return info
+
+
+# ----------------------------------------------------------------------------------------------- in-process probes
+def probe_sync(device: str, out: Path, images: int = 4, mar_steps: int = 16) -> dict:
+    """Host syncs per image of each decoder on the demo models (sync debug mode's warnings, counted): the token
+    decoders per target forward, MAR per step (``mar_steps`` of them), CSpD per drafted step, ``images`` at once
+    (tests/test_host_syncs.py: the CPU's count)."""
+    import torch
+
+    from ..model_loaders import load_ar_model
+    from ..model_loaders.drafters.loader import load_drafter
+    from ..model_loaders.shared.protocol import ClassConditioning
+    from ..samplers.cspd import CSpDSettings
+    from ..samplers.decoders import DecoderSpec, decode, decode_masked
+    from ..samplers.masked import MaskedSettings
+    from ..samplers.processing import SamplingSettings
+
+    torch_device = torch.device(device)
+    model = load_ar_model(str(DEMO / "demo_c2i.safetensors"), device=torch_device, dtype=torch.float32)
+    spec_drafter = load_drafter(str(DEMO / "demo_drafter"), model)
+    cond = ClassConditioning(torch.arange(images, device=device))
+    runs = {name: (lambda seed, name=name: decode(model, cond, SamplingSettings(), DecoderSpec(name), seed=seed,
+                                                  **({"drafter": spec_drafter} if name == "spec" else {}))[1])
+            for name in ("ar", "sjd", "gsd", "spec")}
+    mar = load_ar_model(str(DEMO / "demo_mar.safetensors"), device=torch_device, dtype=torch.float32)
+    mar_draft = load_drafter("demo", mar)
+    masked = MaskedSettings(num_iter=mar_steps, cfg_scale=3.0, diffusion_steps=25)
+    runs["mar-ar"] = lambda seed: decode_masked(mar, cond, masked, seed=seed)[1]
+    runs["mar-cspd"] = lambda seed: decode_masked(mar, cond, masked, "cspd", seed=seed, drafter=mar_draft,
+                                                  cspd=CSpDSettings())[1]
+    return {name: counted_syncs(run) for name, run in runs.items()}
+
+
+def counted_syncs(run) -> dict:
+    import warnings
+
+    import torch
+
+    run(0)  # warm-up: tables built, kernels chosen
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            stats = run(1)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "called a synchronizing" in str(w.message)]
+    steps = stats.target_forwards + stats.drafter_forwards
+    return {"syncs": len(syncs), "target_forwards": stats.target_forwards, "drafter_forwards": stats.drafter_forwards,
+            "syncs_per_forward": round(len(syncs) / max(stats.target_forwards, 1), 2),
+            "syncs_per_step": round(len(syncs) / max(steps, 1), 2)}
+
+
+def probe_memory(device: str, out: Path) -> dict:
+    """Peak GPU memory of one Anole-7B-shaped ``ar`` image with CFG (random bf16 weights, full 32 x 32 grid)."""
+    import torch
+
+    from ..samplers.decoders import DecoderSpec, decode
+    from ..samplers.processing import SamplingSettings
+    from .speed_profile import build, conditioning
+
+    torch.cuda.reset_peak_memory_stats()
+    model = build("anole-7b", torch.device(device), torch.bfloat16)
+    weights = torch.cuda.memory_allocated()
+    result = {"weights_gb": round(weights / 1e9, 2)}
+    for batch in (1, 2):
+        torch.cuda.reset_peak_memory_stats()
+        t0 = time.time()
+        decode(model, conditioning(model, batch), SamplingSettings(cfg_scale=3.0), DecoderSpec("ar"), seed=0)
+        torch.cuda.synchronize()
+        result[f"batch_{batch}"] = {"peak_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2),
+                                    "over_weights_gb": round((torch.cuda.max_memory_allocated() - weights) / 1e9, 2),
+                                    "reserved_gb": round(torch.cuda.max_memory_reserved() / 1e9, 2),
+                                    "seconds": round(time.time() - t0, 1)}
+    return result
+
+
+PROBES = {"sync": probe_sync, "memory": probe_memory}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="out/gpu_check")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--budget", type=float, default=480, help="seconds after which no new step starts")
+    p.add_argument("--workers", type=int, default=4, help="correctness steps run at once")
+    p.add_argument("--only", help="run only the steps whose name contains one of these comma-separated texts "
+                                  "(e.g. var,conformance)")
+    p.add_argument("--probe", choices=sorted(PROBES), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    out = Path(args.out).resolve()
+    if args.probe:
+        result = PROBES[args.probe](args.device, out)
+        (out / "stats" / f"probe-{args.probe}.json").write_text(json.dumps(result, indent=1))
+        print(json.dumps(result, indent=1))
+        return 0
+    for sub in ("images", "tokens", "stats"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    deadline = time.time() + args.budget
+    env = os.environ | {"OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1"}
+    chosen = lambda step: not args.only or any(part in step.name for part in args.only.split(","))  # noqa: E731
+    steps = [s for s in correctness_steps(out, args.device) if chosen(s)]
+    with ThreadPoolExecutor(args.workers) as pool:
+        list(pool.map(lambda s: run_step(s, deadline - 200, env), steps))  # leave time for the timed steps
+    later = [s for s in probe_and_profile_steps(out, args.device) if chosen(s)]
+    for step in later:
+        run_step(step, deadline, os.environ | {"PYTHONUNBUFFERED": "1"})
+    steps += later
+    judge(steps, out)
+    precision_sheet(steps, out)
+    write_report(steps, out, environment())
+    bad = [s.name for s in steps if s.verdict == "FAILED" or s.verdict.startswith("DIFFERS")]
+    print(f"{len(steps)} steps, {sum(s.rc is None for s in steps)} skipped, problems: {bad or 'none'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

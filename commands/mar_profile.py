@@ -1,0 +1,140 @@
+"""``python -m fastar profile`` for MAR (``--shape mar-b|mar-l|mar-h``, or ``--model`` a MAR checkpoint).
+
+A MAR step has no KV cache: the transformer runs over the class buffer and every token each step (the known
+ones through the encoder, all of them through the decoder), then the diffusion head runs its reverse process
+for the tokens the step predicts. Per batch (each image with its CFG row) the report gives:
+- ``forward_ms``: one transformer call at mid-schedule (half the tokens known), its floor (every weight read
+  once over the measured bandwidth) and its arithmetic (GFLOP per call): a MAR call is compute bound;
+- ``head_step_ms``: one reverse step of the head for one MAR step's tokens (guided: cond and uncond in one
+  call), and ``head_ms`` for the whole reverse process (``diffusion_steps`` of them);
+- whole images of ``ar`` (MAR's sampler) and ``cspd`` (drafted by a smaller MAR: the paper's MAR-B for MAR-L
+  and MAR-H, a 2 + 2-block model of the shape otherwise, or ``--drafter`` with ``--model``), ms per target call.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import FastARError
+from ..model_loaders.mar.model import MAR, MARConfig
+from ..model_loaders.shared.protocol import ClassConditioning
+from ..samplers.decoders import decode_masked
+from ..samplers.masked import MaskedSettings
+from .profile_common import Timing, image_costs, randomise
+
+MAR_DECODERS = ("ar", "cspd")
+DRAFT_BLOCKS = 2  # a shape without a smaller release drafts with itself cut to this many encoder/decoder blocks
+
+
+@dataclass(frozen=True)
+class MARShape:
+    width: int
+    depth: int  # encoder blocks = decoder blocks
+    heads: int
+    head_width: int  # the diffusion head (diffloss_w)
+    head_depth: int  # diffloss_d
+    draft: str | None = None  # the released smaller MAR that drafts for it
+    grid: tuple[int, int] = (16, 16)  # 256 px through the KL-16 autoencoder
+    buffer: int = 64  # class-embedding slots
+
+    def build(self, depth: int | None = None) -> MAR:
+        depth = depth or self.depth
+        return MAR(MARConfig(dim=self.width, encoder_depth=depth, encoder_heads=self.heads, decoder_dim=self.width,
+                             decoder_depth=depth, decoder_heads=self.heads, head_width=self.head_width,
+                             head_depth=self.head_depth, grid=self.grid, buffer=self.buffer))
+
+
+MAR_SHAPES = {
+    "mar-tiny": MARShape(64, 2, 4, 64, 2, grid=(4, 4), buffer=4),  # for a quick smoke run
+    "mar-b": MARShape(768, 12, 12, 1024, 6),
+    "mar-l": MARShape(1024, 16, 16, 1280, 8, draft="mar-b"),
+    "mar-h": MARShape(1280, 20, 16, 1536, 12, draft="mar-b"),
+}
+
+
+def build_mar(shape: str, device, dtype, *, depth: int | None = None, seed: int = 0) -> MAR:
+    with torch.device(device):
+        model = MAR_SHAPES[shape].build(depth)
+    randomise(model, seed)
+    model.to(dtype).diffloss.float()  # the head stays fp32, as the loader keeps it
+    return model.eval()
+
+
+def random_draft(shape: str, device, dtype) -> MAR:
+    spec = MAR_SHAPES[shape]
+    if spec.draft:
+        return build_mar(spec.draft, device, dtype, seed=1)
+    return build_mar(shape, device, dtype, depth=DRAFT_BLOCKS, seed=1)
+
+
+def transformer_gflop(model: MAR, rows: int, known: int, attention: bool = True) -> float:
+    """Multiply-adds x 2 of one call: the token projection, the encoder over buffer + known tokens, the
+    projection to the decoder, the decoder over buffer + all tokens (``attention``: with its two products)."""
+    cfg, L = model.cfg, model.cfg.num_tokens
+
+    def blocks(depth, width, tokens):  # qkv, proj and the two MLP matmuls; attention's two products
+        return depth * (2 * tokens * width * width * (4 + 2 * cfg.mlp_ratio) + attention * 4 * tokens * tokens * width)
+    encoder = 2 * L * cfg.token_dim * cfg.dim + blocks(cfg.encoder_depth, cfg.dim, cfg.buffer + known)
+    decoder = 2 * (cfg.buffer + known) * cfg.dim * cfg.decoder_dim + \
+        blocks(cfg.decoder_depth, cfg.decoder_dim, cfg.buffer + L)
+    return rows * (encoder + decoder) / 1e9
+
+
+@torch.no_grad()
+def mar_batch(model: MAR, draft, timing: Timing, batch: int, bytes_per_s: float, decoders: bool,
+              rounds: int) -> dict:
+    """The measurements of one batch size (see the module doc)."""
+    cfg, L = model.cfg, model.cfg.num_tokens
+    settings = MaskedSettings(num_iter=min(64, L), cfg_scale=3.0)
+    rows = 2 * batch
+    labels = torch.zeros(rows, dtype=torch.long, device=model.device)
+    tokens = torch.randn(rows, L, cfg.token_dim, device=model.device)
+    known = torch.zeros(rows, L, dtype=torch.bool, device=model.device)
+    known[:, : L // 2] = True
+    vectors = model.class_emb(labels)
+    forward_s = timing.median_s(lambda: model.conditions(tokens, known, vectors, L // 2))  # as the sampler calls it
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    floor_ms = weights / bytes_per_s * 1e3
+    per_step = -(-L // settings.num_iter) * batch  # tokens one MAR step predicts (the head's rows, per branch)
+    head = model.head
+    x = torch.randn(per_step, cfg.token_dim, device=model.device)
+    z = torch.randn(per_step, cfg.decoder_dim, device=model.device)
+    t = torch.full((per_step,), 500, dtype=torch.long, device=model.device)
+    head_step_s = timing.median_s(lambda: head.guided(x, t, z, z, settings.cfg_scale))
+    entry = {"floor_ms": floor_ms, "forward_ms": forward_s * 1e3, "forward_over_floor": forward_s * 1e3 / floor_ms,
+             "forward_gflop": transformer_gflop(model, rows, L // 2), "head_step_ms": head_step_s * 1e3,
+             "head_ms": head_step_s * 1e3 * settings.diffusion_steps, "mar_steps": settings.num_iter}
+    if decoders:
+        conditioning = ClassConditioning(torch.zeros(batch, dtype=torch.long))
+
+        def run(name):
+            def image(seed):
+                tokens, stats = decode_masked(model, conditioning, settings, name, seed=seed,
+                                              drafter=draft if name == "cspd" else None)
+                return stats.target_forwards, tokens
+            return image
+        costs, _ = image_costs({name: run(name) for name in MAR_DECODERS if name == "ar" or draft is not None},
+                            timing, rounds)
+        for cost in costs.values():
+            cost["over_floor"] = cost["ms_per_iteration"] / floor_ms
+        entry["decoders"] = costs
+    return entry
+
+
+def print_mar_batch(batch: int, entry: dict) -> None:
+    print(f"[profile] batch {batch} (CFG, {2 * batch} rows): transformer call {entry['forward_ms']:.1f} ms "
+          f"({entry['forward_gflop']:.3g} GFLOP, {entry['forward_gflop'] / entry['forward_ms'] * 1e3:.0f} GFLOP/s; weight floor {entry['floor_ms']:.2f} ms, "
+          f"{entry['forward_over_floor']:.1f}x), head {entry['head_step_ms']:.2f} ms per reverse step, "
+          f"{entry['head_ms']:.0f} ms per MAR step", flush=True)
+    for decoder, cost in entry.get("decoders", {}).items():
+        print(f"[profile]   {decoder}: {cost['ms_per_iteration']:.1f} ms per target call, "
+              f"{cost['target_forwards']:.0f} calls per image, {cost['image_s']:.2f} s per image", flush=True)
+
+
+def check_mar_options(args) -> None:
+    refused = [flag for flag, on in (("--compile", args.compile), ("--baselines", args.baselines),
+                                     ("--grid", args.grid)) if on]
+    if refused:
+        raise FastARError(f"{', '.join(refused)}: for token models; a MAR profile times its transformer call, "
+                          "its diffusion head and whole ar / cspd images")

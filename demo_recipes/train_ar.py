@@ -1,0 +1,107 @@
+"""Train the demo class-to-image AR model (LlamaGen c2i format) on VQ tokens of procedural images.
+
+    python -m fastar.demo_recipes.train_ar [--steps N] [--out PATH]
+
+Images are drawn from ``demo_data``, tokenised once with the demo VQ (cached under ``.data/``, keyed by
+the VQ file's hash), then a small LlamaGen GPT learns them with teacher forcing. Labels drop to the
+null class with probability 0.1 so that classifier-free guidance works at sampling time.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..model_loaders.shared.demo import DEMO_AR, DEMO_VQ
+from ..model_loaders.llamagen.model import LlamaGenConfig, LlamaGenGPT
+from ..model_loaders.shared.protocol import ClassConditioning
+from ..model_loaders import load_ar_model, load_image_decoder
+from .demo_common import Timer, cosine_lr, save_fp16, setup, tokenised
+from .demo_data import CLASS_NAMES, make_batch
+
+
+def model_config(vocab_size: int) -> LlamaGenConfig:
+    return LlamaGenConfig(
+        dim=256, n_layer=4, n_head=8, vocab_size=vocab_size, grid=(16, 16), downsample=8,
+        num_classes=len(CLASS_NAMES), class_names=list(CLASS_NAMES),
+    )
+
+
+def init_weights(model: nn.Module) -> None:
+    """LlamaGen's init: normal(0, 0.02) for Linear/Embedding, zero output head (seeded by the caller)."""
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, 0.0, 0.02)
+    nn.init.zeros_(model.output.weight)
+
+
+@torch.no_grad()
+def val_loss(model: LlamaGenGPT, tokens, labels) -> float:
+    model.eval()
+    losses = [
+        F.cross_entropy(model.training_logits(ClassConditioning(y), t).flatten(0, 1), t.flatten()).item()
+        for t, y in zip(tokens.long().split(64), labels.split(64))
+    ]
+    model.train()
+    return float(np.mean(losses))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=1500)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--images", type=int, default=8000, help="training images (tokenised once)")
+    p.add_argument("--val-images", type=int, default=128)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--vq", default=str(DEMO_VQ))
+    p.add_argument("--out", default=str(DEMO_AR))
+    args = p.parse_args(argv)
+
+    gen = setup(args.seed)
+    timer = Timer()
+    tokens, labels = tokenised("ar", args.vq, args.images, args.seed, make_batch)
+    val_tokens, val_labels = tokenised("ar", args.vq, args.val_images, 10_000 + args.seed, make_batch)
+    print(f"{len(tokens)} training images tokenised [{timer}]")
+
+    cfg = model_config(int(load_image_decoder(args.vq).cfg.codebook_size))
+    model = LlamaGenGPT(cfg)
+    init_weights(model)
+    print(f"AR {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params: {asdict(cfg)}")
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr, betas=(0.9, 0.95),
+    )
+    null = cfg.num_classes
+    for step in range(args.steps):
+        idx = torch.randint(0, len(tokens), (args.batch,), generator=gen)
+        x, y = tokens[idx].long(), labels[idx].clone()
+        y[torch.rand(args.batch, generator=gen) < 0.1] = null  # CFG needs the null class
+        for group in opt.param_groups:
+            group["lr"] = cosine_lr(step, args.steps, args.lr, warmup=min(100, args.steps // 10))
+        logits = model.training_logits(ClassConditioning(y), x)
+        loss = F.cross_entropy(logits.flatten(0, 1), x.flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if (step + 1) % 25 == 0:
+            print(f"step {step + 1}/{args.steps} train loss {loss.item():.4f} [{timer}]", flush=True)
+        if (step + 1) % (args.steps // 2) == 0 and step + 1 < args.steps:
+            print(f"  val loss {val_loss(model, val_tokens, val_labels):.4f}", flush=True)
+
+    model.eval()
+    save_fp16(model, cfg, args.out)
+    saved = load_ar_model(args.out)
+    print(f"final val loss (fp16 weights, {len(val_tokens)} held-out images): "
+          f"{val_loss(saved, val_tokens, val_labels):.4f}; total {timer}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Distilled Decoding students of LlamaGen: the one/two-step student and its reader."""

@@ -1,0 +1,2 @@
+"""MAR: the masked autoregressive transformer, its diffusion head, the KL autoencoder and the checkpoint
+reader."""

@@ -1,0 +1,275 @@
+"""MAR (masked autoregressive image generation with a diffusion head), faithful to the official math.
+
+Key names follow the official checkpoints (``encoder_blocks.{i}.attn.qkv.weight``, ``diffloss.net.*``).
+- Tokens are continuous: ``token_dim`` channels per position (the VAE's 16 channels, patch size 1), in
+  raster order over an ``h x w`` grid, scaled by MAR's factor (0.2325) relative to the VAE latents.
+- Encoder: ``z_proj`` of every token, ``buffer`` leading slots all holding the class embedding (or the
+  learned ``fake_latent`` for the unconditional branch), learned position embeddings, ``z_proj_ln``, then
+  only the buffer and the known tokens go through the ViT blocks (masked tokens are dropped).
+- Decoder: known tokens back in place, ``mask_token`` elsewhere, learned position embeddings, ViT blocks,
+  the buffer dropped, plus ``diffusion_pos_embed_learned``: one condition vector per position.
+- ViT blocks as timm's: pre-LayerNorm (eps 1e-6), qkv with bias, GELU MLP. Attention is bidirectional.
+- DiffLoss head (SimpleMLPAdaLN): input_proj(x) through adaLN residual blocks conditioned on
+  time_embed(t) + cond_embed(z); outputs eps and the variance values (2 x token_dim).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .diffusion import SpacedDiffusion
+from ..shared.protocol import ClassConditioning
+
+LN_EPS = 1e-6
+TIME_FREQUENCIES = 256  # sinusoidal timestep features of the head
+
+
+@dataclass
+class MARConfig:
+    dim: int  # encoder width
+    encoder_depth: int
+    encoder_heads: int
+    decoder_dim: int
+    decoder_depth: int
+    decoder_heads: int
+    head_width: int  # diffloss_w
+    head_depth: int  # diffloss_d
+    token_dim: int = 16
+    grid: tuple[int, int] = (16, 16)
+    buffer: int = 64
+    num_classes: int = 1000
+    mlp_ratio: float = 4.0
+    scale_factor: float = 0.2325  # tokens = VAE latents * scale_factor
+    class_names: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.grid = tuple(self.grid)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+    @property
+    def model_type(self) -> str:
+        return "c2i"  # every released MAR is class-conditional
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x, keys=None):
+        """``keys`` [B, n] bool: the positions each row may attend to (None = all)."""
+        b, n, d = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        mask = None if keys is None else keys[:, None, None, :]
+        return self.proj(F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b, n, d))
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int, mlp_ratio: float):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=LN_EPS)
+        self.attn = Attention(dim, heads)
+        self.norm2 = nn.LayerNorm(dim, eps=LN_EPS)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+
+    def forward(self, x, keys=None):
+        x = x + self.attn(self.norm1(x), keys)
+        return x + self.mlp(self.norm2(x))
+
+
+def modulate(x, shift, scale):
+    return x * (1 + scale) + shift
+
+
+def timestep_features(t: torch.Tensor, dim: int = TIME_FREQUENCIES, max_period: float = 10000.0) -> torch.Tensor:
+    """Sinusoidal features of (possibly fractional) timesteps: cosines then sines."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+    angles = t.float()[:, None] * freqs[None]
+    return torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1)
+
+
+class TimestepEmbedder(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(TIME_FREQUENCIES, width), nn.SiLU(), nn.Linear(width, width))
+
+    def forward(self, t):
+        return self.mlp(timestep_features(t).to(self.mlp[0].weight.dtype))
+
+
+class ResBlock(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.in_ln = nn.LayerNorm(width, eps=LN_EPS)
+        self.mlp = nn.Sequential(nn.Linear(width, width), nn.SiLU(), nn.Linear(width, width))
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(width, 3 * width))
+
+    def forward(self, x, y):
+        shift, scale, gate = self.adaLN_modulation(y).chunk(3, dim=-1)
+        return x + gate * self.mlp(modulate(self.in_ln(x), shift, scale))
+
+
+class FinalLayer(nn.Module):
+    def __init__(self, width: int, out: int):
+        super().__init__()
+        self.norm_final = nn.LayerNorm(width, elementwise_affine=False, eps=LN_EPS)
+        self.linear = nn.Linear(width, out)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(width, 2 * width))
+
+    def forward(self, x, y):
+        shift, scale = self.adaLN_modulation(y).chunk(2, dim=-1)
+        return self.linear(modulate(self.norm_final(x), shift, scale))
+
+
+class DiffusionHead(nn.Module):
+    """SimpleMLPAdaLN: (x_t, t, condition z) -> (eps, variance values), each ``[N, token_dim]``."""
+
+    def __init__(self, token_dim: int, cond_dim: int, width: int, depth: int):
+        super().__init__()
+        self.token_dim = token_dim
+        self.time_embed = TimestepEmbedder(width)
+        self.cond_embed = nn.Linear(cond_dim, width)
+        self.input_proj = nn.Linear(token_dim, width)
+        self.res_blocks = nn.ModuleList(ResBlock(width) for _ in range(depth))
+        self.final_layer = FinalLayer(width, 2 * token_dim)
+
+    def forward(self, x, t, z):
+        y = self.time_embed(t) + self.cond_embed(z)
+        h = self.input_proj(x)
+        for block in self.res_blocks:
+            h = block(h, y)
+        out = self.final_layer(h, y)
+        return out[:, : self.token_dim], out[:, self.token_dim:]
+
+    def guided(self, x, t, z_cond, z_uncond=None, cfg_scale: float = 1.0):
+        """eps with classifier-free guidance on eps (uncond + s * (cond - uncond)), and the conditional
+        branch's variance values; both branches see the same x_t, in one batched call."""
+        if z_uncond is None:
+            return self.forward(x, t, z_cond)
+        eps, variance = self.forward(torch.cat([x, x]), torch.cat([t, t]), torch.cat([z_cond, z_uncond]))
+        cond, uncond = eps.chunk(2)
+        return uncond + cfg_scale * (cond - uncond), variance[: x.shape[0]]
+
+
+class DiffLoss(nn.Module):
+    """The official module path of the head (``diffloss.net.*``)."""
+
+    def __init__(self, cfg: MARConfig):
+        super().__init__()
+        self.net = DiffusionHead(cfg.token_dim, cfg.decoder_dim, cfg.head_width, cfg.head_depth)
+
+
+class MAR(nn.Module):
+    """Condition vectors for every position from the known tokens (the masked-AR protocol)."""
+
+    kind = "masked-ar"
+    what = "a MAR model"
+
+    def __init__(self, cfg: MARConfig):
+        super().__init__()
+        self.cfg = cfg
+        L, slots = cfg.num_tokens, cfg.num_tokens + cfg.buffer
+        self.class_emb = nn.Embedding(cfg.num_classes, cfg.dim)
+        self.fake_latent = nn.Parameter(torch.zeros(1, cfg.dim))
+        self.z_proj = nn.Linear(cfg.token_dim, cfg.dim)
+        self.z_proj_ln = nn.LayerNorm(cfg.dim, eps=LN_EPS)
+        self.encoder_pos_embed_learned = nn.Parameter(torch.zeros(1, slots, cfg.dim))
+        self.encoder_blocks = nn.ModuleList(Block(cfg.dim, cfg.encoder_heads, cfg.mlp_ratio)
+                                            for _ in range(cfg.encoder_depth))
+        self.encoder_norm = nn.LayerNorm(cfg.dim, eps=LN_EPS)
+        self.decoder_embed = nn.Linear(cfg.dim, cfg.decoder_dim)
+        self.mask_token = nn.Parameter(torch.zeros(1, 1, cfg.decoder_dim))
+        self.decoder_pos_embed_learned = nn.Parameter(torch.zeros(1, slots, cfg.decoder_dim))
+        self.decoder_blocks = nn.ModuleList(Block(cfg.decoder_dim, cfg.decoder_heads, cfg.mlp_ratio)
+                                            for _ in range(cfg.decoder_depth))
+        self.decoder_norm = nn.LayerNorm(cfg.decoder_dim, eps=LN_EPS)
+        self.diffusion_pos_embed_learned = nn.Parameter(torch.zeros(1, L, cfg.decoder_dim))
+        self.diffloss = DiffLoss(cfg)
+        self._schedules: dict[int, SpacedDiffusion] = {}
+
+    @property
+    def head(self) -> DiffusionHead:
+        return self.diffloss.net
+
+    def diffusion(self, sampling_steps: int) -> SpacedDiffusion:
+        """The head's reverse process respaced to ``sampling_steps`` (built once per step count)."""
+        if sampling_steps not in self._schedules:
+            self._schedules[sampling_steps] = SpacedDiffusion(sampling_steps)
+        return self._schedules[sampling_steps]
+
+    @property
+    def device(self) -> torch.device:
+        return self.fake_latent.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The transformer's precision (the diffusion head stays fp32)."""
+        return self.fake_latent.dtype
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self.cfg.grid
+
+    def decoder_input(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Tokens ``[B, L, C]`` -> the KL autoencoder's latents ``[B, C, h, w]`` (divided by the scale factor)."""
+        B, L, C = tokens.shape
+        return (tokens.float() / self.cfg.scale_factor).transpose(1, 2).reshape(B, C, *self.grid)
+
+    def class_vectors(self, conditioning: ClassConditioning, uncond: bool) -> torch.Tensor:
+        """``[B, dim]``: the class embeddings, or the learned unconditional vector for every row."""
+        if uncond:
+            return self.fake_latent.expand(conditioning.batch, -1)
+        return self.class_emb(conditioning.labels.to(self.device))
+
+    def conditions(self, tokens: torch.Tensor, known: torch.Tensor, class_vectors: torch.Tensor,
+                   known_count: int | None = None) -> torch.Tensor:
+        """Condition vectors ``[B, L, decoder_dim]`` for every position, from ``tokens`` [B, L, C] of which
+        only the ``known`` [B, L] ones are seen. ``known_count``: how many tokens every row knows, where the
+        caller's schedule says they all know as many: the official path, unknown tokens dropped. None: rows
+        may differ (CSpD scores several contexts in one call), and the encoder masks the unknown ones out of
+        attention instead of dropping them, which gives the same vectors. Neither reads the mask back to the
+        host (a sync per call on a GPU)."""
+        B, L, _ = tokens.shape
+        buffer = self.cfg.buffer
+        x = self.z_proj(tokens.to(self.z_proj.weight.dtype))
+        x = torch.cat([class_vectors.to(x.dtype).unsqueeze(1).expand(B, buffer, -1), x], dim=1)
+        x = self.z_proj_ln(x + self.encoder_pos_embed_learned)
+        keep = torch.cat([torch.ones(B, buffer, dtype=torch.bool, device=known.device), known], dim=1)
+        mask = self.mask_token.to(x.dtype)
+        if known_count is None:
+            x = torch.where(keep.unsqueeze(-1), self.encode(x, keep), mask)
+        else:  # the kept slots in order: a stable sort puts them first
+            kept = torch.sort((~keep).to(torch.uint8), dim=1, stable=True).indices[:, :buffer + known_count]
+            kept = kept.unsqueeze(-1)
+            encoded = self.encode(x.gather(1, kept.expand(-1, -1, x.shape[-1])), None)
+            x = mask.expand(B, buffer + L, -1).scatter(1, kept.expand(-1, -1, encoded.shape[-1]), encoded)
+        x = x + self.decoder_pos_embed_learned
+        for block in self.decoder_blocks:
+            x = block(x)
+        return self.decoder_norm(x)[:, buffer:] + self.diffusion_pos_embed_learned
+
+    def encode(self, x: torch.Tensor, keys) -> torch.Tensor:
+        """The encoder blocks and the projection to the decoder's width."""
+        for block in self.encoder_blocks:
+            x = block(x, keys)
+        return self.decoder_embed(self.encoder_norm(x))

@@ -1,0 +1,225 @@
+"""One switch for fast decode steps: a token model whose sessions run their ``forward`` through ``torch.compile``.
+
+A session's forward keeps its shapes for a whole generation (static KV cache, one window width: 1 token for
+``ar``, W for Jacobi windows, gamma + 1 for drafter chains), so each width compiles once, on first use, and
+every later generation of the same batch reuses it. The kernels fuse the norms, RoPE and the MLP gates and
+drop PyTorch's per-op Python dispatch, which is most of a small model's step on a CPU. On CUDA the mode is
+'reduce-overhead': each step is replayed as a CUDA graph, which needs the KV caches at fixed addresses
+(compiled_session.py). Same tokens as eager for the same seed: tests/test_compiled.py on the CPU; on CUDA, the
+GPU check (commands/gpu_check.py: LlamaGen and Lumina-mGPT layouts, ar and sjd, exact), which is why ``auto``
+compiles there too.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import threading
+import time
+import warnings
+import weakref
+
+import torch
+
+from ...errors import FastARError, FastARWarning
+from ...interrupts import can_interrupt, check_interrupt
+from .compiled_session import StaticBuffers, compiled_start
+from .streaming import is_streaming
+
+# widths a model meets: prefill-free steps of 1, the windows a session or the profiler asks for, per batch
+COMPILED_SHAPES = 64
+# device types where compiled steps are proven to give eager's tokens: the CPU in tests/test_compiled.py, CUDA in
+# the GPU check (H200, torch 2.11: ar and sjd on LlamaGen and Lumina-mGPT layouts, fp32 greedy, exact); elsewhere
+# (mps, ...) "auto" leaves steps eager
+PROVEN_DEVICES = ("cpu", "cuda")
+SWITCH = ("auto", "on", "off")
+CUDA_GRAPHS = "reduce-overhead"  # torch.compile's mode that replays each step as a CUDA graph (CUDA's default)
+COMPILE_MODES = ("default", CUDA_GRAPHS, "max-autotune", "max-autotune-no-cudagraphs")
+GRAPH_MODES = (CUDA_GRAPHS, "max-autotune")  # the modes that replay CUDA graphs: static caches, copied outputs
+POLL_S = 0.1  # how often Cancel is checked while a first call compiles
+
+
+def compile_steps(model, when: str = "on", mode: str | None = None):
+    """Set ``model``'s compile switch (in place, returns ``model``). ``when``: 'on' (every device), 'auto' (the
+    device types in PROVEN_DEVICES) or 'off'; it is read at each session start, since ComfyUI moves a model
+    between devices. ``mode``: torch.compile's; default 'reduce-overhead' (CUDA graphs) on CUDA, 'default'
+    elsewhere. The first generation of each shape pays the compilation (seconds to a minute). Models that are
+    not token models have no static-cache step: 'on' refuses them, 'auto' and 'off' leave them as they are."""
+    problem = switch_error(when)
+    if problem:
+        raise FastARError(problem)
+    if getattr(model, "kind", "token-ar") != "token-ar":
+        if when == "on":
+            raise FastARError(f"compiled steps are for token models (their static-cache step); this is {model.what}")
+        return model
+    if not hasattr(model, "compile_switch"):
+        eager_start = model.start
+
+        def start(*args, **kwargs):
+            step_mode = compiled_mode(model)
+            if not step_mode:  # eager now (streaming, or another device): the graphs' caches would sit idle
+                release_static_buffers(model)
+                return eager_start(*args, **kwargs)
+            with compiled_start(static_buffers(model) if step_mode in GRAPH_MODES else None):
+                session = eager_start(*args, **kwargs)
+            allow_shapes()
+            session.forward = BoundStep(compiled_forward(type(session), step_mode), weakref.ref(session))
+            return session
+
+        model.start = start
+    model.compile_switch, model.compile_mode = when, mode
+    return model
+
+
+def allow_shapes() -> None:
+    """Let a compiled step keep a graph for each of COMPILED_SHAPES shapes (dynamo's default is 8, after which it
+    runs eagerly without a word). Recent torch keeps dynamo's settings per thread and asyncio task (ComfyUI runs
+    each node in its own task), so this is set where steps run: at each session start and in the compile worker."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # torch < 2.7: the latter
+    setattr(config, name, max(getattr(config, name), COMPILED_SHAPES))
+
+
+def switch_error(when: str) -> str | None:
+    """What is wrong with a compile setting (None: nothing); the nodes check it before a run."""
+    return None if when in SWITCH else f"unknown compile setting '{when}': choose one of {', '.join(SWITCH)}"
+
+
+def compiled_mode(model) -> str | None:
+    """The torch.compile mode ``model``'s next session steps with on its current device; None: eager (also while
+    some of its weights stream from host memory: the copies would sit inside the graphs, for no gain)."""
+    when = getattr(model, "compile_switch", "off")
+    device = model.device.type
+    if when == "off" or (when == "auto" and device not in PROVEN_DEVICES) or is_streaming(model):
+        return None
+    return model.compile_mode or (CUDA_GRAPHS if device == "cuda" else "default")
+
+
+def static_buffers(model) -> StaticBuffers:
+    """The caches ``model``'s CUDA-graph sessions reuse (compiled_session.py), made on first use."""
+    if getattr(model, "static_buffers", None) is None:
+        model.static_buffers = StaticBuffers()
+    return model.static_buffers
+
+
+def release_static_buffers(model) -> None:
+    """Free the caches ``model``'s CUDA-graph sessions keep (when the model leaves the GPU: ComfyUI's offload);
+    the next session makes new ones, and its graphs re-record once."""
+    model.static_buffers = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundStep:
+    """A session's compiled forward. It holds its session weakly: a strong reference (the session holding a
+    callable that holds the session) would keep every finished session, KV caches and all, until Python's
+    cycle collector happened to run."""
+
+    step: "CompiledStep"
+    session: weakref.ref
+
+    def __call__(self, *args, **kwargs):
+        return self.step(self.session(), *args, **kwargs)
+
+
+@functools.cache
+def compiled_forward(session_class: type, mode: str) -> "CompiledStep":
+    """One compiled step per session class and mode, shared by every session (and model) of that class."""
+    return CompiledStep(session_class.forward, mode)
+
+
+class CompiledStep:
+    """``forward`` through torch.compile; where compiling fails on this machine (no C++ compiler for the CPU
+    kernels, an unsupported platform or op) it warns once and runs eagerly from then on: same tokens, eager's
+    speed. A call that fails eagerly too raises eager's error, so mistakes are not hidden behind compiling.
+
+    A shape's first call compiles (seconds to a minute) without passing a point where the run could stop, so
+    where a run can be cancelled (interrupts.py) that call runs in a worker thread while the caller keeps
+    checking: Cancel returns at once, and the abandoned compilation finishes in the background (the next first
+    call waits for it, cancellable too)."""
+
+    def __init__(self, forward, mode: str):
+        self.eager, self.compiled, self.mode = forward, torch.compile(forward, mode=mode, dynamic=False), mode
+        self.failure: str | None = None
+        self.shapes_run: set = set()  # argument shapes that have run: their graph exists
+        self.compiling = threading.Lock()  # held while a first call runs in a worker thread
+
+    def __call__(self, session, *args, **kwargs):
+        if self.failure is not None:
+            return self.eager(session, *args, **kwargs)
+        shape = tuple((a.shape, a.dtype, a.device) if torch.is_tensor(a) else a for a in args)
+        call = functools.partial(self.compiled_or_eager, session, *args, **kwargs)
+        out = call() if shape in self.shapes_run or not can_interrupt() else self.in_worker(call, args)
+        self.shapes_run.add(shape)
+        return out
+
+    def compiled_or_eager(self, session, *args, **kwargs):
+        try:
+            graphs, t0 = unique_graphs(), time.perf_counter()
+            if self.mode in GRAPH_MODES:
+                torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are copies (below)
+            out = self.compiled(session, *args, **kwargs)
+            if self.mode in GRAPH_MODES:
+                out = copied(out)
+            if unique_graphs() != graphs:  # this call compiled a new shape: its time is compilation
+                COMPILE_CLOCK.seconds += time.perf_counter() - t0
+            return out
+        except Exception as error:  # noqa: BLE001 - whatever compiling raises, eager is the answer
+            result = self.eager(session, *args, **kwargs)
+            first_line = (str(error).strip().splitlines() or [""])[0]
+            self.failure = f"{type(error).__name__}: {first_line[:300]}"
+            compiler = "compiler" in self.failure.lower() or "g++" in self.failure  # what the advice can mend
+            warnings.warn(f"compiled steps are off: torch.compile failed on this machine ({self.failure}); "
+                          "decoding runs eagerly (same images, without the speed-up). "
+                          + ("Install a C++ compiler (g++) for CPU kernels, or turn" if compiler else "Turn")
+                          + " the compile switch off to skip the attempt", FastARWarning, stacklevel=3)
+            return result
+
+    def in_worker(self, call, args):
+        while not self.compiling.acquire(timeout=POLL_S):
+            check_interrupt()
+        result: dict = {}
+        grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+        device = next((a.device for a in args if torch.is_tensor(a) and a.device.type == "cuda"), None)
+
+        def work():
+            allow_shapes()
+            try:  # grad and inference mode (ComfyUI runs nodes under it) and the CUDA device are per thread
+                with torch.inference_mode(inference), torch.set_grad_enabled(grad), \
+                        (torch.cuda.device(device) if device else contextlib.nullcontext()):
+                    result["out"] = call()
+            except BaseException as error:  # noqa: BLE001 - raised in the caller below
+                result["error"] = error
+            finally:
+                self.compiling.release()
+
+        worker = threading.Thread(target=work, name="fastar-compile", daemon=True)
+        worker.start()
+        while worker.is_alive():
+            worker.join(POLL_S)
+            if worker.is_alive():
+                check_interrupt()
+        if "error" in result:
+            raise result["error"]
+        return result["out"]
+
+
+def copied(out):
+    """A step's outputs (a dataclass of tensors) copied out of the CUDA graph's pool, which the next replay
+    overwrites while decoders still read the previous window's logits."""
+    tensors = {f.name: getattr(out, f.name) for f in dataclasses.fields(out)}
+    return dataclasses.replace(out, **{name: t.clone() for name, t in tensors.items() if torch.is_tensor(t)})
+
+
+@dataclasses.dataclass
+class CompileClock:
+    """Seconds spent compiling steps so far in this process (decode() reports a generation's share apart from
+    its decoding time, so that a first run's compilation does not read as a slow decoder)."""
+
+    seconds: float = 0.0
+
+
+COMPILE_CLOCK = CompileClock()
+
+
+def unique_graphs() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]

@@ -1,0 +1,286 @@
+"""LLaMA-family decoders behind the token-AR protocol, for models whose image tokens sit in a layout of their
+own (Chameleon-family, Janus): the transformer, a static per-row KV cache, and the session that feeds the
+layout's tokens itself.
+
+The math, as transformers' LLaMA-family models compute it (pinned by tests against them):
+- blocks: RMSNorm (fp32 statistics), q/k/v/o projections, SwiGLU MLP; ``swin_norm`` (Chameleon-30B)
+  normalises each branch's output instead of its input;
+- optional per-head QK LayerNorm before RoPE (Chameleon): statistics over each head's channels, then an affine
+  stored either per head (``[heads, head_dim]``, transformers' layout) or per model-parallel shard
+  (``[shards, head_dim]``, Lumina-mGPT's own classes: each shard's row serves its consecutive heads), eps 1e-5;
+- 1-D RoPE with rotate_half pairs (channel i with i + head_dim/2), base ``rope_theta``.
+
+The session: each row's prefix (its prompt and the image prefix) left-padded to a common length, then the
+image region: image tokens in raster order, each row followed by the layout's row-end token when it has
+one. The sampler sees image codes only; a window that crosses a row end carries the row-end token inside
+it, and the successor of a row's last token is read at the row end.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..llamagen.model import KVCache, RMSNorm, attention_mask
+from .compiled_session import padded_prefix_len, padded_slots
+from .protocol import ModelOutput
+
+QK_NORM_EPS = 1e-5
+
+
+@dataclass
+class DecoderConfig:
+    hidden_size: int
+    n_layer: int
+    n_head: int
+    n_kv_head: int
+    ffn_hidden: int
+    vocab_size: int
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-5
+    qk_norm: bool = False  # Chameleon's per-head QK LayerNorm
+    qk_norm_rows: tuple[int, int] | None = None  # rows of the q and k norm weights; None: one per head
+    swin_norm: bool = False
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.n_head
+
+    @property
+    def dim(self) -> int:  # LlamaGen's name for the width, which memory estimates read
+        return self.hidden_size
+
+
+@dataclass
+class ImageLayout:
+    """Where image tokens sit: a grid in raster order, each row ended by ``row_end`` (None: no row tokens);
+    ``filler`` is the token fed in padding slots (any real token: their outputs are never read)."""
+
+    grid: tuple[int, int]
+    row_end: int | None
+    filler: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+    @property
+    def region(self) -> int:
+        """Slots of one image: its tokens and its row ends."""
+        return self.num_tokens + (self.grid[0] if self.row_end is not None else 0)
+
+
+class HeadLayerNorm(nn.Module):
+    """LayerNorm over each head's channels (Chameleon's QK norm), then an affine of ``rows`` rows: one per head,
+    or one per model-parallel shard shared by that shard's consecutive heads."""
+
+    def __init__(self, heads: int, head_dim: int, rows: int | None = None):
+        super().__init__()
+        self.heads = heads
+        self.weight = nn.Parameter(torch.ones(rows or heads, head_dim))
+        self.bias = nn.Parameter(torch.zeros(rows or heads, head_dim))
+
+    def forward(self, x):  # [B, T, H, hd]
+        x = F.layer_norm(x, x.shape[-1:], eps=QK_NORM_EPS)
+        rows = self.weight.shape[0]
+        if rows == self.heads:
+            return x * self.weight + self.bias
+        shards = x.unflatten(2, (rows, self.heads // rows))  # [B, T, rows, heads per row, hd]
+        return (shards * self.weight[:, None] + self.bias[:, None]).flatten(2, 3)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin ``[B, T, 1, head_dim]`` for integer ``positions`` [B, T] (computed in fp32, then cast)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    angles = positions.float()[..., None] * inv_freq
+    angles = torch.cat([angles, angles], dim=-1)[:, :, None]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.n_head * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.n_kv_head * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.n_kv_head * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.hidden_size, bias=False)
+        if cfg.qk_norm:
+            q_rows, k_rows = cfg.qk_norm_rows or (None, None)
+            self.q_norm = HeadLayerNorm(cfg.n_head, cfg.head_dim, q_rows)
+            self.k_norm = HeadLayerNorm(cfg.n_kv_head, cfg.head_dim, k_rows)
+
+    def forward(self, x, rope, mask, cache: KVCache | None = None, slots=None):
+        """Attention of ``x`` [B, T, D] over the cache (after writing its keys at ``slots``), or over ``x``
+        itself without a cache (training)."""
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim)
+        cos, sin = rope
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        keys, values = cache.write(k, v, slots) if cache is not None else (k.transpose(1, 2), v.transpose(1, 2))
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask,
+                                             enable_gqa=self.n_head != self.n_kv_head)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.swin = cfg.swin_norm
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg.hidden_size, cfg.ffn_hidden)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+
+    def forward(self, x, rope, mask, cache=None, slots=None):
+        if self.swin:  # norm after each branch
+            h = x + self.input_layernorm(self.self_attn(x, rope, mask, cache, slots))
+            return h + self.post_attention_layernorm(self.mlp(h))
+        h = x + self.self_attn(self.input_layernorm(x), rope, mask, cache, slots)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Backbone(nn.Module):
+    """The LLaMA-family transformer: token embeddings, blocks, final norm (HF's ``LlamaModel`` names)."""
+
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.rope_theta = cfg.rope_theta
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layer))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+
+    def run(self, h, rope, mask, caches, slots):
+        """Final-norm hidden states of embeddings ``h`` written to ``slots`` of ``caches``."""
+        for layer, cache in zip(self.layers, caches):
+            h = layer(h, rope, mask, cache, slots)
+        return self.norm(h)
+
+    def teacher_forced(self, h: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Final-norm hidden states of whole sequences ``h`` [B, T, D] without a cache (training): causal,
+        left padding (``valid`` [B, T] false) hidden, positions from each row's first real token."""
+        T = h.shape[1]
+        positions = (valid.cumsum(1) - 1).clamp(min=0)
+        mask = attention_mask(torch.arange(T, device=h.device).expand(h.shape[0], T), valid, T)
+        rope = rope_tables(positions, self.layers[0].self_attn.head_dim, self.rope_theta, h.dtype)
+        for layer in self.layers:
+            h = layer(h, rope, mask)
+        return self.norm(h)
+
+
+def window_slots(layout: ImageLayout, max_window: int) -> int:
+    """Sequence slots a window of ``max_window`` image tokens can take (row ends included)."""
+    return max_window + (max_window // layout.grid[1] + 1 if layout.row_end is not None else 0)
+
+
+def cache_slots(layout: ImageLayout, prefix_len: int, max_window: int) -> int:
+    """The session's cache length: prefix, image region, scratch slots for windows past the end."""
+    return prefix_len + layout.region + 2 * window_slots(layout, max_window) + 2
+
+
+class LayoutSession:
+    """A prefilled generation; see ``TokenARSession``. Slots: the left-padded prefix, then the image
+    region (image tokens and row ends), then scratch slots for windows past the last image token.
+
+    ``model`` provides ``backbone``, ``decoder_cfg``, ``layout``, ``embed_images(codes)`` (image codes ->
+    input embeddings) and ``image_logits(hidden)`` (-> logits over image codes, fp32)."""
+
+    def __init__(self, model, prefixes: list[list[int]], batch: int, *, cfg: bool, max_window: int,
+                 hidden: bool = False):
+        self.model, self.cfg, self.batch, self.keep_hidden = model, cfg, batch, hidden
+        dc, layout, device = model.decoder_cfg, model.layout, model.device
+        rows = len(prefixes)
+        self.width = layout.grid[1]
+        self.rows_ends = layout.row_end is not None
+        self.prefix_len = padded_prefix_len(max(len(p) for p in prefixes))
+        pad = torch.tensor([self.prefix_len - len(p) for p in prefixes], device=device)
+        # positions from the first real token (RoPE is relative: this only keeps the rounding of an unpadded run)
+        self.position_offset = pad
+        self.window_len = window_slots(layout, max_window)
+        self.total_slots = padded_slots(cache_slots(layout, self.prefix_len, max_window))
+        self.valid = torch.arange(self.prefix_len, device=device)[None] >= pad[:, None]  # real prefix slots
+        self.caches = [KVCache(rows, dc.n_kv_head, self.total_slots, dc.head_dim, model.dtype, device)
+                       for _ in model.backbone.layers]
+        ids = torch.tensor([[layout.filler] * (self.prefix_len - len(p)) + p for p in prefixes], device=device)
+        slots = torch.arange(self.prefix_len, device=device).expand(rows, -1)
+        self.prefix_ids = ids  # an EAGLE drafter replays them
+        prefix = self._run(model.backbone.embed_tokens(ids), slots)
+        self.prefix_hidden = prefix if hidden else None
+        self.first = self._output(prefix[:, -1:])
+
+    @property
+    def cache_bytes(self) -> int:
+        return sum(c.nbytes() for c in self.caches)
+
+    def _output(self, hidden) -> ModelOutput:
+        logits = self.model.image_logits(hidden)
+        kept = hidden if self.keep_hidden else None
+        if self.cfg:
+            return ModelOutput(cond=logits[: self.batch], uncond=logits[self.batch:], hidden=kept)
+        return ModelOutput(cond=logits, hidden=kept)
+
+    def _run(self, h, slots):
+        dc = self.model.decoder_cfg
+        mask = attention_mask(slots, self.valid, self.total_slots)
+        positions = slots - self.position_offset[:, None]
+        rope = rope_tables(positions, dc.head_dim, dc.rope_theta, self.model.dtype)
+        return self.model.backbone.run(h, rope, mask, self.caches, slots)
+
+    def layout(self, start: torch.Tensor, width: int):
+        """The window's sequence for each row: token ids' source, slots, and where each image token's
+        successor is predicted. Returns (image index or -1 for a row end [R, T], slots [R, T], out [R, W])."""
+        device = start.device
+        j = torch.arange(width, device=device)
+        p = start[:, None] + j  # image positions fed
+        if not self.rows_ends:
+            return j.expand(len(start), -1), self.prefix_len + p, j.expand(len(start), -1)
+        w = self.width
+        t = j + (p // w - (start // w)[:, None])  # index in the sequence: row ends before it shift it
+        ends_after = (p + 1) % w == 0
+        out = t + ends_after.long()  # the successor of a row's last token is predicted by the row end
+        T = self.window_len
+        source = torch.full((len(start), T), -2, dtype=torch.long, device=device)  # -2: padding
+        source.scatter_(1, t, j.expand(len(start), -1))
+        end_t = torch.where(ends_after, t + 1, torch.full_like(t, T))  # T: nothing (dropped by the slice below)
+        source = torch.cat([source, torch.full_like(source[:, :1], -2)], 1).scatter(1, end_t, -1)[:, :T]
+        slots = torch.full_like(source, 0)
+        image_slot = self.prefix_len + p + p // w
+        slots.scatter_(1, t, image_slot)
+        end_slot = torch.cat([slots, slots[:, :1]], 1).scatter(1, end_t, image_slot + 1)[:, :T]
+        pad_slot = self.total_slots - 1 - torch.arange(T, device=device).expand_as(source)
+        slots = torch.where(source == -1, end_slot, torch.where(source == -2, pad_slot, slots))
+        return source, slots, out
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, start: torch.Tensor) -> ModelOutput:
+        layout = self.model.layout
+        if self.cfg:
+            tokens, start = torch.cat([tokens, tokens]), torch.cat([start, start])
+        source, slots, out = self.layout(start, tokens.shape[1])
+        images = self.model.embed_images(tokens.gather(1, source.clamp(min=0)))
+        others = torch.where(source == -1, layout.row_end if self.rows_ends else layout.filler, layout.filler)
+        h = torch.where((source >= 0)[..., None], images, self.model.backbone.embed_tokens(others).to(images.dtype))
+        hidden = self._run(h, slots.clamp(max=self.total_slots - 1))
+        return self._output(hidden.gather(1, out[..., None].expand(-1, -1, hidden.shape[-1])))

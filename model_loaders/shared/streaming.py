@@ -1,0 +1,126 @@
+"""Weights streamed from host memory: a model too big for its GPU keeps some of its blocks' linear layers in
+(pinned) host memory and copies each one to the GPU as its forward runs. Slower, since those weights cross PCIe
+at every step, but it runs where a full load cannot.
+
+The switch is ComfyUI's own low-VRAM protocol, so that ComfyUI's memory management decides what stays on the
+GPU: a module with a ``comfy_cast_weights`` attribute may be left in host memory by a partial load, which sets
+the flag, and then brings its weights to its input's device itself. FastAR's models are plain PyTorch, so at
+load the linear layers of their repeated blocks become StreamedLinear, which honours the flag; the CLI sets it
+itself (place()). Only blocks stream: embeddings, heads and norms are small beside them, and some are read
+outside their forward (the code embeddings, the device a model reports).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...errors import FastARError
+
+GB = 1e9
+BUFFERED_LAYERS = 2  # streamed layers on the GPU at once at most: the running one and the next one's copy
+
+
+class StreamedLinear(nn.Linear):
+    """nn.Linear whose weights may stay in host memory (``comfy_cast_weights``), copied per call."""
+
+    comfy_cast_weights = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.comfy_cast_weights:
+            return super().forward(x)
+        bias = None if self.bias is None else self.bias.to(x.device, non_blocking=True)
+        return F.linear(x, weight_at(self, x.device), bias)
+
+
+def weight_at(layer: nn.Linear, device: torch.device) -> torch.Tensor:
+    """``layer``'s weight on ``device``: a streamed layer's copy, else the weight itself. For code that applies a
+    layer's weight itself (with another bias, say)."""
+    return layer.weight.to(device, non_blocking=True) if getattr(layer, "comfy_cast_weights", False) else layer.weight
+
+
+def make_streamable(model: nn.Module) -> nn.Module:
+    """Turn the linear layers inside ``model``'s module lists (its transformer blocks) into StreamedLinear, in
+    place. Same parameters and outputs: StreamedLinear adds behaviour only, so swapping the class is safe."""
+    for blocks in [m for m in model.modules() if isinstance(m, nn.ModuleList)]:
+        for layer in blocks.modules():
+            if type(layer) is nn.Linear:
+                layer.__class__ = StreamedLinear
+    return model
+
+
+def streamable_layers(model: nn.Module) -> list[StreamedLinear]:
+    return [m for m in model.modules() if isinstance(m, StreamedLinear)]
+
+
+def streamed_layers(model: nn.Module) -> list[StreamedLinear]:
+    """The layers whose weights are in host memory now (set by ComfyUI's partial load, or by place())."""
+    return [m for m in streamable_layers(model) if m.comfy_cast_weights]
+
+
+def is_streaming(model: nn.Module) -> bool:
+    return any(m.comfy_cast_weights for m in streamable_layers(model))
+
+
+def layer_bytes(layer: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in layer.parameters())
+
+
+def model_bytes(model: nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+
+def streamed_bytes(model: nn.Module) -> int:
+    """Bytes of weights copied from host memory at every forward."""
+    return sum(layer_bytes(m) for m in streamed_layers(model))
+
+
+def streamable_bytes(model: nn.Module) -> int:
+    return sum(layer_bytes(m) for m in streamable_layers(model))
+
+
+def stream_buffer_bytes(model: nn.Module) -> int:
+    """Device memory streamed layers take at once while they run."""
+    return BUFFERED_LAYERS * max((layer_bytes(m) for m in streamable_layers(model)), default=0)
+
+
+def resident_minimum(model: nn.Module) -> int:
+    """The least device memory ``model``'s weights can run in: what never streams, plus the streaming buffer."""
+    return model_bytes(model) - streamable_bytes(model) + stream_buffer_bytes(model)
+
+
+def place(model: nn.Module, device: torch.device, resident: int, option: str = "--gpu-weights") -> int:
+    """Move ``model`` (in host memory) to ``device`` keeping at most ``resident`` bytes of its weights there (0:
+    only what cannot stream): the first blocks' layers until the budget is spent, the rest streamed from pinned
+    host memory. Returns the bytes streamed. ``option`` names the setting that gave ``resident``, for the message
+    when it is too small."""
+    total, least = model_bytes(model), resident_minimum(model)
+    resident = resident or least
+    if resident < least and resident < total:
+        raise FastARError(f"{option} {resident / GB:.2f} GB is less than this model needs on the GPU whatever "
+                          f"streams ({least / GB:.2f} GB: embeddings, heads, norms and two streamed layers at a "
+                          f"time): give at least {least / GB:.2f}, or 0 for just that")
+    budget = resident - least if resident < total else total
+    for layer in streamable_layers(model):
+        size = layer_bytes(layer)
+        keep = size <= budget
+        budget -= size if keep else 0
+        layer.comfy_cast_weights = not keep
+        if not keep and device.type == "cuda":
+            for p in layer.parameters():
+                p.data = p.data.pin_memory()  # the copy to the GPU then runs without blocking the host
+    move_resident(model, device)
+    return streamed_bytes(model)
+
+
+def move_resident(model: nn.Module, device: torch.device) -> None:
+    """Move every weight and buffer of ``model`` that does not stream to ``device`` (where it is not yet)."""
+    for module in model.modules():
+        if getattr(module, "comfy_cast_weights", False):
+            continue
+        for p in module.parameters(recurse=False):
+            if p.device != device:
+                p.data = p.data.to(device)
+        for name, b in module.named_buffers(recurse=False):
+            if b.device != device:
+                setattr(module, name, b.to(device))
