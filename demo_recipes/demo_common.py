@@ -73,29 +73,38 @@ class Timer:
 
 
 @torch.no_grad()
-def tokenised(name: str, vq_path, n: int, seed: int, draw) -> tuple:
-    """(codes int16 [n, h*w], *extras) of ``n`` procedural images drawn by ``draw(rng, count)`` -> (images
-    uint8, labels array, *more), encoded with the VQ at ``vq_path``; cached under ``.data/`` per name, VQ
-    file, seed and n. Arrays are concatenated into tensors, lists (captions) into one list."""
+def cached_encoding(name: str, decoder_path, n: int, seed: int, encode_batch) -> tuple:
+    """What ``encode_batch(decoder, rng, count)`` makes of ``count`` procedural images, over ``n`` images 64 at a
+    time from one generator seeded ``seed``, with the image decoder at ``decoder_path``: a tuple whose tensors are
+    concatenated and whose lists are joined; cached under ``.data/`` per name, decoder file, seed and n."""
     from ..model_loaders import load_image_decoder
 
-    digest = hashlib.sha1(open(vq_path, "rb").read()).hexdigest()[:12]
-    cache = DATA_DIR / f"{name}_tokens_{digest}_s{seed}_n{n}.pt"
+    digest = hashlib.sha1(open(decoder_path, "rb").read()).hexdigest()[:12]
+    cache = DATA_DIR / f"{name}_{digest}_s{seed}_n{n}.pt"
     if cache.exists():
         return torch.load(cache)
-    vq = load_image_decoder(vq_path)
+    decoder = load_image_decoder(decoder_path)
     rng = np.random.default_rng(seed)
-    codes, extras = [], []
+    parts = []
     for start in range(0, n, 64):
-        images, *more = draw(rng, min(64, n - start))
-        codes.append(vq.encode(to_tensor(images)).flatten(1).to(torch.int16))
-        extras.append(more)
+        parts.append(encode_batch(decoder, rng, min(64, n - start)))
         if start % 1024 == 0:
-            print(f"tokenised {start}/{n}", flush=True)
-    joined = [torch.cat([torch.from_numpy(x) for x in column]) if isinstance(column[0], np.ndarray)
-              else [item for x in column for item in x] for column in zip(*extras)]
-    data = (torch.cat(codes), *joined)
+            print(f"encoded {start}/{n}", flush=True)
+    data = tuple(torch.cat(column) if torch.is_tensor(column[0]) else [item for part in column for item in part]
+                 for column in zip(*parts))
     DATA_DIR.mkdir(exist_ok=True)
     torch.save(data, cache)
     return data
+
+
+def tokenised(name: str, vq_path, n: int, seed: int, draw) -> tuple:
+    """(codes int16 [n, h*w], *extras) of ``n`` procedural images drawn by ``draw(rng, count)`` -> (images
+    uint8, labels array, *more), encoded with the VQ at ``vq_path`` (cached_encoding). Arrays become tensors,
+    lists (captions) stay lists."""
+    def encode_batch(vq, rng, count):
+        images, *more = draw(rng, count)
+        codes = vq.encode(to_tensor(images)).flatten(1).to(torch.int16)
+        return (codes, *(torch.from_numpy(x) if isinstance(x, np.ndarray) else x for x in more))
+
+    return cached_encoding(f"{name}_tokens", vq_path, n, seed, encode_batch)
 

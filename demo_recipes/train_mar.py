@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import hashlib
 import math
 from dataclasses import dataclass
 
@@ -48,7 +47,7 @@ from ..model_loaders.mar.diffusion import TRAIN_STEPS, SpacedDiffusion
 from ..model_loaders.mar.model import MAR, MARConfig
 from ..model_loaders.shared.protocol import ClassConditioning
 from ..samplers.masked import MaskedSettings, masked_decode
-from .demo_common import DATA_DIR, OUT_DIR, Timer, cosine_lr, save_fp16, setup, to_tensor, to_uint8
+from .demo_common import OUT_DIR, Timer, cached_encoding, cosine_lr, save_fp16, setup, to_tensor, to_uint8
 from .demo_data import CLASS_NAMES, MAR_TOKEN, balanced_labels, make_batch
 
 SIZES = {  # the target is about 4x the draft, as MAR-H is to MAR-B
@@ -65,29 +64,16 @@ CLUSTER_WEIGHT = 0.5
 GRAD_CLIP = 3.0  # MAR's
 
 
-@torch.no_grad()
 def encode(vae_path, n: int, seed: int, token: int):
     """(posterior mean, log variance) ``[n, L, C]`` and labels of ``n`` procedural images drawn for
     ``token``-pixel tokens (``demo_data.make_batch``), cached."""
-    digest = hashlib.sha1(open(vae_path, "rb").read()).hexdigest()[:12]
-    cache = DATA_DIR / f"mar_latents_{digest}_s{seed}_n{n}_t{token}.pt"
-    if cache.exists():
-        return torch.load(cache)
-    vae = load_image_decoder(vae_path)
-    rng = np.random.default_rng(seed)
-    means, logvars, labels = [], [], []
-    for start in range(0, n, 64):
-        images, y = make_batch(rng, min(64, n - start), token=token)
+    def encode_batch(vae, rng, count):
+        images, labels = make_batch(rng, count, token=token)
         mean, logvar = vae.encode_moments(to_tensor(images))
-        means.append(mean.flatten(2).transpose(1, 2).half())
-        logvars.append(logvar.flatten(2).transpose(1, 2).half())
-        labels.append(torch.from_numpy(y))
-        if start % 1024 == 0:
-            print(f"encoded {start}/{n}", flush=True)
-    data = torch.cat(means), torch.cat(logvars), torch.cat(labels)
-    DATA_DIR.mkdir(exist_ok=True)
-    torch.save(data, cache)
-    return data
+        return (mean.flatten(2).transpose(1, 2).half(), logvar.flatten(2).transpose(1, 2).half(),
+                torch.from_numpy(labels))
+
+    return cached_encoding(f"mar_latents_t{token}", vae_path, n, seed, encode_batch)
 
 
 def mask_ratio(generator) -> float:

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import hashlib
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -24,7 +22,7 @@ from ..model_loaders.shared.protocol import ClassConditioning
 from ..model_loaders.var.model import VAR, VARConfig
 from ..samplers.next_scale import next_scale_decode
 from ..samplers.processing import SamplingSettings
-from .demo_common import DATA_DIR, Timer, cosine_lr, save_fp16, setup, to_tensor
+from .demo_common import Timer, cached_encoding, cosine_lr, save_fp16, setup, to_tensor
 from .demo_data import CLASS_NAMES, MAR_TOKEN, balanced_labels, make_batch
 from .train_var_vqvae import PATCH_NUMS
 
@@ -35,28 +33,15 @@ VAL_IMAGES, VAL_SEED = 256, 777  # held-out images: another seed than the traini
 JUDGED = SamplingSettings(cfg_scale=1.5, top_p=0.7)
 
 
-@torch.no_grad()
 def scale_codes(vqvae_path, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Every scale's codes of ``n`` procedural images, flattened and joined ``[n, L]`` int16, and their labels;
     cached per VQVAE file, seed and n."""
-    digest = hashlib.sha1(open(vqvae_path, "rb").read()).hexdigest()[:12]
-    cache = DATA_DIR / f"var_codes_{digest}_s{seed}_n{n}.pt"
-    if cache.exists():
-        return torch.load(cache)
-    vqvae = load_image_decoder(vqvae_path)
-    rng = np.random.default_rng(seed)
-    codes, labels = [], []
-    for start in range(0, n, 64):
-        images, y = make_batch(rng, min(64, n - start), token=MAR_TOKEN)
+    def encode_batch(vqvae, rng, count):
+        images, labels = make_batch(rng, count, token=MAR_TOKEN)
         scales = vqvae.encode_scales(to_tensor(images), PATCH_NUMS)
-        codes.append(torch.cat([c.flatten(1) for c in scales], dim=1).to(torch.int16))
-        labels.append(torch.from_numpy(y))
-        if start % 1024 == 0:
-            print(f"encoded {start}/{n}", flush=True)
-    data = torch.cat(codes), torch.cat(labels)
-    DATA_DIR.mkdir(exist_ok=True)
-    torch.save(data, cache)
-    return data
+        return torch.cat([c.flatten(1) for c in scales], dim=1).to(torch.int16), torch.from_numpy(labels)
+
+    return cached_encoding("var_codes", vqvae_path, n, seed, encode_batch)
 
 
 def teacher_forcing(vqvae, codes: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,36 @@
+"""The demo recipes' shared encoding step (demo_recipes/demo_common.cached_encoding): every recipe's images are
+encoded once, batch by batch from one seeded generator, joined, cached and read back the same."""
+import numpy as np
+import torch
+
+from fastar.demo_recipes import demo_common, train_mar, train_var
+from fastar.demo_recipes.demo_data import MAR_TOKEN, make_batch, make_captioned_batch
+from fastar.model_loaders.shared.demo import DEMO_KL, DEMO_VAR_VQVAE, DEMO_VQ
+
+
+def test_every_recipe_encodes_its_images_once_and_reads_them_back(tmp_path, monkeypatch):
+    monkeypatch.setattr(demo_common, "DATA_DIR", tmp_path)
+    runs = {  # the AR demo's across two batches of 64
+        "ar": (lambda: demo_common.tokenised("ar", DEMO_VQ, 70, 3, make_batch), 70),
+        "text": (lambda: demo_common.tokenised("text", DEMO_VQ, 5, 3, make_captioned_batch), 5),
+        "var": (lambda: train_var.scale_codes(DEMO_VAR_VQVAE, 5, 3), 5),
+        "mar": (lambda: train_mar.encode(DEMO_KL, 5, 3, MAR_TOKEN), 5),
+    }
+    for name, (run, n) in runs.items():
+        first, again = run(), run()
+        assert all(len(column) == n for column in first), name
+        assert first[0].dtype in (torch.int16, torch.float16)
+        for a, b in zip(first, again):
+            assert (torch.equal(a, b) if torch.is_tensor(a) else a == b), name
+    assert len(list(tmp_path.glob("*.pt"))) == 4  # one cache each
+
+    def no_decoder(path):
+        raise AssertionError("encoded again instead of reading the cache")
+
+    monkeypatch.setattr("fastar.model_loaders.load_image_decoder", no_decoder)
+    text = runs["text"][0]()
+    assert isinstance(text[2], list) and all(isinstance(caption, str) for caption in text[2])
+    _, labels = runs["ar"][0]()
+    rng = np.random.default_rng(3)  # the batches are drawn in order from one generator seeded with the seed
+    drawn = [make_batch(rng, count)[1] for count in (64, 6)]
+    assert torch.equal(labels, torch.from_numpy(np.concatenate(drawn)))
