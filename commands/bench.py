@@ -73,7 +73,7 @@ def demo_rows(model, labels: list[int], first: int = 0):
     reads prompts (the text demo), their captions, the colours varying with the sample's index ``first + i``."""
     if conditioning_type(model) != "prompt":
         return class_conditioning(model, labels)
-    from ..demo_recipes.demo_data import caption
+    from .demo_data import caption
 
     bits = [[(i * 3 >> b) & 1 for b in (2, 1, 0)] for i in range(first, first + len(labels))]
     return PromptConditioning([caption(label, b) for label, b in zip(labels, bits)])
@@ -81,7 +81,7 @@ def demo_rows(model, labels: list[int], first: int = 0):
 
 def demo_classes(model) -> int:
     """How many demo classes the model draws (its classes, or the text demo's shapes)."""
-    from ..demo_recipes.demo_data import CLASS_NAMES
+    from .demo_data import CLASS_NAMES
 
     return model.cfg.num_classes if conditioning_type(model) == "c2i" else len(CLASS_NAMES)
 
@@ -226,7 +226,7 @@ def sweep(models, judge, sampling, configs, labels, seed, reference_feats) -> li
 
 def run_bench(args) -> dict:
     from .classifier import classify, frechet_distance, load_classifier
-    from ..demo_recipes.demo_data import make_batch
+    from .demo_data import make_batch
 
     started = time.perf_counter()
     entries = parse_entries(args.decoders, args)

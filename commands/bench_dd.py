@@ -65,7 +65,7 @@ def run_row(teacher: LoadedModels, student: LoadedModels, row: Row, labels: list
 
 def run_dd_bench(args) -> dict:
     from .classifier import classify, frechet_distance, load_classifier
-    from ..demo_recipes.demo_data import MAR_TOKEN, make_batch
+    from .demo_data import MAR_TOKEN, make_batch
 
     require_matplotlib()
     started = time.perf_counter()

@@ -80,7 +80,7 @@ def timed_runs(models, rows: list[Row], runs: int, num_classes: int, seed: int) 
 
 def run_mar_bench(args) -> dict:
     from .classifier import classify, frechet_distance, load_classifier
-    from ..demo_recipes.demo_data import MAR_TOKEN, make_batch
+    from .demo_data import MAR_TOKEN, make_batch
 
     started = time.perf_counter()
     require_matplotlib()

@@ -27,7 +27,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ..errors import FastARError
 from ..model_loaders import load_ar_model, load_image_decoder
@@ -38,7 +37,7 @@ from ..model_loaders.var.dd_student import OFFICIAL_SCALES, VARDDConfig, VARDDSt
 from ..model_loaders.var.model import VAR, VARConfig
 from ..pipeline import check_image_decoder, resolve_device
 from .dd_pairs import PairSettings, load_pairs, make_pairs, token_count
-from ..demo_recipes.demo_common import DATA_DIR, Timer, cosine_lr, save_fp16, setup
+from .training import DATA_DIR, Timer, cosine_lr, ema_update, save_fp16, setup, train_step
 
 LOGIT_WEIGHT, EMBEDDING_WEIGHT = 0.1, 1.0  # the DD paper's weights (CE 0.1, LPIPS 1.0)
 
@@ -231,19 +230,11 @@ def distill(args) -> dict:
     for step in range(args.steps):
         idx = torch.randint(0, len(train["tokens"]), (args.batch,), generator=gen).to(device)
         t = ts[torch.randint(0, len(ts), (args.batch,), generator=gen).to(device)]
-        for group in opt.param_groups:
-            group["lr"] = cosine_lr(step, args.steps, args.lr, warmup=min(200, args.steps // 10 + 1))
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
             loss, ce, distance = dd_loss(student, train["noise"][idx], train["tokens"][idx], train["labels"][idx], t,
                                          codebook, decoder, args.logit_weight, args.embedding_weight)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_(student.parameters(), 1.0)
-        opt.step()
-        with torch.no_grad():
-            decay = min(args.ema, (1 + step) / (10 + step)) if not args.resume else args.ema
-            for e, s in zip(ema.parameters(), student.parameters()):
-                e.lerp_(s, 1 - decay)
+        train_step(opt, loss, cosine_lr(step, args.steps, args.lr, warmup=min(200, args.steps // 10 + 1)), clip=1.0)
+        ema_update(ema, student, min(args.ema, (1 + step) / (10 + step)) if not args.resume else args.ema)
         if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
             print(f"step {step + 1}/{args.steps} loss {loss.item():.4f} (ce {ce.item():.3f}, distance "
                   f"{distance.item():.4f}) [{timer}]", flush=True)

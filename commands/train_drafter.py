@@ -36,8 +36,8 @@ from ..model_loaders.shared.protocol import ClassConditioning
 from ..pipeline import resolve_device
 from ..samplers.jacobi import ar_decode
 from ..samplers.processing import SamplingSettings
-from ..demo_recipes.demo_common import DATA_DIR, Timer, cosine_lr, save_fp16, setup
-from ..demo_recipes.train_ar import init_weights
+from .training import cosine_lr, DATA_DIR, save_fp16, setup, Timer
+from .training import init_weights
 
 CFG_DROP = 0.1  # as the target was trained
 POLICY_WEIGHT = 0.1  # EAGLE's weight of the distribution loss against the feature loss

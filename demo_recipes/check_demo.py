@@ -27,8 +27,9 @@ from ..samplers.decoders import DecoderSpec, decode, decode_masked
 from ..samplers.masked import MaskedSettings
 from ..samplers.processing import SamplingSettings
 from ..commands.classifier import classify, frechet_distance, load_classifier
-from .demo_common import OUT_DIR, Timer, setup
-from .demo_data import CLASS_NAMES, MAR_TOKEN, balanced_labels, caption, make_batch
+from .demo_common import OUT_DIR
+from ..commands.training import setup, Timer
+from ..commands.demo_data import CLASS_NAMES, MAR_TOKEN, balanced_labels, caption, make_batch
 
 
 def main(argv=None):

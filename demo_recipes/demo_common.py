@@ -1,28 +1,16 @@
-"""Helpers shared by the demo training tools: tensors <-> images, fp16 safetensors with config, schedules."""
+"""Helpers shared by the demo recipes: tensors <-> images, PSNR, the procedural images encoded once and cached
+(the training loop's helpers are commands/training.py, which the training commands share)."""
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
 
+from ..commands.training import DATA_DIR
 
-DATA_DIR = Path(__file__).resolve().parent.parent / ".data"  # git-ignored caches
 OUT_DIR = Path(__file__).resolve().parent.parent / "out"  # git-ignored previews
-
-
-def setup(seed: int) -> torch.Generator:
-    """Two CPU threads (the machine is shared), global seeds for module init, a generator for the rest."""
-    torch.set_num_threads(2)
-    torch.set_flush_denormal(True)  # cheap insurance: denormal floats are very slow on CPUs
-    torch.manual_seed(seed)
-    return torch.Generator().manual_seed(seed)
 
 
 def to_tensor(images) -> torch.Tensor:
@@ -40,36 +28,6 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     """PSNR in dB of images in [-1, 1] (peak-to-peak 2)."""
     mse = (a.clamp(-1, 1) - b.clamp(-1, 1)).pow(2).mean().item()
     return 10 * np.log10(4.0 / max(mse, 1e-12))
-
-
-def save_fp16(module: torch.nn.Module, cfg, path, keep_fp32: tuple[str, ...] = ()) -> None:
-    """State dict in fp16 (official key names; keys starting with ``keep_fp32`` stay fp32) with the config as
-    JSON under ``fastar_config``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    sd = {k: (v.half() if v.is_floating_point() and not k.startswith(keep_fp32) else v).detach().contiguous()
-          for k, v in module.state_dict().items()}
-    meta = asdict(cfg) if not isinstance(cfg, dict) else cfg
-    partial = path.with_name(path.name + ".partial")  # then renamed: an interrupted save never leaves half a file
-    save_file(sd, str(partial), metadata={"fastar_config": json.dumps(meta)})
-    os.replace(partial, path)
-    print(f"saved {path.name}: {path.stat().st_size / 1e6:.2f} MB")
-
-
-def cosine_lr(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -> float:
-    """Linear warmup then cosine decay to ``floor * peak``."""
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    t = (step - warmup) / max(1, total - warmup)
-    return peak * (floor + (1 - floor) * 0.5 * (1 + np.cos(np.pi * min(t, 1.0))))
-
-
-class Timer:
-    def __init__(self):
-        self.start = time.time()
-
-    def __str__(self):
-        return f"{time.time() - self.start:.0f}s"
 
 
 @torch.no_grad()

@@ -14,14 +14,14 @@ from dataclasses import asdict
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ..model_loaders.shared.demo import DEMO_AR, DEMO_VQ
 from ..model_loaders.llamagen.model import LlamaGenConfig, LlamaGenGPT
 from ..model_loaders.shared.protocol import ClassConditioning
 from ..model_loaders import load_ar_model, load_image_decoder
-from .demo_common import Timer, cosine_lr, save_fp16, setup, tokenised
-from .demo_data import CLASS_NAMES, make_batch
+from .demo_common import tokenised
+from ..commands.training import Timer, adamw, cosine_lr, init_weights, save_fp16, setup, train_step
+from ..commands.demo_data import CLASS_NAMES, make_batch
 
 
 def model_config(vocab_size: int) -> LlamaGenConfig:
@@ -29,14 +29,6 @@ def model_config(vocab_size: int) -> LlamaGenConfig:
         dim=256, n_layer=4, n_head=8, vocab_size=vocab_size, grid=(16, 16), downsample=8,
         num_classes=len(CLASS_NAMES), class_names=list(CLASS_NAMES),
     )
-
-
-def init_weights(model: nn.Module) -> None:
-    """LlamaGen's init: normal(0, 0.02) for Linear/Embedding, zero output head (seeded by the caller)."""
-    for m in model.modules():
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, 0.0, 0.02)
-    nn.init.zeros_(model.output.weight)
 
 
 @torch.no_grad()
@@ -72,25 +64,15 @@ def main(argv=None):
     model = LlamaGenGPT(cfg)
     init_weights(model)
     print(f"AR {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params: {asdict(cfg)}")
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.95),
-    )
+    opt = adamw(model, args.lr, weight_decay=0.05)
     null = cfg.num_classes
     for step in range(args.steps):
         idx = torch.randint(0, len(tokens), (args.batch,), generator=gen)
         x, y = tokens[idx].long(), labels[idx].clone()
         y[torch.rand(args.batch, generator=gen) < 0.1] = null  # CFG needs the null class
-        for group in opt.param_groups:
-            group["lr"] = cosine_lr(step, args.steps, args.lr, warmup=min(100, args.steps // 10))
         logits = model.training_logits(ClassConditioning(y), x)
         loss = F.cross_entropy(logits.flatten(0, 1), x.flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        train_step(opt, loss, cosine_lr(step, args.steps, args.lr, warmup=min(100, args.steps // 10)), clip=1.0)
         if (step + 1) % 25 == 0:
             print(f"step {step + 1}/{args.steps} train loss {loss.item():.4f} [{timer}]", flush=True)
         if (step + 1) % (args.steps // 2) == 0 and step + 1 < args.steps:

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from ..model_loaders import load_image_decoder
 from ..model_loaders.shared.demo import DEMO_KL
 from ..model_loaders.mar.kl_vae import KLAutoencoder, KLConfig
-from .demo_common import OUT_DIR, Timer, cosine_lr, psnr, save_fp16, setup, to_uint8
+from .demo_common import OUT_DIR, psnr, to_uint8
+from ..commands.training import cosine_lr, save_fp16, setup, Timer
 from . import autoencoder_data
 
 CONFIG = KLConfig(embed_dim=16, ch=64, ch_mult=(1, 1, 2, 2, 2), num_res_blocks=1, encoder_attn_levels=(),

@@ -47,8 +47,9 @@ from ..model_loaders.mar.diffusion import TRAIN_STEPS, SpacedDiffusion
 from ..model_loaders.mar.model import MAR, MARConfig
 from ..model_loaders.shared.protocol import ClassConditioning
 from ..samplers.masked import MaskedSettings, masked_decode
-from .demo_common import OUT_DIR, Timer, cached_encoding, cosine_lr, save_fp16, setup, to_tensor, to_uint8
-from .demo_data import CLASS_NAMES, MAR_TOKEN, balanced_labels, make_batch
+from .demo_common import OUT_DIR, cached_encoding, to_tensor, to_uint8
+from ..commands.training import Timer, cosine_lr, ema_update, save_fp16, setup, train_step
+from ..commands.demo_data import CLASS_NAMES, MAR_TOKEN, balanced_labels, make_batch
 
 SIZES = {  # the target is about 4x the draft, as MAR-H is to MAR-B
     "target": dict(dim=192, encoder_depth=3, encoder_heads=6, decoder_dim=192, decoder_depth=3, decoder_heads=6,
@@ -371,19 +372,11 @@ def train_model(cfg: MARConfig, diffusion, train, val, args, gen, timer, start: 
     for step in range(args.steps):
         idx = torch.randint(0, len(means), (args.batch,), generator=gen)
         posterior = means[idx].float() + std[idx] * torch.randn(std[idx].shape, generator=gen)
-        for group in opt.param_groups:
-            group["lr"] = cosine_lr(step, args.steps, args.lr, warmup=min(100, args.steps // 10))
         loss = training_loss(model, diffusion, posterior * cfg.scale_factor, labels[idx], gen, args.repeats,
                              readouts=readouts, teacher=teacher)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_([p for _, p in named], GRAD_CLIP)
-        opt.step()
-        with torch.no_grad():
-            # a fresh EMA warms up (short runs); a resumed one starts as the saved model and keeps it in its memory
-            decay_now = min(args.ema, (1 + step) / (10 + step)) if start is None else args.ema
-            for e, p_ in zip(ema.parameters(), model.parameters()):
-                e.lerp_(p_, 1 - decay_now)
+        train_step(opt, loss, cosine_lr(step, args.steps, args.lr, warmup=min(100, args.steps // 10)), GRAD_CLIP)
+        # a fresh EMA warms up (short runs); a resumed one starts as the saved model and keeps it in its memory
+        ema_update(ema, model, min(args.ema, (1 + step) / (10 + step)) if start is None else args.ema)
         if (step + 1) % 50 == 0:
             print(f"step {step + 1}/{args.steps} loss {loss.item():.4f} [{timer}]", flush=True)
         if (step + 1) % max(1, args.steps // 5) == 0 and step + 1 < args.steps:

@@ -34,8 +34,9 @@ from ..model_loaders.chameleon.loader import BOI, EOI, LUMINA_TEMPLATE, ROW_END,
 from ..model_loaders.shared.demo import DEMO_AR, DEMO_TEXT, DEMO_VQ, DEMO_VQGAN
 from ..model_loaders.shared.protocol import PromptConditioning
 from ..model_loaders.llamagen.vq import VQModel
-from .demo_common import Timer, cosine_lr, setup, tokenised
-from .demo_data import CLASS_NAMES, COLOUR_NAMES, SIZE, make_captioned_batch
+from .demo_common import tokenised
+from ..commands.training import Timer, adamw, cosine_lr, setup, train_step
+from ..commands.demo_data import CLASS_NAMES, COLOUR_NAMES, SIZE, make_captioned_batch
 
 IMAGE_SIZE = SIZE  # 128 px
 SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]
@@ -196,22 +197,14 @@ def main(argv=None):
 
     prompts = model.prompts.encode(PromptConditioning(captions))
     val_prompts = model.prompts.encode(PromptConditioning(val_captions))
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95))
+    opt = adamw(model, args.lr, weight_decay=0.05)
     model.train()
     for step in range(args.steps):
         idx = torch.randint(0, len(codes), (args.batch,), generator=gen).tolist()
         dropped = (torch.rand(args.batch, generator=gen) < DROP_CAPTION).tolist()
         batch_prompts = [[] if drop else prompts[i] for i, drop in zip(idx, dropped)]
-        for group in opt.param_groups:
-            group["lr"] = cosine_lr(step, args.steps, args.lr, warmup=min(100, args.steps // 10))
         loss = loss_of(model, batch_prompts, codes[idx])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        train_step(opt, loss, cosine_lr(step, args.steps, args.lr, warmup=min(100, args.steps // 10)), clip=1.0)
         if (step + 1) % 25 == 0:
             print(f"step {step + 1}/{args.steps} train loss {loss.item():.4f} [{timer}]", flush=True)
         if (step + 1) % max(1, args.steps // 4) == 0 and step + 1 < args.steps:

@@ -22,8 +22,9 @@ from ..model_loaders.shared.protocol import ClassConditioning
 from ..model_loaders.var.model import VAR, VARConfig
 from ..samplers.next_scale import next_scale_decode
 from ..samplers.processing import SamplingSettings
-from .demo_common import Timer, cached_encoding, cosine_lr, save_fp16, setup, to_tensor
-from .demo_data import CLASS_NAMES, MAR_TOKEN, balanced_labels, make_batch
+from .demo_common import cached_encoding, to_tensor
+from ..commands.training import Timer, cosine_lr, ema_update, save_fp16, setup, train_step
+from ..commands.demo_data import CLASS_NAMES, MAR_TOKEN, balanced_labels, make_batch
 from .train_var_vqvae import PATCH_NUMS
 
 CLASS_DROPOUT = 0.1  # the release's cond_drop_rate
@@ -115,18 +116,10 @@ def main(argv=None):
         idx = torch.randint(0, len(codes), (args.batch,), generator=gen)
         y = labels[idx].long()
         y = torch.where(torch.rand(args.batch, generator=gen) < CLASS_DROPOUT, cfg.num_classes, y)
-        for group in opt.param_groups:
-            group["lr"] = cosine_lr(step, args.steps, args.lr, warmup=min(200, args.steps // 10))
         logits = model(y, teacher_forcing(vqvae, codes[idx]))
         loss = F.cross_entropy(logits.flatten(0, 1), codes[idx].long().flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 2.0)
-        opt.step()
-        with torch.no_grad():
-            decay = min(args.ema, (1 + step) / (10 + step))
-            for e, p_ in zip(ema.parameters(), model.parameters()):
-                e.lerp_(p_, 1 - decay)
+        train_step(opt, loss, cosine_lr(step, args.steps, args.lr, warmup=min(200, args.steps // 10)), clip=2.0)
+        ema_update(ema, model, min(args.ema, (1 + step) / (10 + step)))
         if (step + 1) % 50 == 0:
             print(f"step {step + 1}/{args.steps} loss {loss.item():.4f} [{timer}]", flush=True)
         if (step + 1) % 1000 == 0 or step + 1 == args.steps:

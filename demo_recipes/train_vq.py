@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from ..model_loaders.shared.demo import DEMO_VQ
 from ..model_loaders.llamagen.vq import VQConfig, VQModel
 from ..model_loaders import load_image_decoder
-from .demo_common import OUT_DIR, Timer, cosine_lr, psnr, save_fp16, setup, to_uint8
+from .demo_common import OUT_DIR, psnr, to_uint8
+from ..commands.training import cosine_lr, save_fp16, setup, Timer
 from . import autoencoder_data
 
 CONFIG = VQConfig(codebook_size=512, embed_dim=8, z_channels=64, ch=64, ch_mult=(1, 1, 2, 2), num_res_blocks=1,

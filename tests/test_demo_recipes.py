@@ -1,10 +1,15 @@
-"""The demo recipes' shared encoding step (demo_recipes/demo_common.cached_encoding): every recipe's images are
-encoded once, batch by batch from one seeded generator, joined, cached and read back the same."""
+"""The demo recipes: their shared encoding step (demo_recipes/demo_common.cached_encoding: every recipe's images
+encoded once, batch by batch from one seeded generator, joined, cached and read back the same) and their training
+loops run a few steps."""
+import importlib
+
 import numpy as np
+import pytest
 import torch
 
 from fastar.demo_recipes import demo_common, train_mar, train_var
-from fastar.demo_recipes.demo_data import MAR_TOKEN, make_batch, make_captioned_batch
+from fastar.commands.demo_data import MAR_TOKEN, make_batch, make_captioned_batch
+from fastar.model_loaders import load_ar_model
 from fastar.model_loaders.shared.demo import DEMO_KL, DEMO_VAR_VQVAE, DEMO_VQ
 
 
@@ -34,3 +39,18 @@ def test_every_recipe_encodes_its_images_once_and_reads_them_back(tmp_path, monk
     rng = np.random.default_rng(3)  # the batches are drawn in order from one generator seeded with the seed
     drawn = [make_batch(rng, count)[1] for count in (64, 6)]
     assert torch.equal(labels, torch.from_numpy(np.concatenate(drawn)))
+
+
+@pytest.mark.parametrize("recipe, args", [
+    ("train_ar", ["--steps", "2", "--batch", "4", "--images", "16", "--val-images", "8"]),
+    ("train_var", ["--steps", "2", "--batch", "4", "--images", "16", "--depth", "1", "--dim", "64"]),
+])
+def test_a_recipe_trains_saves_and_its_model_loads(recipe, args, tmp_path, monkeypatch):
+    """Two steps of the recipe's own loop (the optimiser step and EMA shared with the training commands), its file
+    saved where asked, loadable as the model it trains."""
+    monkeypatch.setattr(demo_common, "DATA_DIR", tmp_path)
+    module = importlib.import_module(f"fastar.demo_recipes.{recipe}")
+    out = tmp_path / f"{recipe}.safetensors"
+    module.main([*args, "--out", str(out)])
+    model = load_ar_model(out)
+    assert model.kind in ("token-ar", "next-scale") and all(torch.isfinite(p).all() for p in model.parameters())

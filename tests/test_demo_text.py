@@ -12,7 +12,7 @@ from fastar.samplers.decoders import DecoderSpec, decode
 from fastar.samplers.processing import SamplingSettings
 from fastar.demo_recipes.check_demo import colour_pair
 from fastar.commands.classifier import classify, load_classifier
-from fastar.demo_recipes.demo_data import balanced_labels, caption
+from fastar.commands.demo_data import balanced_labels, caption
 
 SAMPLES = 32
 

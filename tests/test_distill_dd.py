@@ -14,7 +14,7 @@ from fastar.model_loaders.shared.protocol import ClassConditioning
 from fastar.samplers.decoders import DecoderSpec, decode, fm_decode
 from fastar.commands import distill_dd
 from fastar.commands.dd_pairs import PairSettings, load_pairs, make_pairs
-from fastar.demo_recipes.demo_common import save_fp16
+from fastar.commands.training import save_fp16
 from tiny_llamagen import tiny_model
 
 SETTINGS = PairSettings(cfg_scale=1.5, per_class=6, shard_size=4, seed=3)

@@ -14,6 +14,7 @@ ABOVE_RUNTIME = ("commands", "demo_recipes", "tools")  # the commands, the demo 
 BELOW = {  # a layer -> what it must never import
     "samplers": ("nodes", "cli", "pipeline", "settings", *ABOVE_RUNTIME),
     "model_loaders": ("samplers", "nodes", "cli", "pipeline", "settings", *ABOVE_RUNTIME),
+    "commands": ("demo_recipes", "tools"),  # the recipes may use the commands' training helpers, not the reverse
 }
 
 

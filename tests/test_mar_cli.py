@@ -15,7 +15,7 @@ from fastar.model_loaders import load_ar_model, load_image_decoder
 from fastar.model_loaders.shared.demo import DEMO_AR, DEMO_VQ
 from fastar.model_loaders.mar.model import MAR
 from fastar.tests.tiny_mar import mar_config, official_kl, official_mar, random_model
-from fastar.demo_recipes.demo_common import save_fp16
+from fastar.commands.training import save_fp16
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):

@@ -7,7 +7,7 @@ from fastar.model_loaders.mar.diffusion import TRAIN_STEPS, SpacedDiffusion
 from fastar.model_loaders.mar.model import MAR
 from fastar.tests.tiny_mar import mar_config, random_model
 from fastar.demo_recipes import train_mar
-from fastar.demo_recipes.demo_common import Timer
+from fastar.commands.training import Timer
 
 
 def test_mask_ratios_cover_the_range_inference_visits():

@@ -1,0 +1,88 @@
+"""What the training commands (train-drafter, distill-dd) and the demo recipes share: seeding, the learning-rate
+schedule, the optimiser step, LlamaGen's initialisation, fp16 saving, the timer and the cache folder."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+DATA_DIR = Path(__file__).resolve().parent.parent / ".data"  # git-ignored caches
+
+
+def setup(seed: int) -> torch.Generator:
+    """Two CPU threads (the machine is shared), global seeds for module init, a generator for the rest."""
+    torch.set_num_threads(2)
+    torch.set_flush_denormal(True)  # cheap insurance: denormal floats are very slow on CPUs
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+def save_fp16(module: torch.nn.Module, cfg, path, keep_fp32: tuple[str, ...] = ()) -> None:
+    """State dict in fp16 (official key names; keys starting with ``keep_fp32`` stay fp32) with the config as
+    JSON under ``fastar_config``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sd = {k: (v.half() if v.is_floating_point() and not k.startswith(keep_fp32) else v).detach().contiguous()
+          for k, v in module.state_dict().items()}
+    meta = asdict(cfg) if not isinstance(cfg, dict) else cfg
+    partial = path.with_name(path.name + ".partial")  # then renamed: an interrupted save never leaves half a file
+    save_file(sd, str(partial), metadata={"fastar_config": json.dumps(meta)})
+    os.replace(partial, path)
+    print(f"saved {path.name}: {path.stat().st_size / 1e6:.2f} MB")
+
+
+def cosine_lr(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -> float:
+    """Linear warmup then cosine decay to ``floor * peak``."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    t = (step - warmup) / max(1, total - warmup)
+    return peak * (floor + (1 - floor) * 0.5 * (1 + np.cos(np.pi * min(t, 1.0))))
+
+
+def adamw(model: nn.Module, lr: float, weight_decay: float, betas=(0.9, 0.95)) -> torch.optim.AdamW:
+    """AdamW that decays the weight matrices only (norms, biases and gains keep their values), as LlamaGen and
+    MAR train."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=betas)
+
+
+def train_step(opt: torch.optim.Optimizer, loss: torch.Tensor, lr: float, clip: float) -> None:
+    """One optimiser step at learning rate ``lr`` on the gradients of ``loss``, clipped to norm ``clip``."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    nn.utils.clip_grad_norm_([p for group in opt.param_groups for p in group["params"]], clip)
+    opt.step()
+
+
+@torch.no_grad()
+def ema_update(ema: nn.Module, model: nn.Module, decay: float) -> None:
+    """``ema`` <- ``decay`` * ``ema`` + (1 - ``decay``) * ``model``, parameter by parameter."""
+    for e, p in zip(ema.parameters(), model.parameters()):
+        e.lerp_(p, 1 - decay)
+
+
+def init_weights(model: nn.Module) -> None:
+    """LlamaGen's init: normal(0, 0.02) for Linear/Embedding, zero output head (seeded by the caller)."""
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, 0.0, 0.02)
+    nn.init.zeros_(model.output.weight)
+
+
+class Timer:
+    def __init__(self):
+        self.start = time.time()
+
+    def __str__(self):
+        return f"{time.time() - self.start:.0f}s"
