@@ -225,7 +225,7 @@ def sweep(models, judge, sampling, configs, labels, seed, reference_feats) -> li
 
 
 def run_bench(args) -> dict:
-    from .classifier import classify, frechet_distance, load_classifier
+    from .classifier import classify, load_classifier
     from .demo_data import make_batch
 
     started = time.perf_counter()
@@ -263,9 +263,7 @@ def run_bench(args) -> dict:
                          **quality(models, judge, codes, labels, reference_feats)}
         print(f"[bench] {name}: {results[name]['step_compression']:.2f}x step compression, class accuracy "
               f"{100 * results[name]['class_accuracy']:.1f}% ({time.perf_counter() - entry_started:.0f} s)", flush=True)
-    ar_feats = results["ar"]["_feats"]
-    for r in results.values():
-        r["frechet_vs_ar"] = frechet_distance(r.pop("_feats"), ar_feats)
+    frechet_against(results, "ar")
 
     print(f"[bench] latency: {args.timing_runs} interleaved batch-1 runs per decoder", flush=True)
     timings = timed_runs(models, sampling, entries, args.timing_runs, num_classes, args.seed)
@@ -342,6 +340,21 @@ def markdown(report: dict) -> str:
 def sweep_label(point: dict) -> str:
     source = " with the drafter" if point["drafter"] else ""
     return f"{point['series']}{source}: {point['slider']}={point['value']}"
+
+
+def frechet_against(results: dict, baseline: str) -> None:
+    """Each row's Frechet distance to the ``baseline`` row's images (``frechet_vs_BASELINE``); the features the
+    quality measure kept for it are dropped."""
+    from .classifier import frechet_distance
+
+    reference = results[baseline]["_feats"]
+    for r in results.values():
+        r[f"frechet_vs_{baseline}"] = frechet_distance(r.pop("_feats"), reference)
+
+
+def latency_note(report: dict) -> str:
+    return (f"Latency: batch 1, median of interleaved runs on {report['device']} ({report['machine']}), image "
+            f"decode excluded. The benchmark took {report['bench_time_s'] / 60:.1f} min.")
 
 
 def require_matplotlib() -> None:

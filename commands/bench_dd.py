@@ -28,7 +28,8 @@ from ..pipeline import LoadedModels, check_image_decoder, class_conditioning, lo
 from ..samplers.decoders import NEXT_SCALE, DecoderSpec, decode, decode_distilled, decode_next_scale
 from ..samplers.distilled import DDSettings
 from ..samplers.processing import SamplingSettings
-from .bench import CHUNK, REAL_IMAGES, quality, quality_panels, require_matplotlib, save_panels
+from .bench import (CHUNK, REAL_IMAGES, frechet_against, latency_note, quality, quality_panels, require_matplotlib,
+                    save_panels)
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ def run_row(teacher: LoadedModels, student: LoadedModels, row: Row, labels: list
 
 
 def run_dd_bench(args) -> dict:
-    from .classifier import classify, frechet_distance, load_classifier
+    from .classifier import classify, load_classifier
     from .demo_data import MAR_TOKEN, make_batch
 
     require_matplotlib()
@@ -111,9 +112,7 @@ def run_dd_bench(args) -> dict:
         results[row.label] = {"forwards_per_image": float(np.mean(forwards)),
                               **quality(models, judge, torch.cat(outputs), labels, reference_feats)}
         print(f"[bench] {row.label}: class accuracy {100 * results[row.label]['class_accuracy']:.1f}%", flush=True)
-    baseline_feats = results["ar"]["_feats"]
-    for r in results.values():
-        r["frechet_vs_ar"] = frechet_distance(r.pop("_feats"), baseline_feats)
+    frechet_against(results, "ar")
 
     times = {row.label: [] for row in rows}
     for row in rows:  # warm-up
@@ -152,8 +151,7 @@ def markdown(report: dict) -> str:
     for label, r in report["results"].items():
         lines.append(f"| {label} | {r['forwards_per_image']:.0f} | {r['latency_ratio']:.1f}x | "
                      f"{100 * r['class_accuracy']:.1f}% | {r['frechet']:.2f} | {r['frechet_vs_ar']:.2f} |")
-    lines += ["", f"Latency: batch 1, median of interleaved runs on {report['device']} ({report['machine']}), image "
-                  f"decode excluded. The benchmark took {report['bench_time_s'] / 60:.1f} min."]
+    lines += ["", latency_note(report)]
     return "\n".join(lines) + "\n"
 
 

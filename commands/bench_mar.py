@@ -25,7 +25,8 @@ from ..pipeline import class_conditioning, load_models
 from ..samplers.cspd import CSpDSettings
 from ..samplers.decoders import decode_masked
 from ..samplers.masked import MaskedSettings
-from .bench import CHUNK, REAL_IMAGES, quality, quality_panels, require_matplotlib, save_panels
+from .bench import (CHUNK, REAL_IMAGES, frechet_against, latency_note, quality, quality_panels, require_matplotlib,
+                    save_panels)
 
 @dataclass(frozen=True)
 class Row:
@@ -79,7 +80,7 @@ def timed_runs(models, rows: list[Row], runs: int, num_classes: int, seed: int) 
 
 
 def run_mar_bench(args) -> dict:
-    from .classifier import classify, frechet_distance, load_classifier
+    from .classifier import classify, load_classifier
     from .demo_data import MAR_TOKEN, make_batch
 
     started = time.perf_counter()
@@ -116,9 +117,7 @@ def run_mar_bench(args) -> dict:
         r = results[row.label]
         print(f"[bench] {row.label}: {r['target_calls']:.1f} target + {r['draft_calls']:.1f} draft calls, class "
               f"accuracy {100 * r['class_accuracy']:.1f}% ({time.perf_counter() - row_started:.0f} s)", flush=True)
-    baseline_feats = results["mar"]["_feats"]
-    for r in results.values():
-        r["frechet_vs_mar"] = frechet_distance(r.pop("_feats"), baseline_feats)
+    frechet_against(results, "mar")
 
     print(f"[bench] latency: {args.timing_runs} interleaved batch-1 runs per row", flush=True)
     medians = timed_runs(models, rows, args.timing_runs, num_classes, args.seed)
@@ -156,8 +155,7 @@ def markdown(report: dict) -> str:
             f"| {label} | {r['settings']['num_iter']} | {r['target_calls']:.1f} | {r['draft_calls']:.1f} | "
             f"{acceptance} | {r['residual_tries_per_image']:.1f} | {r['latency_ratio']:.2f}x | "
             f"{100 * r['class_accuracy']:.1f}% | {r['frechet']:.2f} | {r['frechet_vs_mar']:.2f} |")
-    lines += ["", f"Latency: batch 1, median of interleaved runs on {report['device']} ({report['machine']}), "
-                  f"image decode excluded. The benchmark took {report['bench_time_s'] / 60:.1f} min."]
+    lines += ["", latency_note(report)]
     return "\n".join(lines) + "\n"
 
 
