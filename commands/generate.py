@@ -1,0 +1,283 @@
+"""``python -m fastar generate``: one decoder on one model, from the flags (settings.py) to the images, codes,
+latents, statistics and maps it writes."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from ..errors import FastARError
+from ..samplers.decoders import LOSSLESS, NEEDS_DRAFTER, check_decoder
+from ..samplers.distilled import DDSettings
+from ..samplers.next_scale import VAR_SAMPLING
+from ..samplers.processing import SamplingSettings
+from ..settings import (SAMPLING_DEFAULTS, check_arguments, cspd_from, masked_settings_from, sampling_from,
+                        spec_from, top_k_of, top_p_of)
+
+DEFAULT_DECODER = {"token-ar": "sjd", "masked-ar": "ar", "few-step": "dd", "next-scale": "ar"}
+
+
+def drafter_choice(args, decoder: str) -> str | None:
+    """The drafter path for ``decoder``: --drafter, or the demo drafter for a decoder that needs one on a
+    demo model; None (Jacobi drafts) otherwise."""
+    from ..model_loaders.shared.demo import is_demo_mar
+
+    if args.drafter:
+        return args.drafter
+    return "demo" if decoder in NEEDS_DRAFTER and (args.model is None or is_demo_mar(args.model)) else None
+
+
+class ProgressLine:
+    """A one-line progress display on stderr, redrawn at most ten times a second. ``done`` counts the
+    tokens of the slowest row; the rate is of the whole batch."""
+
+    def __init__(self, label: str, enabled: bool, batch: int = 1):
+        self.label, self.enabled, self.batch = label, enabled, batch
+        self.start, self.last = time.perf_counter(), 0.0
+
+    def __call__(self, done: int, total: int, _tokens) -> None:
+        now = time.perf_counter()
+        if not self.enabled or (now - self.last < 0.1 and done < total):
+            return
+        self.last = now
+        rate = self.batch * done / max(now - self.start, 1e-9)
+        bar = "#" * int(30 * done / total)
+        rows = f" ({self.batch} images)" if self.batch > 1 else ""
+        print(f"\r{self.label} [{bar:<30}] {done}/{total} tokens{rows}  {rate:.0f} tok/s", end="", file=sys.stderr)
+        if done >= total:
+            print(file=sys.stderr)
+
+
+def numbered(path: Path, index: int, count: int) -> Path:
+    return path if count == 1 else path.with_name(f"{path.stem}_{index}{path.suffix}")
+
+
+OUTPUTS = ("out", "tokens_out", "latents_out", "stats_out", "map_out", "noise_out")
+DEFAULT_OUT = Path("out")  # generate's images when no output is given: out/MODEL_DECODER_seedS.png
+
+
+def make_output_folders(args) -> None:
+    """Every output's folder, before the models load: a missing one is made, and one that cannot be (a file in the
+    way, no permission) is said now, not after the generation."""
+    for name in OUTPUTS:
+        path = getattr(args, name, None)
+        if path:
+            try:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise FastARError(f"--{name.replace('_', '-')} {path}: its folder cannot be made ({error.strerror})")
+
+
+def command_generate(args) -> int:
+    from ..pipeline import conditioning_for, load_models
+
+    check_arguments(args)
+    make_output_folders(args)
+    models = load_models(args.model, args.vq, args.device, args.dtype, drafter_path=drafter_choice(args, args.decoder),
+                         image_size=args.image_size, compile_switch=args.compile, gpu_weights=args.gpu_weights)
+    args.decoder = args.decoder or DEFAULT_DECODER[models.ar.kind]
+    if not any(getattr(args, name, None) for name in OUTPUTS):  # said where when written
+        args.out = str(DEFAULT_OUT / f"{Path(args.model or 'demo').stem}_{args.decoder}_seed{args.seed}.png")
+    kept = kept_output(args, models)
+    if kept:  # said now, not after a long generation
+        print(f"note: no images from this run: {missing_decoder(args, models)}. The model's output goes to {kept}",
+              file=sys.stderr)
+    classes = args.classes.split(",") if args.classes else [args.class_] if args.class_ else None
+    conditioning = conditioning_for(models.ar, classes=classes, batch=args.batch, prompts=args.prompt,
+                                    t5_folder=args.t5)
+    kind = "lossless" if LOSSLESS[args.decoder] else "relaxed: trades fidelity for speed"
+    progress = ProgressLine(f"{args.decoder}, {kind}", enabled=not args.quiet, batch=conditioning.batch)
+    token_maps = None
+    if models.ar.kind == "masked-ar":
+        outputs, stats = generate_masked(args, models, conditioning, progress)
+    elif models.ar.kind == "few-step":
+        outputs, stats = generate_distilled(args, models, conditioning, progress)
+    elif models.ar.kind == "next-scale":
+        outputs, stats, token_maps = generate_next_scale(args, models, conditioning, progress)
+    else:
+        outputs, stats = generate_tokens(args, models, conditioning, progress)
+    write_outputs(args, models, outputs, stats, token_maps)
+    return 0
+
+
+def generate_tokens(args, models, conditioning, progress):
+    from ..pipeline import check_token_room
+    from ..samplers.decoders import decode
+
+    spec, sampling = spec_from(args, args.decoder), sampling_from(args)
+    check_token_room(models.ar, conditioning, sampling, spec, drafted=models.drafter is not None)
+    codes, stats = decode(models.ar, conditioning, sampling, spec, seed=args.seed, on_iteration=progress,
+                          drafter=models.drafter, codebook=models.codebook())
+    drafted = f", {stats.drafter_forwards} drafter forwards ({stats.drafter_time_s:.2f} s)" if models.drafter else ""
+    print(f"{stats.decoder}: {stats.num_tokens} tokens x {stats.batch} in {stats.target_forwards} forwards "
+          f"(step compression {stats.step_compression:.2f}x, mean accepted {stats.mean_accepted:.2f}){drafted}, "
+          f"{stats.wall_time_s:.2f} s" + (f" ({stats.compile_time_s:.1f} s of it compiling steps)"
+                                          if stats.compile_time_s else ""))
+    return codes, stats
+
+
+def generate_masked(args, models, conditioning, progress):
+    from ..samplers.decoders import decode_masked
+
+    if args.tokens_out:
+        raise FastARError("--tokens-out is for token models; a MAR model writes continuous latents: use --latents-out")
+    tokens, stats = decode_masked(models.ar, conditioning, masked_settings_from(args), args.decoder, seed=args.seed,
+                                  cspd=cspd_from(args), drafter=models.drafter, on_iteration=progress)
+    line = f"{stats.decoder}: {stats.num_tokens} tokens x {stats.batch} in {stats.target_forwards} target calls"
+    if stats.decoder == "cspd":
+        line += (f" + {stats.drafter_forwards} draft calls ({stats.drafter_time_s:.2f} s), acceptance "
+                 f"{stats.acceptance_rate or 0.0:.1%} of {stats.drafted_tokens} drafted tokens, "
+                 f"{stats.resample_tries} residual proposals ({stats.resample_fallbacks} fell back)")
+    print(f"{line}, {stats.wall_time_s:.2f} s")
+    return tokens, stats
+
+
+def generate_next_scale(args, models, conditioning, progress):
+    from ..samplers.decoders import decode_next_scale
+
+    check_decoder(args.decoder, models.ar, None)
+    sampling = SamplingSettings(cfg_scale=VAR_SAMPLING.cfg_scale if args.cfg is None else args.cfg,
+                                temperature=args.temperature, top_k=top_k_of(args, VAR_SAMPLING.top_k),
+                                top_p=top_p_of(args, VAR_SAMPLING.top_p))
+    token_maps = []
+    f_hat, stats = decode_next_scale(models.ar, conditioning, sampling, seed=args.seed, vqvae=models.vq,
+                                     decoder=args.decoder, on_iteration=progress, flow_steps=args.flow_steps,
+                                     scale_codes=token_maps)
+    print(f"{stats.decoder}: {len(models.ar.cfg.patch_nums)} scales ({models.ar.cfg.seq_len} tokens) x {stats.batch} in "
+          f"{stats.target_forwards} forwards, cfg {sampling.cfg_scale} ramped over the scales, top-k {sampling.top_k}, "
+          f"top-p {sampling.top_p}, {stats.wall_time_s:.2f} s")
+    return f_hat, stats, token_maps
+
+
+def generate_distilled(args, models, conditioning, progress):
+    import numpy as np
+    import torch
+
+    from ..samplers.decoders import decode_distilled, make_generator
+    from ..samplers.flow_map import token_noise
+
+    if (args.teacher is None) != (args.dd_regenerate is None):
+        raise FastARError("the DD hybrid needs both --teacher (the student's teacher) and --dd-regenerate S")
+    tuned = (args.cfg not in (None, 1.0) or args.temperature != SAMPLING_DEFAULTS.temperature or top_k_of(args)
+             or top_p_of(args) < 1)
+    if tuned and args.teacher is None:
+        raise FastARError("a Distilled Decoding student maps noise to an image deterministically: --cfg, "
+                          "--temperature, --top-k and --top-p do not apply (its teacher's settings are baked in); "
+                          "vary the image with --seed or --noise-in")
+    student = models.ar
+    teacher = None
+    if args.teacher:
+        from ..model_loaders import load_ar_model
+
+        teacher = load_ar_model(args.teacher, device=student.device, dtype=student.dtype)
+    if args.noise_in:
+        try:
+            noise = torch.from_numpy(np.load(args.noise_in)).float()
+        except (OSError, ValueError) as e:
+            raise FastARError(f"{args.noise_in} is not a .npy array ({e}): give a file --noise-out wrote") from e
+    else:
+        noise = token_noise(conditioning.batch, student.num_tokens, student.cfg.channels,
+                            make_generator(args.seed, student.device))
+    if args.noise_out:
+        np.save(args.noise_out, noise.cpu().numpy())
+    settings = DDSettings(steps=args.dd_steps, t2=args.dd_t2, split=args.dd_split, regenerate=args.dd_regenerate)
+    latents, stats = decode_distilled(student, conditioning, settings, seed=args.seed, codebook=models.codebook(),
+                                      noise=noise, on_iteration=progress, teacher=teacher, sampling=sampling_from(args))
+    teacher_part = stats.settings["teacher_forwards"]
+    print(f"dd: {student.num_tokens} tokens x {stats.batch} in {stats.target_forwards - teacher_part} student forward(s)"
+          + (f" + {teacher_part} teacher forwards" if teacher_part else "") + f", {stats.wall_time_s:.2f} s")
+    return latents, stats
+
+
+def kept_output(args, models) -> str | None:
+    """Where the model's output goes when images were asked for (--out) but cannot be made (no image decoder) and
+    no other output keeps it: beside --out. None when there is nothing to keep."""
+    if not args.out or models.vq is not None or args.tokens_out or args.latents_out:
+        return None
+    suffix = ".latents.npy" if models.ar.kind in ("masked-ar", "next-scale") else ".tokens.json"
+    return str(Path(args.out).with_suffix(suffix))
+
+
+def missing_decoder(args, models) -> str:
+    if getattr(models.ar, "holds_image_decoder", False):
+        return f"{args.model} holds its own image decoder: give the same folder as --vq"
+    return "give the model's image decoder with --vq"
+
+
+def write_outputs(args, models, outputs, stats, token_maps=None) -> None:
+    from PIL import Image
+
+    from ..pipeline import outputs_to_images
+    from ..samplers.stats import acceptance_heatmap
+
+    grid = models.ar.grid
+    tokens_out, latents_out = args.tokens_out, args.latents_out
+    kept = kept_output(args, models)
+    if kept:
+        Path(kept).parent.mkdir(parents=True, exist_ok=True)
+        latents_out, tokens_out = (kept, None) if kept.endswith(".npy") else (None, kept)
+    if tokens_out:
+        Path(tokens_out).write_text(json.dumps(tokens_json(models, outputs, token_maps)))
+    if latents_out:
+        import numpy as np
+
+        np.save(latents_out, latents_of(models, outputs).float().cpu().numpy())
+    if args.stats_out:
+        Path(args.stats_out).write_text(json.dumps(stats.to_json(), indent=1))
+    if args.map_out:
+        for i, row in enumerate(stats.fixed_at):
+            Image.fromarray(acceptance_heatmap(row, grid)).save(numbered(Path(args.map_out), i, stats.batch))
+    if args.out:
+        if models.vq is None:
+            print(f"no images written ({missing_decoder(args, models)}); the model's output is in "
+                  f"{tokens_out or latents_out}", file=sys.stderr)
+        else:
+            save_images(outputs_to_images(models.vq, models.ar, outputs), Path(args.out))
+
+
+def tokens_json(models, outputs, token_maps=None) -> dict:
+    """What --tokens-out writes. Raster models: ``{"tokens": [image][h*w], "grid": [h, w]}``. VAR and VAR-DD: every
+    scale's token map, ``{"scales": [[pn, pn], ...], "tokens": [image][scale][pn*pn], "grid": [h, w]}`` (VAR: the
+    codes it drew, ``token_maps`` [B, pn, pn] per scale; a VAR-DD student: the nearest code of each vector, its
+    greedy codes before the split)."""
+    grid = list(models.ar.grid)
+    if getattr(models.ar, "decoder_kind", "codes") != "multi-scale":
+        return {"tokens": codes_of(models, outputs).tolist(), "grid": grid}
+    patch_nums = models.ar.cfg.patch_nums
+    if token_maps is None:
+        token_maps = codes_of(models, outputs).split([p * p for p in patch_nums], dim=1)
+    tokens = [[m[row].flatten().tolist() for m in token_maps] for row in range(outputs.shape[0])]
+    return {"scales": [[p, p] for p in patch_nums], "tokens": tokens, "grid": grid}
+
+
+def codes_of(models, outputs):
+    """Image codes ``[B, h*w]``: a token model's own, or the nearest code of each of a DD student's vectors."""
+    if models.ar.kind != "few-step":
+        return outputs
+    from ..samplers.flow_map import nearest_code
+
+    return nearest_code(outputs.flatten(0, 1), models.codebook().to(outputs.device)).view(outputs.shape[:2])
+
+
+def latents_of(models, outputs):
+    """The image decoder's input as latents ``[B, C, h, w]``; a token model's codes as their code vectors."""
+    if getattr(models.ar, "decoder_kind", "codes") == "multi-scale" and outputs.dim() == 3:
+        if models.vq is None:
+            raise FastARError("--latents-out of a VAR-DD student writes f_hat, which its VQVAE accumulates: give --vq")
+        return models.vq.sequence_to_f_hat(outputs.to(models.vq.device).float())  # a VAR-DD student's scales
+    if models.ar.kind != "token-ar":
+        return models.ar.decoder_input(outputs)
+    if models.vq is None:
+        raise FastARError("--latents-out of a token model writes its code vectors: give the VQ decoder (--vq)")
+    codes = models.ar.decoder_input(outputs).to(models.vq.device)  # [B, h, w]
+    return models.codebook()[codes].permute(0, 3, 1, 2)  # every VQ decoder's codebook (LlamaGen's, a VQGAN's)
+
+
+def save_images(images, out: Path) -> None:
+    from PIL import Image
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for i, image in enumerate(images):
+        Image.fromarray(image).save(numbered(out, i, len(images)))
+    print(f"wrote {len(images)} image(s) to {out}" + ("" if len(images) == 1 else " (numbered)"))
