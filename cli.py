@@ -230,9 +230,9 @@ def command_decode(args) -> int:
 
 
 def command_bench(args) -> int:
-    from .commands.bench import run_bench
-    from .commands.bench_dd import run_dd_bench
-    from .commands.bench_mar import run_mar_bench
+    from .commands.bench.decoders import run_bench
+    from .commands.bench.dd import run_dd_bench
+    from .commands.bench.mar import run_mar_bench
 
     check_arguments(args)
     args.out = args.out or str(Path("out") / ("bench-mar" if args.mar else "bench-dd" if args.dd else "bench"))
@@ -242,7 +242,7 @@ def command_bench(args) -> int:
 
 
 def command_profile(args) -> int:
-    from .commands.speed_profile import run_profile
+    from .commands.profile.speed import run_profile
 
     run_profile(args)
     return 0

@@ -366,7 +366,7 @@ def probe_memory(device: str, out: Path) -> dict:
 
     from ..samplers.decoders import DecoderSpec, decode
     from ..samplers.processing import SamplingSettings
-    from .speed_profile import build, conditioning
+    from .profile.speed import build, conditioning
 
     torch.cuda.reset_peak_memory_stats()
     model = build("anole-7b", torch.device(device), torch.bfloat16)

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from .demo_common import to_tensor
-from ..commands.demo_data import balanced_labels, make_batch
+from ..commands.bench.demo_data import balanced_labels, make_batch
 
 HELD_OUT = 256
 

@@ -26,10 +26,10 @@ from ..samplers.cspd import CSpDSettings
 from ..samplers.decoders import DecoderSpec, decode, decode_masked
 from ..samplers.masked import MaskedSettings
 from ..samplers.processing import SamplingSettings
-from ..commands.classifier import classify, frechet_distance, load_classifier
+from ..commands.bench.classifier import classify, frechet_distance, load_classifier
 from .demo_common import OUT_DIR
 from ..commands.training import setup, Timer
-from ..commands.demo_data import CLASS_NAMES, MAR_TOKEN, balanced_labels, caption, make_batch
+from ..commands.bench.demo_data import CLASS_NAMES, MAR_TOKEN, balanced_labels, caption, make_batch
 
 
 def main(argv=None):

@@ -21,7 +21,7 @@ from ..model_loaders.shared.protocol import ClassConditioning
 from ..model_loaders import load_ar_model, load_image_decoder
 from .demo_common import tokenised
 from ..commands.training import Timer, adamw, cosine_lr, init_weights, save_fp16, setup, train_step
-from ..commands.demo_data import CLASS_NAMES, make_batch
+from ..commands.bench.demo_data import CLASS_NAMES, make_batch
 
 
 def model_config(vocab_size: int) -> LlamaGenConfig:

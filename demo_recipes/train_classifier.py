@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from ..model_loaders.shared.demo import DEMO_CLASSIFIER, DEMO_VQ
-from ..commands.classifier import DemoClassifier, classify, load_classifier
+from ..commands.bench.classifier import DemoClassifier, classify, load_classifier
 from ..model_loaders import load_image_decoder
 from .demo_common import to_tensor
 from ..commands.training import cosine_lr, save_fp16, setup, Timer
-from ..commands.demo_data import CLASS_NAMES, balanced_labels, make_batch
+from ..commands.bench.demo_data import CLASS_NAMES, balanced_labels, make_batch
 
 
 @torch.no_grad()

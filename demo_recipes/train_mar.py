@@ -49,7 +49,7 @@ from ..model_loaders.shared.protocol import ClassConditioning
 from ..samplers.masked import MaskedSettings, masked_decode
 from .demo_common import OUT_DIR, cached_encoding, to_tensor, to_uint8
 from ..commands.training import Timer, cosine_lr, ema_update, save_fp16, setup, train_step
-from ..commands.demo_data import CLASS_NAMES, MAR_TOKEN, balanced_labels, make_batch
+from ..commands.bench.demo_data import CLASS_NAMES, MAR_TOKEN, balanced_labels, make_batch
 
 SIZES = {  # the target is about 4x the draft, as MAR-H is to MAR-B
     "target": dict(dim=192, encoder_depth=3, encoder_heads=6, decoder_dim=192, decoder_depth=3, decoder_heads=6,
@@ -262,7 +262,7 @@ class Judge:
     held to), and a grid of them to look at (one column per class)."""
 
     def __init__(self, vae_path, samples: int, settings: MaskedSettings):
-        from ..commands.classifier import load_classifier
+        from ..commands.bench.classifier import load_classifier
 
         self.vae, self.classifier = load_image_decoder(vae_path), load_classifier()
         self.labels = torch.tensor(balanced_labels(samples))
@@ -270,7 +270,7 @@ class Judge:
 
     @torch.no_grad()
     def __call__(self, model: MAR, grid_path=None) -> float:
-        from ..commands.classifier import classify
+        from ..commands.bench.classifier import classify
 
         tokens, _ = masked_decode(model, ClassConditioning(self.labels), self.settings,
                                   generator=torch.Generator().manual_seed(1))

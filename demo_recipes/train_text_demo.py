@@ -36,7 +36,7 @@ from ..model_loaders.shared.protocol import PromptConditioning
 from ..model_loaders.llamagen.vq import VQModel
 from .demo_common import tokenised
 from ..commands.training import Timer, adamw, cosine_lr, setup, train_step
-from ..commands.demo_data import CLASS_NAMES, COLOUR_NAMES, SIZE, make_captioned_batch
+from ..commands.bench.demo_data import CLASS_NAMES, COLOUR_NAMES, SIZE, make_captioned_batch
 
 IMAGE_SIZE = SIZE  # 128 px
 SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]

@@ -24,7 +24,7 @@ from ..samplers.next_scale import next_scale_decode
 from ..samplers.processing import SamplingSettings
 from .demo_common import cached_encoding, to_tensor
 from ..commands.training import Timer, cosine_lr, ema_update, save_fp16, setup, train_step
-from ..commands.demo_data import CLASS_NAMES, MAR_TOKEN, balanced_labels, make_batch
+from ..commands.bench.demo_data import CLASS_NAMES, MAR_TOKEN, balanced_labels, make_batch
 from .train_var_vqvae import PATCH_NUMS
 
 CLASS_DROPOUT = 0.1  # the release's cond_drop_rate
@@ -75,7 +75,7 @@ def held_out_loss(model: VAR, vqvae, codes: torch.Tensor, labels: torch.Tensor) 
 
 @torch.no_grad()
 def judged(model: VAR, vqvae, samples: int, seed: int) -> float:
-    from ..commands.classifier import classify, load_classifier
+    from ..commands.bench.classifier import classify, load_classifier
     from ..pipeline import decode_images
 
     labels = torch.tensor(balanced_labels(samples))

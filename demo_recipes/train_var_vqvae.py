@@ -31,7 +31,7 @@ from ..model_loaders.var.vqvae import MultiScaleVQVAE, VQVAEConfig
 from . import autoencoder_data
 from .demo_common import psnr, to_tensor
 from ..commands.training import cosine_lr, save_fp16, setup, Timer
-from ..commands.demo_data import MAR_TOKEN, make_batch
+from ..commands.bench.demo_data import MAR_TOKEN, make_batch
 from .train_kl_vae import CONFIG as KL_CONFIG
 
 PATCH_NUMS = (1, 2, 3, 4, 6, 8)

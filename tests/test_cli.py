@@ -226,8 +226,8 @@ def test_bench_sweeps_every_slider_and_plots_the_pareto_front(tmp_path, monkeypa
     from fastar.samplers.decoders import DecoderSpec
     from fastar.samplers.processing import SamplingSettings
     from fastar.commands import bench
-    from fastar.commands.classifier import classify, load_classifier
-    from fastar.commands.demo_data import make_batch
+    from fastar.commands.bench.classifier import classify, load_classifier
+    from fastar.commands.bench.demo_data import make_batch
 
     for name, values in (("SWEEP_GROUPS", (1, 10)), ("SWEEP_WINDOWS", (4,)), ("SWEEP_DELTAS", (0.0, 0.4)),
                          ("SWEEP_KS", (1,))):

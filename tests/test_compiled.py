@@ -148,7 +148,7 @@ def test_layout_models_compile_to_eagers_tokens(shape):
     """Chameleon-family (row-end tokens inside windows that cross a row) and Janus sessions, which ComfyUI's
     auto switch compiles on a CPU like LlamaGen's: the same tokens as eager for ar and sjd."""
     from fastar.model_loaders.shared.protocol import PromptConditioning
-    from fastar.commands.speed_profile import build
+    from fastar.commands.profile.speed import build
 
     eager = build(shape, torch.device("cpu"), torch.float32)
     compiled = compile_steps(build(shape, torch.device("cpu"), torch.float32))

@@ -132,7 +132,7 @@ def test_refusals_say_what_to_do():
     other = tiny_mar(3, classes=5)
     with pytest.raises(FastARError, match="draft MAR has 5 classes but the target has 4"):
         cspd_decode(TARGET, other, rows, MaskedSettings(num_iter=4), CSpDSettings(), generator=torch.Generator())
-    from fastar.commands.toy_model import ToyModel
+    from fastar.commands.bench.toy_model import ToyModel
 
     with pytest.raises(FastARError, match="CSpD drafts with a smaller MAR model; the drafter given is a toy token model"):
         cspd_decode(TARGET, ToyModel(), rows, MaskedSettings(num_iter=4), CSpDSettings(), generator=torch.Generator())

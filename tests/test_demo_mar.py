@@ -14,7 +14,7 @@ from fastar.pipeline import outputs_to_images
 from fastar.samplers.cspd import CSpDSettings, merged_schedule
 from fastar.samplers.decoders import decode_masked
 from fastar.samplers.masked import MaskedSettings
-from fastar.commands.classifier import classify, load_classifier
+from fastar.commands.bench.classifier import classify, load_classifier
 
 SETTINGS = MaskedSettings(num_iter=32, cfg_scale=3.0, diffusion_steps=50)  # what README's numbers are measured at
 EVERY_CLASS = ClassConditioning(torch.arange(8))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fastar.demo_recipes import demo_common, train_mar, train_var
-from fastar.commands.demo_data import MAR_TOKEN, make_batch, make_captioned_batch
+from fastar.commands.bench.demo_data import MAR_TOKEN, make_batch, make_captioned_batch
 from fastar.model_loaders import load_ar_model
 from fastar.model_loaders.shared.demo import DEMO_KL, DEMO_VAR_VQVAE, DEMO_VQ
 

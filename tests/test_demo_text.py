@@ -11,8 +11,8 @@ from fastar.pipeline import outputs_to_images
 from fastar.samplers.decoders import DecoderSpec, decode
 from fastar.samplers.processing import SamplingSettings
 from fastar.demo_recipes.check_demo import colour_pair
-from fastar.commands.classifier import classify, load_classifier
-from fastar.commands.demo_data import balanced_labels, caption
+from fastar.commands.bench.classifier import classify, load_classifier
+from fastar.commands.bench.demo_data import balanced_labels, caption
 
 SAMPLES = 32
 

@@ -16,7 +16,7 @@ from fastar.pipeline import decode_images
 from fastar.samplers.decoders import decode_distilled, decode_next_scale
 from fastar.samplers.distilled import DDSettings
 from fastar.samplers.flow_map import token_noise
-from fastar.commands.classifier import classify, load_classifier
+from fastar.commands.bench.classifier import classify, load_classifier
 from fastar.demo_recipes.train_var import JUDGED
 
 pytestmark = pytest.mark.skipif(not (DEMO_VAR.exists() and DEMO_VAR_VQVAE.exists()), reason="demo VAR not built")

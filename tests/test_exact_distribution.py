@@ -21,7 +21,7 @@ from fastar.samplers.drafts import COUPLINGS, INIT_STRATEGIES, DraftSource
 from fastar.samplers.jacobi import jacobi_decode
 from fastar.samplers.processing import SamplingSettings, probabilities, sample
 from fastar.samplers.speculative import speculative_decode
-from fastar.commands.toy_model import ToyModel
+from fastar.commands.bench.toy_model import ToyModel
 
 ROWS = 12000
 ALPHA = 1e-4  # false-alarm rate per test; the broken rules below land far beyond it

@@ -15,7 +15,7 @@ from fastar.model_loaders.shared.protocol import ClassConditioning
 from fastar.samplers import flow_map as fm
 from fastar.samplers.decoders import DecoderSpec, decode
 from fastar.samplers.processing import SamplingSettings
-from fastar.commands.toy_model import ToyModel
+from fastar.commands.bench.toy_model import ToyModel
 
 ROWS = 20000
 MODEL = ToyModel(vocab=3, grid=(2, 2), num_classes=2, scale=2.0, seed=0)

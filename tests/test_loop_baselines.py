@@ -12,8 +12,8 @@ from fastar.model_loaders.shared.demo import DEMO_AR
 from fastar.model_loaders.shared.protocol import ClassConditioning, PromptConditioning
 from fastar.samplers.jacobi import ar_decode
 from fastar.samplers.processing import SamplingSettings
-from fastar.commands.loop_baselines import baseline_for, plain_loop
-from fastar.commands.speed_profile import build, run_profile
+from fastar.commands.profile.loop_baselines import baseline_for, plain_loop
+from fastar.commands.profile.speed import build, run_profile
 
 GREEDY = SamplingSettings(cfg_scale=3.0, temperature=0.0)
 
@@ -71,7 +71,7 @@ def test_the_profile_puts_the_baseline_beside_ar():
 
 
 def test_a_janus_shape_on_a_smaller_grid_and_bad_options():
-    from fastar.commands.speed_profile import SHAPES
+    from fastar.commands.profile.speed import SHAPES
 
     report = run_profile(profile_args(shape="janus-tiny", grid="3x3", batches=[1], windows="1", baselines=False,
                                       no_decoders=True, dtype="bf16"))

@@ -11,7 +11,7 @@ import torch
 
 from fastar.errors import FastARError
 
-from fastar.commands.speed_profile import build, kv_bytes_read, run_profile, weight_bytes_read
+from fastar.commands.profile.speed import build, kv_bytes_read, run_profile, weight_bytes_read
 
 
 def test_the_floor_counts_the_weights_and_the_filled_cache():
@@ -54,7 +54,7 @@ def test_a_cpu_profile_times_every_window_and_decoder(tmp_path, compiled):
 def test_a_streamed_profile_counts_the_streamed_weights_at_the_host_bandwidth(monkeypatch):
     """--gpu-weights on the CPU (its GPU-only check lifted, a host bandwidth planted): the floor adds the streamed
     bytes at the host-to-device bandwidth to the rest at the device's."""
-    from fastar.commands import speed_profile
+    from fastar.commands.profile import speed as speed_profile
 
     monkeypatch.setattr(speed_profile, "check_gpu_weights", lambda gpu_weights, device: None)
     monkeypatch.setattr(speed_profile, "host_bandwidth", lambda timing: 1e6)  # 1 MB/s: the streamed part dominates
@@ -101,7 +101,7 @@ def mar_args(**changes):
 def test_a_mar_profile_times_its_transformer_call_head_and_images():
     from torch.utils.flop_counter import FlopCounterMode
 
-    from fastar.commands.mar_profile import build_mar, transformer_gflop
+    from fastar.commands.profile.mar import build_mar, transformer_gflop
 
     report = run_profile(mar_args())
     entry = report["batches"]["2"]

@@ -13,7 +13,7 @@ from fastar.model_loaders.shared.demo import DEMO_VQ
 from fastar.model_loaders.shared.protocol import PromptConditioning
 from fastar.model_loaders.chameleon.vqgan import VQGAN
 from fastar.demo_recipes import train_text_demo
-from fastar.commands.demo_data import HIGH, LOW, make_captioned_batch
+from fastar.commands.bench.demo_data import HIGH, LOW, make_captioned_batch
 
 needs_demo_vq = pytest.mark.skipif(not DEMO_VQ.exists(), reason="the demo VQ is not bundled")
 

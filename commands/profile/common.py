@@ -1,4 +1,4 @@
-"""What the profiles of every model kind share (speed_profile.py for token models, mar_profile.py for MAR):
+"""What the profiles of every model kind share (speed.py for token models, mar.py for MAR):
 synchronised timing, the device's copy bandwidth, random weights of a shape, and whole images timed side by side."""
 from __future__ import annotations
 

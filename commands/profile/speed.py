@@ -19,9 +19,9 @@ checkpoint (``--model``).
 - ``--gpu-weights GB``: the model with only that much of its weights on the GPU, its other blocks streamed from
   pinned host memory at every forward (model_loaders/shared/streaming.py); the floor then counts the streamed bytes at
   the measured host-to-device bandwidth.
-- ``--baselines``: the family's usual loop on the same weights (loop_baselines.py), as a multiple of ``ar``.
+- ``--baselines``: the family's usual loop on the same weights (loop_baselines.py beside this file), as a multiple of ``ar``.
 - MAR shapes and checkpoints: a transformer call, the diffusion head and whole ``ar`` / ``cspd`` images
-  (mar_profile.py).
+  (mar.py beside this file).
 Times are medians of interleaved repeats after a warm-up (whole images: A B C A B C ..., at most 5 rounds);
 CUDA is synchronised around each.
 """
@@ -34,22 +34,22 @@ from pathlib import Path
 
 import torch
 
-from ..errors import FastARError
-from ..model_loaders.drafters.small_ar import SmallARDrafter
-from ..model_loaders.chameleon.model import ChameleonConfig, ChameleonGPT
-from ..model_loaders.shared.compiled import compile_steps, compiled_mode
-from ..model_loaders.drafters.loader import load_drafter
-from ..model_loaders.janus.model import JanusConfig, JanusGPT
-from ..model_loaders.llamagen.model import LlamaGenConfig, LlamaGenGPT
-from ..model_loaders.shared.llm_decoder import DecoderConfig
-from ..model_loaders.shared.protocol import ClassConditioning, PromptConditioning
-from ..model_loaders.shared.streaming import make_streamable, place, streamed_bytes
-from ..pipeline import DTYPES, check_gpu_weights, resolve_device
-from ..samplers.decoders import DecoderSpec, decode
-from ..samplers.processing import SamplingSettings
+from ...errors import FastARError
+from ...model_loaders.drafters.small_ar import SmallARDrafter
+from ...model_loaders.chameleon.model import ChameleonConfig, ChameleonGPT
+from ...model_loaders.shared.compiled import compile_steps, compiled_mode
+from ...model_loaders.drafters.loader import load_drafter
+from ...model_loaders.janus.model import JanusConfig, JanusGPT
+from ...model_loaders.llamagen.model import LlamaGenConfig, LlamaGenGPT
+from ...model_loaders.shared.llm_decoder import DecoderConfig
+from ...model_loaders.shared.protocol import ClassConditioning, PromptConditioning
+from ...model_loaders.shared.streaming import make_streamable, place, streamed_bytes
+from ...pipeline import DTYPES, check_gpu_weights, resolve_device
+from ...samplers.decoders import DecoderSpec, decode
+from ...samplers.processing import SamplingSettings
 from .loop_baselines import baseline_for
-from .mar_profile import MAR_SHAPES, build_mar, check_mar_options, mar_batch, print_mar_batch, random_draft
-from .profile_common import Timing, bandwidth, host_bandwidth, image_costs, randomise
+from .mar import MAR_SHAPES, build_mar, check_mar_options, mar_batch, print_mar_batch, random_draft
+from .common import Timing, bandwidth, host_bandwidth, image_costs, randomise
 
 DECODERS = ("ar", "sjd", "gsd", "spec")
 PROMPT_TOKENS = 32  # a typical prompt's length for the text-to-image shapes
@@ -183,7 +183,7 @@ def decoder_runs(model, drafter, batch: int, sampling: SamplingSettings) -> dict
 
 
 def baseline_runs(model, batch: int, sampling: SamplingSettings) -> dict:
-    """The family's usual loop (loop_baselines.py) on the same weights, as ``seed -> (forwards, codes)``."""
+    """The family's usual loop (loop_baselines.py beside this file) on the same weights, as ``seed -> (forwards, codes)``."""
     baseline = baseline_for(model)
     if baseline is None:
         return {}
@@ -197,7 +197,7 @@ def baseline_runs(model, batch: int, sampling: SamplingSettings) -> dict:
 
 def load(path: str, device: torch.device, dtype: torch.dtype):
     """A checkpoint (``--model``) instead of a random shape: its own weights, so acceptance is real."""
-    from ..model_loaders import load_ar_model
+    from ...model_loaders import load_ar_model
 
     model = load_ar_model(path, device=device, dtype=dtype)
     if getattr(model, "kind", "token-ar") not in ("token-ar", "masked-ar"):

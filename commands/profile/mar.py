@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import FastARError
-from ..model_loaders.mar.model import MAR, MARConfig
-from ..model_loaders.shared.protocol import ClassConditioning
-from ..samplers.decoders import decode_masked
-from ..samplers.masked import MaskedSettings
-from .profile_common import Timing, image_costs, randomise
+from ...errors import FastARError
+from ...model_loaders.mar.model import MAR, MARConfig
+from ...model_loaders.shared.protocol import ClassConditioning
+from ...samplers.decoders import decode_masked
+from ...samplers.masked import MaskedSettings
+from .common import Timing, image_costs, randomise
 
 MAR_DECODERS = ("ar", "cspd")
 DRAFT_BLOCKS = 2  # a shape without a smaller release drafts with itself cut to this many encoder/decoder blocks

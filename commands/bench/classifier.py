@@ -13,7 +13,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import nn
 
-from ..model_loaders.shared.demo import DEMO_CLASSIFIER
+from ...model_loaders.shared.demo import DEMO_CLASSIFIER
 
 
 def _stage(cin: int, cout: int, pool: bool) -> nn.Sequential:

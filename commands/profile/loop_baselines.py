@@ -17,11 +17,11 @@ from typing import Callable
 
 import torch
 
-from ..errors import FastARError
-from ..model_loaders.janus.model import JanusGPT
-from ..model_loaders.llamagen.model import LlamaGenGPT, rope_2d_table
-from ..model_loaders.shared.protocol import ModelOutput
-from ..samplers.processing import SamplingSettings, probabilities
+from ...errors import FastARError
+from ...model_loaders.janus.model import JanusGPT
+from ...model_loaders.llamagen.model import LlamaGenGPT, rope_2d_table
+from ...model_loaders.shared.protocol import ModelOutput
+from ...samplers.processing import SamplingSettings, probabilities
 
 # an image loop: (conditioning, sampling, generator) -> codes [B, N]
 ImageLoop = Callable[..., torch.Tensor]

@@ -11,7 +11,7 @@ import itertools
 
 import torch
 
-from ..model_loaders.shared.protocol import ClassConditioning, ModelOutput
+from ...model_loaders.shared.protocol import ClassConditioning, ModelOutput
 
 
 class ToySession:

@@ -21,14 +21,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..settings import top_k_of, top_p_of
-from ..errors import FastARError
-from ..model_loaders.shared.demo import DEMO_AR, DEMO_DD, DEMO_VAR, demo_image_decoder
-from ..pipeline import LoadedModels, check_image_decoder, class_conditioning, load_models
-from ..samplers.decoders import NEXT_SCALE, DecoderSpec, decode, decode_distilled, decode_next_scale
-from ..samplers.distilled import DDSettings
-from ..samplers.processing import SamplingSettings
-from .bench import (CHUNK, REAL_IMAGES, frechet_against, latency_note, quality, quality_panels, require_matplotlib,
+from ...settings import top_k_of, top_p_of
+from ...errors import FastARError
+from ...model_loaders.shared.demo import DEMO_AR, DEMO_DD, DEMO_VAR, demo_image_decoder
+from ...pipeline import LoadedModels, check_image_decoder, class_conditioning, load_models
+from ...samplers.decoders import NEXT_SCALE, DecoderSpec, decode, decode_distilled, decode_next_scale
+from ...samplers.distilled import DDSettings
+from ...samplers.processing import SamplingSettings
+from .common import (CHUNK, REAL_IMAGES, frechet_against, latency_note, quality, quality_panels, require_matplotlib,
                     save_panels)
 
 

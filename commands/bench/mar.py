@@ -18,14 +18,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..settings import cspd_from, masked_settings_from
-from ..errors import FastARError
-from ..model_loaders.shared.demo import DEMO_KL, DEMO_MAR
-from ..pipeline import class_conditioning, load_models
-from ..samplers.cspd import CSpDSettings
-from ..samplers.decoders import decode_masked
-from ..samplers.masked import MaskedSettings
-from .bench import (CHUNK, REAL_IMAGES, frechet_against, latency_note, quality, quality_panels, require_matplotlib,
+from ...settings import cspd_from, masked_settings_from
+from ...errors import FastARError
+from ...model_loaders.shared.demo import DEMO_KL, DEMO_MAR
+from ...pipeline import class_conditioning, load_models
+from ...samplers.cspd import CSpDSettings
+from ...samplers.decoders import decode_masked
+from ...samplers.masked import MaskedSettings
+from .common import (CHUNK, REAL_IMAGES, frechet_against, latency_note, quality, quality_panels, require_matplotlib,
                     save_panels)
 
 @dataclass(frozen=True)

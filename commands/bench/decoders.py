@@ -18,17 +18,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..settings import sampling_from, spec_from
-from ..errors import FastARError
-from ..model_loaders.drafters.small_ar import SmallARDrafter
-from ..model_loaders.shared.compiled import compiled_mode
-from ..model_loaders.shared.protocol import ClassConditioning, PromptConditioning
-from ..pipeline import class_conditioning, conditioning_type, load_models, outputs_to_images
-from ..samplers.decoders import DECODERS, LOSSLESS, NEEDS_DRAFTER, WITH_DRAFTER, DecoderSpec, decode
-from ..samplers.processing import SamplingSettings
+from ...settings import sampling_from, spec_from
+from ...errors import FastARError
+from ...model_loaders.drafters.small_ar import SmallARDrafter
+from ...model_loaders.shared.compiled import compiled_mode
+from ...model_loaders.shared.protocol import ClassConditioning, PromptConditioning
+from ...pipeline import class_conditioning, conditioning_type, load_models
+from ...samplers.decoders import DECODERS, LOSSLESS, NEEDS_DRAFTER, WITH_DRAFTER, DecoderSpec, decode
+from ...samplers.processing import SamplingSettings
+from .common import CHUNK, REAL_IMAGES, frechet_against, quality, quality_panels, require_matplotlib, save_panels
 
-CHUNK = 16  # rows per batched quality run
-REAL_IMAGES = 512
 WINDOW_COSTS = (1, 2, 4, 8, 16, 32)
 SWEEP_GROUPS = (1, 3, 10, 25, 50, 100)
 SWEEP_WINDOWS = (4, 8, 16, 32)
@@ -103,15 +102,6 @@ def sample_many(models, sampling, entry: Entry, labels: list[int], seed: int):
         accepted += [c for it in stats.accepted_per_iteration for c in it if c > 0]
         drafter_forwards += stats.drafter_forwards
     return torch.cat(codes), row_forwards, accepted, drafter_forwards
-
-
-def quality(models, judge, codes: torch.Tensor, labels: list[int], reference_feats) -> dict:
-    from .classifier import classify, frechet_distance
-
-    images = outputs_to_images(models.vq, models.ar, codes)
-    preds, feats = classify(judge, images)
-    accuracy = float((np.asarray(preds) == np.asarray(labels)).mean())
-    return {"class_accuracy": accuracy, "frechet": frechet_distance(feats, reference_feats), "_feats": feats}
 
 
 def speed(row_forwards: list[int], accepted: list[int], num_tokens: int) -> dict:
@@ -340,52 +330,6 @@ def markdown(report: dict) -> str:
 def sweep_label(point: dict) -> str:
     source = " with the drafter" if point["drafter"] else ""
     return f"{point['series']}{source}: {point['slider']}={point['value']}"
-
-
-def frechet_against(results: dict, baseline: str) -> None:
-    """Each row's Frechet distance to the ``baseline`` row's images (``frechet_vs_BASELINE``); the features the
-    quality measure kept for it are dropped."""
-    from .classifier import frechet_distance
-
-    reference = results[baseline]["_feats"]
-    for r in results.values():
-        r[f"frechet_vs_{baseline}"] = frechet_distance(r.pop("_feats"), reference)
-
-
-def latency_note(report: dict) -> str:
-    return (f"Latency: batch 1, median of interleaved runs on {report['device']} ({report['machine']}), image "
-            f"decode excluded. The benchmark took {report['bench_time_s'] / 60:.1f} min.")
-
-
-def require_matplotlib() -> None:
-    """Fail before the long run, not after it, when the plot cannot be drawn."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise FastARError("the Pareto plot needs matplotlib, which FastAR does not install: pip install "
-                          "matplotlib, or run the benchmark with --no-pareto") from None
-
-
-def quality_panels():
-    """A figure with two panels side by side (class accuracy, Frechet distance), drawn off screen."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt.subplots(1, 2, figsize=(12, 4.6))
-
-
-def save_panels(fig, axes, title: str, path: Path) -> None:
-    """One legend under both panels (inside a panel it can hide a point: it hid plain AR's star), then save."""
-    import matplotlib.pyplot as plt
-
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
-    fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def plot_pareto(points: list[dict], results: dict, path: Path) -> None:
