@@ -225,7 +225,7 @@ def test_bench_sweeps_every_slider_and_plots_the_pareto_front(tmp_path, monkeypa
     from fastar.pipeline import load_models
     from fastar.samplers.decoders import DecoderSpec
     from fastar.samplers.processing import SamplingSettings
-    from fastar.commands import bench
+    from fastar.commands.bench import decoders as bench
     from fastar.commands.bench.classifier import classify, load_classifier
     from fastar.commands.bench.demo_data import make_batch
 
@@ -251,7 +251,7 @@ def test_bench_sweeps_every_slider_and_plots_the_pareto_front(tmp_path, monkeypa
 
 def test_bench_sweeps_only_the_decoders_asked_for():
     from fastar.samplers.decoders import DecoderSpec
-    from fastar.commands import bench
+    from fastar.commands.bench import decoders as bench
 
     def series(decoders):
         return {config[0] for config in bench.sweep_configs(DecoderSpec(), set(decoders), drafted=False)}
@@ -266,11 +266,11 @@ def test_bench_sweeps_only_the_decoders_asked_for():
 
 def test_bench_without_matplotlib_says_what_to_install(monkeypatch):
     from fastar.errors import FastARError
-    from fastar.commands import bench
+    from fastar.commands.bench import common
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     with pytest.raises(FastARError, match="pip install matplotlib, or run the benchmark with --no-pareto"):
-        bench.require_matplotlib()
+        common.require_matplotlib()
 
 
 def test_text_to_image_from_an_official_pickle_and_a_local_t5_folder(tmp_path):
