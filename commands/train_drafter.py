@@ -24,7 +24,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ..errors import FastARError
 from ..model_loaders import load_ar_model
@@ -36,8 +35,7 @@ from ..model_loaders.shared.protocol import ClassConditioning
 from ..pipeline import resolve_device
 from ..samplers.jacobi import ar_decode
 from ..samplers.processing import SamplingSettings
-from .training import cosine_lr, DATA_DIR, save_fp16, setup, Timer
-from .training import init_weights
+from .training import DATA_DIR, Timer, cosine_lr, init_weights, save_fp16, setup, train_step
 
 CFG_DROP = 0.1  # as the target was trained
 POLICY_WEIGHT = 0.1  # EAGLE's weight of the distribution loss against the feature loss
@@ -208,13 +206,9 @@ def train(args) -> dict:
         idx = torch.randint(0, len(tokens), (args.batch,), generator=gen)
         x, y = tokens[idx].long().to(device), labels[idx].to(device)
         drop = (torch.rand(args.batch, generator=gen) < CFG_DROP).to(device)
-        for group in opt.param_groups:
-            group["lr"] = cosine_lr(step, args.steps, args.lr, warmup=min(args.warmup, args.steps // 10 + 1))
         loss, _, _ = objective(target, ClassConditioning(y), x, drop, noise_gen)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_value_(params, 0.5)  # LANTERN's clipping
-        opt.step()
+        lr = cosine_lr(step, args.steps, args.lr, warmup=min(args.warmup, args.steps // 10 + 1))
+        train_step(opt, loss, lr, clip_value=0.5)  # LANTERN's clipping
         if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
             print(f"step {step + 1}/{args.steps} loss {loss.item():.4f} [{timer}]", flush=True)
 

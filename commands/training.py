@@ -55,13 +55,19 @@ def adamw(model: nn.Module, lr: float, weight_decay: float, betas=(0.9, 0.95)) -
                               {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=betas)
 
 
-def train_step(opt: torch.optim.Optimizer, loss: torch.Tensor, lr: float, clip: float) -> None:
-    """One optimiser step at learning rate ``lr`` on the gradients of ``loss``, clipped to norm ``clip``."""
+def train_step(opt: torch.optim.Optimizer, loss: torch.Tensor, lr: float, clip: float | None = None,
+               clip_value: float | None = None) -> None:
+    """One optimiser step at learning rate ``lr`` on the gradients of ``loss``: their norm clipped to ``clip``,
+    or each one to +-``clip_value`` (LANTERN's drafter), or neither."""
     for group in opt.param_groups:
         group["lr"] = lr
     opt.zero_grad(set_to_none=True)
     loss.backward()
-    nn.utils.clip_grad_norm_([p for group in opt.param_groups for p in group["params"]], clip)
+    params = [p for group in opt.param_groups for p in group["params"]]
+    if clip is not None:
+        nn.utils.clip_grad_norm_(params, clip)
+    if clip_value is not None:
+        nn.utils.clip_grad_value_(params, clip_value)
     opt.step()
 
 

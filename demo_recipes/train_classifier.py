@@ -19,7 +19,7 @@ from ..model_loaders.shared.demo import DEMO_CLASSIFIER, DEMO_VQ
 from ..commands.bench.classifier import DemoClassifier, classify, load_classifier
 from ..model_loaders import load_image_decoder
 from .demo_common import to_tensor
-from ..commands.training import cosine_lr, save_fp16, setup, Timer
+from ..commands.training import cosine_lr, save_fp16, setup, Timer, train_step
 from ..commands.bench.demo_data import CLASS_NAMES, balanced_labels, make_batch
 
 
@@ -54,13 +54,9 @@ def main(argv=None):
     for step in range(args.steps):
         real, y_real = make_batch(rng, args.batch)
         x, y = augment(to_tensor(real), gen), torch.from_numpy(y_real)
-        for group in opt.param_groups:
-            group["lr"] = cosine_lr(step, args.steps, args.lr, warmup=50, floor=0.01)
         logits, _ = model(x)
         loss = F.cross_entropy(logits, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        train_step(opt, loss, cosine_lr(step, args.steps, args.lr, warmup=50, floor=0.01))
         if (step + 1) % 50 == 0:
             acc = (logits.argmax(-1) == y).float().mean().item()
             print(f"step {step + 1}/{args.steps} loss {loss.item():.4f} batch acc {acc:.3f} [{timer}]", flush=True)

@@ -18,7 +18,7 @@ from ..model_loaders import load_image_decoder
 from ..model_loaders.shared.demo import DEMO_KL
 from ..model_loaders.mar.kl_vae import KLAutoencoder, KLConfig
 from .demo_common import OUT_DIR, psnr, to_uint8
-from ..commands.training import cosine_lr, save_fp16, setup, Timer
+from ..commands.training import cosine_lr, save_fp16, setup, Timer, train_step
 from . import autoencoder_data
 
 CONFIG = KLConfig(embed_dim=16, ch=64, ch_mult=(1, 1, 2, 2, 2), num_res_blocks=1, encoder_attn_levels=(),
@@ -53,18 +53,13 @@ def main(argv=None):
 
     for step in range(args.steps):
         x = autoencoder_data.crop_batch(pool, rng, args.batch, args.crop)
-        for group in opt.param_groups:
-            group["lr"] = cosine_lr(step, args.steps, args.lr, warmup=100)
         mean, logvar = model.encode_moments(x)
         z = mean + torch.exp(0.5 * logvar) * torch.randn_like(mean)
         recon = model.decode_latents(z)
         rec_loss = F.l1_loss(recon, x) + F.mse_loss(recon, x)
         kl = kl_divergence(mean, logvar)
         loss = rec_loss + args.kl_weight * kl
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        train_step(opt, loss, cosine_lr(step, args.steps, args.lr, warmup=100), clip=1.0)
         if (step + 1) % 50 == 0:
             print(f"step {step + 1}/{args.steps} loss {loss.item():.4f} rec {rec_loss.item():.4f} kl {kl.item():.3f} "
                   f"posterior std {torch.exp(0.5 * logvar).mean().item():.3f} [{timer}]", flush=True)

@@ -374,7 +374,7 @@ def train_model(cfg: MARConfig, diffusion, train, val, args, gen, timer, start: 
         posterior = means[idx].float() + std[idx] * torch.randn(std[idx].shape, generator=gen)
         loss = training_loss(model, diffusion, posterior * cfg.scale_factor, labels[idx], gen, args.repeats,
                              readouts=readouts, teacher=teacher)
-        train_step(opt, loss, cosine_lr(step, args.steps, args.lr, warmup=min(100, args.steps // 10)), GRAD_CLIP)
+        train_step(opt, loss, cosine_lr(step, args.steps, args.lr, warmup=min(100, args.steps // 10)), clip=GRAD_CLIP)
         # a fresh EMA warms up (short runs); a resumed one starts as the saved model and keeps it in its memory
         ema_update(ema, model, min(args.ema, (1 + step) / (10 + step)) if start is None else args.ema)
         if (step + 1) % 50 == 0:

@@ -30,7 +30,7 @@ from ..model_loaders.shared.demo import DEMO_KL, DEMO_VAR_VQVAE
 from ..model_loaders.var.vqvae import MultiScaleVQVAE, VQVAEConfig
 from . import autoencoder_data
 from .demo_common import psnr, to_tensor
-from ..commands.training import cosine_lr, save_fp16, setup, Timer
+from ..commands.training import cosine_lr, save_fp16, setup, Timer, train_step
 from ..commands.bench.demo_data import MAR_TOKEN, make_batch
 from .train_kl_vae import CONFIG as KL_CONFIG
 
@@ -123,14 +123,10 @@ def train_quantiser(model, latents, steps: int, batch: int, lr: float, gen, time
     usage = torch.zeros(model.cfg.codebook_size)
     for step in range(steps):
         f = latents[torch.randint(0, len(latents), (batch,), generator=gen)]
-        for group in opt.param_groups:
-            group["lr"] = cosine_lr(step, steps, lr, warmup=50)
         f_hat, used = quantise(model, f)
         usage += used
         loss = F.mse_loss(f_hat, f)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        train_step(opt, loss, cosine_lr(step, steps, lr, warmup=50))
         if (step + 1) % 200 == 0:
             reseeded = reseed_dead_codes(model, usage, residual_pool(f.detach()), gen) if step + 1 < steps * 0.8 else 0
             print(f"quantiser {step + 1}/{steps}: latent mse {loss.item():.4f} ({loss.item() / f.var().item():.1%} of the "
@@ -144,16 +140,11 @@ def train_decoder(model, images, latents, steps: int, batch: int, lr: float, gen
     for step in range(steps):
         idx = torch.randint(0, len(images), (batch,), generator=gen)
         x = images[idx]
-        for group in opt.param_groups:
-            group["lr"] = cosine_lr(step, steps, lr, warmup=50)
         with torch.no_grad():
             f_hat, _ = quantise(model, latents[idx])
         recon = model.decode(f_hat)
         loss = F.l1_loss(recon, x) + F.mse_loss(recon, x)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        train_step(opt, loss, cosine_lr(step, steps, lr, warmup=50), clip=1.0)
         if (step + 1) % 50 == 0:
             print(f"decoder {step + 1}/{steps}: loss {loss.item():.4f} [{timer}]", flush=True)
 

@@ -23,7 +23,7 @@ from ..model_loaders.shared.demo import DEMO_VQ
 from ..model_loaders.llamagen.vq import VQConfig, VQModel
 from ..model_loaders import load_image_decoder
 from .demo_common import OUT_DIR, psnr, to_uint8
-from ..commands.training import cosine_lr, save_fp16, setup, Timer
+from ..commands.training import cosine_lr, save_fp16, setup, Timer, train_step
 from . import autoencoder_data
 
 CONFIG = VQConfig(codebook_size=512, embed_dim=8, z_channels=64, ch=64, ch_mult=(1, 1, 2, 2), num_res_blocks=1,
@@ -76,8 +76,6 @@ def main(argv=None):
 
     for step in range(args.steps):
         x = autoencoder_data.crop_batch(pool, rng, args.batch, args.crop)
-        for group in opt.param_groups:
-            group["lr"] = cosine_lr(step, args.steps, args.lr, warmup=100)
         # the codebook starts as random directions: latents of an untrained encoder are all alike,
         # so seeding codes from them would collapse the codebook
         z = model.encode_latent(x)
@@ -85,10 +83,7 @@ def main(argv=None):
         recon = model.decode_vectors(zq)
         rec_loss = F.l1_loss(recon, x) + F.mse_loss(recon, x)
         loss = rec_loss + vq_loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        train_step(opt, loss, cosine_lr(step, args.steps, args.lr, warmup=100), clip=1.0)
 
         usage += torch.bincount(codes.flatten(), minlength=CONFIG.codebook_size)
         if (step + 1) % 50 == 0:

@@ -9,7 +9,7 @@ import torch
 
 from fastar.demo_recipes import demo_common, train_mar, train_var
 from fastar.commands.bench.demo_data import MAR_TOKEN, make_batch, make_captioned_batch
-from fastar.model_loaders import load_ar_model
+from fastar.model_loaders import load_ar_model, load_image_decoder
 from fastar.model_loaders.shared.demo import DEMO_KL, DEMO_VAR_VQVAE, DEMO_VQ
 
 
@@ -54,3 +54,32 @@ def test_a_recipe_trains_saves_and_its_model_loads(recipe, args, tmp_path, monke
     module.main([*args, "--out", str(out)])
     model = load_ar_model(out)
     assert model.kind in ("token-ar", "next-scale") and all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("recipe, args", [
+    ("train_vq", ["--steps", "2", "--batch", "2", "--pool", "4"]),
+    ("train_kl_vae", ["--steps", "2", "--batch", "2", "--pool", "4"]),
+    ("train_var_vqvae", ["--steps", "2", "--batch", "2", "--pool", "8", "--quantiser-steps", "2"]),
+])
+def test_an_autoencoder_recipe_trains_saves_and_its_decoder_loads(recipe, args, tmp_path, monkeypatch):
+    """Two steps of each autoencoder recipe's loops (the shared optimiser step), its file loadable as an image
+    decoder whose codes or latents decode to finite images, its preview written where previews go."""
+    module = importlib.import_module(f"fastar.demo_recipes.{recipe}")
+    if hasattr(module, "OUT_DIR"):
+        monkeypatch.setattr(module, "OUT_DIR", tmp_path / "previews")
+    out = tmp_path / f"{recipe}.safetensors"
+    module.main([*args, "--out", str(out)])
+    decoder = load_image_decoder(out)
+    assert all(torch.isfinite(p).all() for p in decoder.parameters())
+    assert not hasattr(module, "OUT_DIR") or any((tmp_path / "previews").glob("*.png"))
+
+
+def test_the_classifier_recipe_trains_saves_and_its_judge_loads(tmp_path):
+    from fastar.commands.bench.classifier import classify, load_classifier
+    from fastar.demo_recipes import train_classifier
+
+    out = tmp_path / "judge.safetensors"
+    train_classifier.main(["--steps", "2", "--batch", "8", "--out", str(out)])
+    images, _ = make_batch(np.random.default_rng(0), 4)
+    preds, feats = classify(load_classifier(out), images)
+    assert len(preds) == 4 and torch.isfinite(torch.as_tensor(feats)).all()
