@@ -21,15 +21,19 @@ def parser(description: str, *, steps: int, lr: float, out: str) -> argparse.Arg
     p.add_argument("--lr", type=float, default=lr)
     p.add_argument("--pool", type=int, default=2048, help="procedural images to crop from")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--texture", type=float, default=0.0,
+                   help="the images' texture, its largest excursion in 8-bit levels (0: flat colours)")
     p.add_argument("--out", default=out)
     return p
 
 
-def images(seed: int, pool_size: int) -> tuple[np.random.Generator, np.ndarray, torch.Tensor]:
+def images(seed: int, pool_size: int, texture_levels: float = 0.0) -> tuple[np.random.Generator, np.ndarray, torch.Tensor]:
     """The crop generator, the pool of training images and the held-out images (their own seed)."""
     rng = np.random.default_rng(seed)
-    pool, _ = make_batch(rng, pool_size)
-    held_out = to_tensor(make_batch(np.random.default_rng(10_000 + seed), HELD_OUT, balanced_labels(HELD_OUT))[0])
+    texture = texture_levels / 255
+    pool, _ = make_batch(rng, pool_size, texture=texture)
+    held_out = to_tensor(make_batch(np.random.default_rng(10_000 + seed), HELD_OUT, balanced_labels(HELD_OUT),
+                                    texture=texture)[0])
     return rng, pool, held_out
 
 

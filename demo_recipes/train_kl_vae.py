@@ -46,7 +46,7 @@ def main(argv=None):
 
     setup(args.seed)
     timer = Timer()
-    rng, pool, held_out = autoencoder_data.images(args.seed, args.pool)
+    rng, pool, held_out = autoencoder_data.images(args.seed, args.pool, args.texture)
     model = KLAutoencoder(CONFIG)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0)
     print(f"KL VAE {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, pool ready in {timer}")

@@ -11,9 +11,12 @@ Training sees random 64x64 crops: 4x cheaper than whole images (the nets are con
 fastest per CPU second.
 Losses: L1 + MSE reconstruction, codebook and commitment terms on L2-normalised vectors (the codebook
 is normalised at lookup, so quantisation happens on the sphere), straight-through gradients. Codes
-unused since the last check are re-seeded from batch latents to keep the codebook in use.
+unused since the last check are re-seeded from batch latents to keep the codebook in use, until 85% of
+the steps (then the codebook settles).
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -64,15 +67,19 @@ def codes_per_flat_colour(images: torch.Tensor, codes: torch.Tensor, patch: int)
 
 def main(argv=None):
     p = autoencoder_data.parser(__doc__, steps=1800, lr=3e-4, out=str(DEMO_VQ))
+    p.add_argument("--codebook", type=int, default=CONFIG.codebook_size, help="codes in the codebook")
     args = p.parse_args(argv)
+    config = replace(CONFIG, codebook_size=args.codebook)
 
     setup(args.seed)
     timer = Timer()
-    rng, pool, held_out = autoencoder_data.images(args.seed, args.pool)
-    model = VQModel(CONFIG)
+    rng, pool, held_out = autoencoder_data.images(args.seed, args.pool, args.texture)
+    model = VQModel(config)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    usage = torch.zeros(CONFIG.codebook_size)
+    usage = torch.zeros(config.codebook_size)
     print(f"VQ {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, pool ready in {timer}")
+    # codes unused over this many steps are re-seeded: about 50 tokens per code, whatever the codebook's size
+    reseed_every = max(50, 50 * config.codebook_size // 512)
 
     for step in range(args.steps):
         x = autoencoder_data.crop_batch(pool, rng, args.batch, args.crop)
@@ -85,20 +92,20 @@ def main(argv=None):
         loss = rec_loss + vq_loss
         train_step(opt, loss, cosine_lr(step, args.steps, args.lr, warmup=100), clip=1.0)
 
-        usage += torch.bincount(codes.flatten(), minlength=CONFIG.codebook_size)
-        if (step + 1) % 50 == 0:
+        usage += torch.bincount(codes.flatten(), minlength=config.codebook_size)
+        if (step + 1) % reseed_every == 0:
             dead = (usage == 0).nonzero().flatten()
-            if len(dead):
-                flat = F.normalize(z.detach(), dim=1).permute(0, 2, 3, 1).reshape(-1, CONFIG.embed_dim)
+            if len(dead) and step < 0.85 * args.steps:  # then the codebook settles
+                flat = F.normalize(z.detach(), dim=1).permute(0, 2, 3, 1).reshape(-1, config.embed_dim)
                 pick = torch.randint(0, len(flat), (len(dead),))
-                model.quantize.embedding.weight.data[dead] = flat[pick] + 0.01 * torch.randn(len(dead), CONFIG.embed_dim)
+                model.quantize.embedding.weight.data[dead] = flat[pick] + 0.01 * torch.randn(len(dead), config.embed_dim)
             print(f"step {step + 1}/{args.steps} loss {loss.item():.4f} rec {rec_loss.item():.4f} "
-                  f"vq {vq_loss.item():.4f} used {int((usage > 0).sum())}/{CONFIG.codebook_size} "
-                  f"reseeded {len(dead)} [{timer}]", flush=True)
+                  f"vq {vq_loss.item():.4f} used {int((usage > 0).sum())}/{config.codebook_size} "
+                  f"unused {len(dead)} [{timer}]", flush=True)
             usage.zero_()
 
     model.eval()
-    save_fp16(model, CONFIG, args.out)
+    save_fp16(model, config, args.out)
     saved = load_image_decoder(args.out)
     result = evaluate(saved, held_out)
     recon = result["recon"]

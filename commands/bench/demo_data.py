@@ -4,8 +4,12 @@ Every image is drawn from a ``numpy.random.Generator``, so a seed fixes the data
 signed-distance masks with a one-pixel soft edge, painted in one colour over a flat background of the
 complementary colour; colours, position, size and period vary within a class, and stripes and
 checkerboards turn. Squares, triangles and crosses stand upright and stripe/checker cells span at least
-two 8-pixel tokens: a small AR model trained for minutes on a CPU then draws them crisply. No noise on
-purpose: it would cost VQ codes and AR capacity without making the classes any more interesting.
+two 8-pixel tokens: a small AR model trained for minutes on a CPU then draws them crisply.
+
+``texture``: fine luminance texture over both regions (``texture_field``), different in every image, the way
+photographs carry texture that many codes encode about equally well: it is what makes a real AR model's next
+token ambiguous (LANTERN's "token selection ambiguity"). 0 draws the flat images the first demo models were
+trained on (and draws nothing from the generator for it, so their data sets stay the same).
 """
 from __future__ import annotations
 
@@ -117,16 +121,37 @@ def caption(label: int, background_bits) -> str:
     return f"a {COLOUR_NAMES[fg]} {CLASS_NAMES[label]} on a {COLOUR_NAMES[bg]} background"
 
 
+TEXTURE = 20 / 255  # the texture's largest excursion: shapes and palettes stay unmistakable
+GRAIN_SCALES = (0.7, 2.5)  # pixels: the range of the texture's correlation length, from grain to blotches
+SHADING = 8 / 255  # the largest excursion of the soft shading across the image
+
+
+def texture_field(rng, n: int, amplitude: float) -> np.ndarray:
+    """[n, SIZE, SIZE] luminance offsets within +-``amplitude``: Gaussian noise smoothed at a scale drawn per
+    image (``GRAIN_SCALES``), at a strength drawn per image, plus a soft linear shading in a random direction."""
+    scale = _col(rng.uniform(*GRAIN_SCALES, n))
+    fy, fx = np.meshgrid(np.fft.fftfreq(SIZE), np.fft.fftfreq(SIZE), indexing="ij")
+    smoothing = np.exp(-2 * np.pi ** 2 * scale ** 2 * (fx ** 2 + fy ** 2)[None])
+    noise = np.fft.ifft2(np.fft.fft2(rng.standard_normal((n, SIZE, SIZE))) * smoothing).real
+    noise /= noise.std(axis=(1, 2), keepdims=True)
+    strength = _col(rng.uniform(0.25, 0.5, n)) * amplitude  # the noise's standard deviation
+    angle = rng.uniform(0, 2 * np.pi, n)
+    ramp = (_col(np.cos(angle)) * (_X - SIZE / 2) + _col(np.sin(angle)) * (_Y - SIZE / 2)) / (SIZE / 2)
+    shading = _col(rng.uniform(0, 1, n)) * min(SHADING, amplitude) * ramp
+    return np.clip(noise * strength + shading, -amplitude, amplitude).astype(np.float32)
+
+
 MAR_TOKEN = 16  # pixels per latent token of the MAR demo's KL autoencoder: its images are drawn for 16
 
 
-def make_batch(rng: np.random.Generator, n: int, classes=None, token: int = 8):
+def make_batch(rng: np.random.Generator, n: int, classes=None, token: int = 8, texture: float = 0.0):
     """``n`` images (uint8 [n, 128, 128, 3]) and their labels (int64 [n]); see ``make_captioned_batch``."""
-    images, labels, _ = make_captioned_batch(rng, n, classes, token)
+    images, labels, _ = make_captioned_batch(rng, n, classes, token, texture=texture)
     return images, labels
 
 
-def make_captioned_batch(rng: np.random.Generator, n: int, classes=None, token: int = 8, backgrounds=None):
+def make_captioned_batch(rng: np.random.Generator, n: int, classes=None, token: int = 8, backgrounds=None,
+                         texture: float = 0.0):
     """``n`` images (uint8 [n, 128, 128, 3]), their labels (int64 [n]) and captions (``caption``).
 
     ``token``: the pixels per token of the model the images are for. The smallest shapes, rings, arms and
@@ -134,7 +159,8 @@ def make_captioned_batch(rng: np.random.Generator, n: int, classes=None, token: 
     models' data, is the default; the MAR demo's 16-pixel latents take 16).
 
     ``classes``: labels to draw (array of length ``n``); default uniform over ``CLASS_NAMES``.
-    ``backgrounds``: background RGB corners ([n, 3] of 0/1) to draw instead of random ones."""
+    ``backgrounds``: background RGB corners ([n, 3] of 0/1) to draw instead of random ones.
+    ``texture``: the texture's largest excursion (``TEXTURE`` for the textured demo; 0: flat colours)."""
     labels = rng.integers(0, len(CLASS_NAMES), n) if classes is None else np.asarray(classes, dtype=np.int64)
     mask = np.empty((n, SIZE, SIZE), np.float32)
     for k, draw in enumerate(_DRAW):
@@ -144,6 +170,8 @@ def make_captioned_batch(rng: np.random.Generator, n: int, classes=None, token: 
     bits = _colour_bits(rng, n) if backgrounds is None else np.asarray(backgrounds, dtype=np.float32)
     bg, fg = LOW + (HIGH - LOW) * bits, LOW + (HIGH - LOW) * (1 - bits)
     img = bg[:, None, None] * (1 - mask[..., None]) + fg[:, None, None] * mask[..., None]
+    if texture > 0:
+        img = img + texture_field(rng, n, texture)[..., None]
     captions = [caption(int(label), b) for label, b in zip(labels, bits)]
     return (img * 255 + 0.5).clip(0, 255).astype(np.uint8), labels.astype(np.int64), captions
 

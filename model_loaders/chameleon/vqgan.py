@@ -61,10 +61,8 @@ class Quantize(nn.Module):
         self.embedding = nn.Embedding(codes, width)
 
     def nearest(self, z: torch.Tensor) -> torch.Tensor:
-        """Codes ``[B, h, w]`` of latents ``[B, C, h, w]``: the nearest code vector (lowest index on ties)."""
-        flat = z.permute(0, 2, 3, 1).reshape(-1, z.shape[1])
-        distances = flat.pow(2).sum(1, keepdim=True) + self.embedding.weight.pow(2).sum(1) - 2 * flat @ self.embedding.weight.T
-        return distances.argmin(1).view(z.shape[0], *z.shape[2:])
+        """Codes ``[B, h, w]`` of latents ``[B, C, h, w]``."""
+        return nearest_codes(z, self.embedding.weight)
 
 
 class VQGAN(nn.Module):

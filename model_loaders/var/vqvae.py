@@ -84,11 +84,8 @@ class MultiScaleQuantizer(nn.Module):
         self.quant_resi = PhiShared(cfg.z_channels, cfg.phis, cfg.resi_ratio)
 
     def nearest(self, z: torch.Tensor) -> torch.Tensor:
-        """Codes ``[B, h, w]`` of ``[B, C, h, w]``: the nearest code vector in squared L2 (lowest index on ties)."""
-        flat = z.permute(0, 2, 3, 1).reshape(-1, z.shape[1]).float()
-        book = self.embedding.weight.float()
-        distances = flat.pow(2).sum(1, keepdim=True) + book.pow(2).sum(1) - 2 * flat @ book.T
-        return distances.argmin(1).view(z.shape[0], *z.shape[2:])
+        """Codes ``[B, h, w]`` of ``[B, C, h, w]``."""
+        return nearest_codes(z, self.embedding.weight)
 
     def add_scale(self, f_hat: torch.Tensor, h: torch.Tensor, scale: int, scales: int) -> torch.Tensor:
         """f_hat plus scale ``scale``'s contribution, its code vectors ``h`` [B, C, pn, pn]."""
