@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 from ..model_loaders import load_image_decoder
 from ..model_loaders.shared.demo import DEMO_KL
-from ..model_loaders.mar.kl_vae import KLAutoencoder, KLConfig
+from ..model_loaders.mar.kl_vae import KLAutoencoder
+from ..model_loaders.shared.ldm_blocks import KLConfig
 from .demo_common import OUT_DIR, psnr, to_uint8
 from ..commands.training import cosine_lr, save_fp16, setup, Timer, train_step
 from . import autoencoder_data

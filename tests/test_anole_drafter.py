@@ -107,7 +107,8 @@ def test_the_drafter_reads_the_targets_windows_as_the_reference_does(reference, 
 
 
 def test_spec_and_lantern_with_the_drafter_run_from_the_command_line(folders, drafter_files, tmp_path):
-    from fastar.model_loaders.chameleon.vqgan import VQGAN, VQGANConfig
+    from fastar.model_loaders.chameleon.vqgan import VQGAN
+    from fastar.model_loaders.shared.ldm_blocks import VQGANConfig
 
     vqgan = tmp_path / "vqgan.ckpt"
     torch.manual_seed(0)

@@ -142,7 +142,8 @@ def test_the_command_line_draws_from_prompts_with_every_token_decoder(folder, tm
     import subprocess
     import sys
 
-    from fastar.model_loaders.chameleon.vqgan import VQGAN, VQGANConfig
+    from fastar.model_loaders.chameleon.vqgan import VQGAN
+    from fastar.model_loaders.shared.ldm_blocks import VQGANConfig
 
     if "anole" in folder.name:
         pytest.skip("one layout is enough for the command line")

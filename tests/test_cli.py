@@ -216,7 +216,11 @@ def test_bench_smoke_writes_json_and_markdown(tmp_path):
     assert report["results"]["ar"]["step_compression"] == pytest.approx(256 / 255)
     assert report["results"]["ar"]["latency_ratio"] == pytest.approx(1.0)
     assert report["results"]["sjd"]["step_compression"] > 1.2
+    assert report["results"]["ar"]["first_draft_acceptance"] == 0 < report["results"]["spec"]["first_draft_acceptance"]
+    assert 0 < report["ambiguity"]["top1_probability"] < 1 and report["ambiguity"]["entropy_nats"] > 0
+    assert report["ambiguity"]["samples"] == 2
     assert (tmp_path / "b" / "bench.md").read_text().startswith("# FastAR benchmark")
+    assert "mean top-1 probability" in (tmp_path / "b" / "bench.md").read_text()
     assert not (tmp_path / "b" / "pareto.png").exists()
 
 

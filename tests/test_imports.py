@@ -1,7 +1,8 @@
 """The package's imports, read from its source (ast): no circle anywhere (a function-level import counts: it is
 still a circle of purposes), and none running up the layers of ARCHITECTURE (docs: architecture.md): samplers
 know nothing of nodes, the command line or the commands; model_loaders nothing of samplers either; the runtime
-nothing of the commands, the demo recipes or the test harness."""
+nothing of the commands, the demo recipes or the test harness. Inside model_loaders, a family package uses only
+what families share (model_loaders/shared) and its kin (a DD student its teacher's blocks)."""
 import ast
 from pathlib import Path
 
@@ -79,6 +80,30 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+FAMILIES = ("llamagen", "chameleon", "janus", "mar", "var", "dd")  # model_loaders' family packages
+KIN = {"dd": ("llamagen",), "var": ("dd",)}  # DD students build on LlamaGen's blocks; VAR-DD on DD's head
+
+
+def family_of(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 2 and parts[0] == "model_loaders" and parts[1] in (*FAMILIES, "shared") else None
+
+
+def cross_family_imports(graph: dict[str, set[str]]) -> list[str]:
+    """A family uses only what families share (model_loaders.shared) and its own kin; shared uses no family."""
+    wrong = []
+    for name, targets in graph.items():
+        family = family_of(name)
+        if family is None:
+            continue
+        allowed = ("shared", family) if family != "shared" else ("shared",)
+        allowed += KIN.get(family, ())
+        wrong += [f"{name} -> {t}" for t in targets
+                  if within(t, ("model_loaders",)) and t != "model_loaders"
+                  and not within(t, tuple(f"model_loaders.{a}" for a in allowed))]
+    return wrong
+
+
 def within(name: str, prefixes) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
@@ -104,6 +129,10 @@ def test_no_import_runs_up_the_layers():
     assert upward_imports(import_graph()) == []
 
 
+def test_families_share_only_through_model_loaders_shared():
+    assert cross_family_imports(import_graph()) == []
+
+
 def test_the_checks_see_a_circle_and_an_upward_import_added_on_purpose(tmp_path):
     """A copy of the package with ``samplers.jacobi`` importing the CLI, which imports the samplers."""
     for path in package_modules().values():
@@ -115,3 +144,12 @@ def test_the_checks_see_a_circle_and_an_upward_import_added_on_purpose(tmp_path)
     graph = import_graph(tmp_path)
     assert any("samplers.jacobi" in group and "cli" in group for group in circles(graph))
     assert "samplers.jacobi -> cli" in upward_imports(graph)
+
+
+def test_the_family_check_sees_a_family_borrowing_from_another():
+    graph = import_graph()
+    assert cross_family_imports(graph) == []
+    graph["model_loaders.janus.model"] = graph["model_loaders.janus.model"] | {"model_loaders.chameleon.model"}
+    graph["model_loaders.shared.protocol"] = graph["model_loaders.shared.protocol"] | {"model_loaders.mar.model"}
+    assert set(cross_family_imports(graph)) == {"model_loaders.janus.model -> model_loaders.chameleon.model",
+                                                "model_loaders.shared.protocol -> model_loaders.mar.model"}

@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch.testing import assert_close
 
 from fastar.model_loaders.llamagen import model as llamagen_gpt
-from fastar.model_loaders.llamagen.model import Attention, RMSNorm, apply_rope, rope_2d_table
+from fastar.model_loaders.llamagen.model import Attention, apply_rope, rope_2d_table
+from fastar.model_loaders.shared.transformer import RMSNorm
 from fastar.model_loaders.shared.protocol import CaptionConditioning, ClassConditioning
 from tiny_llamagen import NUM_CLASSES, tiny_conditioning, tiny_config, tiny_model, tiny_tokens
 

@@ -6,7 +6,8 @@ import torch
 
 from fastar.errors import FastARError
 from fastar.model_loaders import load_image_decoder
-from fastar.model_loaders.chameleon.vqgan import VQGAN, VQGANConfig
+from fastar.model_loaders.chameleon.vqgan import VQGAN
+from fastar.model_loaders.shared.ldm_blocks import VQGANConfig
 from fastar.tests.tiny_chameleon import hf_model, write_folder
 
 

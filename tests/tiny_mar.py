@@ -7,7 +7,8 @@ import argparse
 
 import torch
 
-from fastar.model_loaders.mar.kl_vae import KLAutoencoder, KLConfig
+from fastar.model_loaders.mar.kl_vae import KLAutoencoder
+from fastar.model_loaders.shared.ldm_blocks import KLConfig
 from fastar.model_loaders.mar.model import MAR, MARConfig
 
 KL = KLConfig(embed_dim=4, ch=32, ch_mult=(1, 2), num_res_blocks=1, encoder_attn_levels=(), decoder_attn_levels=())

@@ -1,10 +1,11 @@
 """``python -m fastar bench``: decoders side by side on one model, same classes and seeds (bench.md).
 
 Measures, per decoder: step compression (image tokens per target forward, per row), mean accepted
-tokens per iteration, latency ratio against plain AR (batch 1 with CFG, interleaved runs, medians,
-VQ decode excluded), class accuracy and a Frechet distance in the demo classifier's feature space
+tokens per iteration, the share of iterations that kept their first draft, latency ratio against plain AR
+(batch 1 with CFG, interleaved runs, medians, VQ decode excluded), class accuracy and a Frechet distance in the demo classifier's feature space
 (against real procedural images and against plain AR's samples), the window cost c(W), slider
-sweeps for the Pareto plot, and the total-variation distance of relaxed decoders on the toy model.
+sweeps for the Pareto plot, and the total-variation distance of relaxed decoders on the toy model; per model,
+how ambiguous its next token is (ambiguity.py).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from ...model_loaders.shared.protocol import ClassConditioning, PromptConditioni
 from ...pipeline import class_conditioning, conditioning_type, load_models
 from ...samplers.decoders import DECODERS, LOSSLESS, NEEDS_DRAFTER, WITH_DRAFTER, DecoderSpec, decode
 from ...samplers.processing import SamplingSettings
+from .ambiguity import first_draft_acceptance, next_token_ambiguity
 from .common import CHUNK, REAL_IMAGES, frechet_against, quality, quality_panels, require_matplotlib, save_panels
 
 WINDOW_COSTS = (1, 2, 4, 8, 16, 32)
@@ -104,10 +106,21 @@ def sample_many(models, sampling, entry: Entry, labels: list[int], seed: int):
     return torch.cat(codes), row_forwards, accepted, drafter_forwards
 
 
+def ambiguity_along(models, sampling, codes: torch.Tensor, labels: list[int]) -> dict:
+    """The target's next-token ambiguity along its own samples ``codes``, averaged over them."""
+    per_sample = {"top1_probability": [], "entropy_nats": []}
+    for start in range(0, len(labels), CHUNK):
+        cond = demo_rows(models.ar, labels[start : start + CHUNK], start)
+        for key, values in next_token_ambiguity(models.ar, cond, sampling, codes[start : start + CHUNK]).items():
+            per_sample[key] += values
+    return {key: float(np.mean(values)) for key, values in per_sample.items()} | {"samples": len(labels)}
+
+
 def speed(row_forwards: list[int], accepted: list[int], num_tokens: int) -> dict:
     return {
         "step_compression": num_tokens * len(row_forwards) / sum(row_forwards),
         "mean_accepted": float(np.mean(accepted)),
+        "first_draft_acceptance": first_draft_acceptance(accepted),
         "accepted_histogram": np.bincount(accepted).tolist(),
     }
 
@@ -246,6 +259,8 @@ def run_bench(args) -> dict:
         print(f"[bench] {name}: {args.samples} samples", flush=True)
         entry_started = time.perf_counter()
         codes, forwards, accepted, drafter_forwards = sample_many(models, sampling, entry, labels, args.seed)
+        if name == "ar":
+            ambiguity = ambiguity_along(models, sampling, codes, labels)
         results[name] = {"lossless": LOSSLESS[entry.spec.decoder], "spec": entry.spec.as_dict(),
                          "drafter": models.drafter.name if entry.drafted else None,
                          "drafter_forwards_per_image": drafter_forwards / len(labels),
@@ -270,6 +285,7 @@ def run_bench(args) -> dict:
         "samples": args.samples,
         "sampling": asdict(sampling),
         "results": results,
+        "ambiguity": ambiguity,
         "window_cost": window_costs(models.ar, sampling.use_cfg),
     }
     decoders = {entry.spec.decoder for entry in entries.values()}
@@ -296,17 +312,22 @@ def markdown(report: dict) -> str:
         + (f", compiled steps ({report['compiled']})" if report.get("compiled") else "")
         + f", {report['samples']} samples per decoder)",
         "",
-        "| decoder | lossless | drafter | step compression | mean accepted | drafter forwards / image | latency ratio "
-        "| drafter share of time | class accuracy | Frechet (real) | Frechet (vs AR) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| decoder | lossless | drafter | step compression | mean accepted | first draft kept | drafter forwards / "
+        "image | latency ratio | drafter share of time | class accuracy | Frechet (real) | Frechet (vs AR) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in report["results"].items():
+        kept = "-" if name == "ar" else f"{100 * r['first_draft_acceptance']:.1f}%"
         lines.append(
             f"| {name} | {'yes' if r['lossless'] else 'no'} | {r['drafter'] or '-'} | {r['step_compression']:.2f}x | "
-            f"{r['mean_accepted']:.2f} | {r['drafter_forwards_per_image']:.0f} | {r['latency_ratio']:.2f}x | "
+            f"{r['mean_accepted']:.2f} | {kept} | {r['drafter_forwards_per_image']:.0f} | {r['latency_ratio']:.2f}x | "
             f"{100 * r['drafter_time_share']:.0f}% | {100 * r['class_accuracy']:.1f}% | {r['frechet']:.2f} | "
             f"{r['frechet_vs_ar']:.2f} |"
         )
+    ambiguity = report["ambiguity"]
+    lines += ["", f"Next-token ambiguity of the model along plain AR's {ambiguity['samples']} samples (the distribution "
+                  f"the decoders sample from): mean top-1 probability {ambiguity['top1_probability']:.3f}, mean "
+                  f"entropy {ambiguity['entropy_nats']:.2f} nats."]
     costs = ", ".join(f"c({w})={c:.2f}" for w, c in report["window_cost"].items())
     lines += ["", f"Window cost on {report['device']} ({report['machine']}): {costs}. "
                   f"The benchmark took {report['bench_time_s'] / 60:.1f} min."]

@@ -31,8 +31,9 @@ from ...errors import FastARError
 from .model import ChameleonConfig, ChameleonGPT
 from ..shared.checkpoint import IMAGE_DECODER, CheckpointInfo, load_weights, read_json, require_family, select, shape_of
 from ..shared.protocol import PromptConditioning
-from ..shared.tokenizing import encode_text
-from .vqgan import VQGAN, VQGANConfig
+from ..shared.ldm_blocks import VQGANConfig
+from ..shared.tokenizing import encode_text, load_tokenizer, token_id
+from .vqgan import VQGAN
 
 BOI, EOI, ROW_END, TURN_END = "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>"
 IMAGE_NAME = re.compile(r"^IMGIMG([A-J]+)Z$")
@@ -51,10 +52,10 @@ def size_token(units: int) -> str:
 def image_codes(vocabulary_map: dict, source: str) -> list[int]:
     """The vocabulary id of each image code, in code order, from the ``IMGIMG...Z`` names."""
     by_code = {}
-    for name, token_id in vocabulary_map.items():
+    for name, vocab_id in vocabulary_map.items():
         match = IMAGE_NAME.match(name)
         if match:
-            by_code[int("".join(str(ord(c) - ord("A")) for c in match.group(1)))] = int(token_id)
+            by_code[int("".join(str(ord(c) - ord("A")) for c in match.group(1)))] = int(vocab_id)
     if not by_code or sorted(by_code) != list(range(len(by_code))):
         raise FastARError(f"{source}: config.json's vocabulary_map does not name the image codes 0..N-1 "
                           "(IMGIMG...Z entries): this is not a Chameleon-family image model, or its config is damaged")
@@ -82,27 +83,6 @@ class ChameleonPrompts:
             tokens = encode_text(self.tokenizer, text)
             ids.append(([self.bos] if self.bos is not None else []) + tokens)
         return ids
-
-
-def load_tokenizer(folder: Path, source: str):
-    from tokenizers import Tokenizer
-
-    path = folder / "tokenizer.json"
-    if not path.is_file():
-        raise FastARError(f"{source} has no tokenizer.json: copy the model's tokenizer files (tokenizer.json, "
-                          "tokenizer_config.json) from its release into the folder; nothing is downloaded")
-    try:
-        return Tokenizer.from_file(str(path))
-    except Exception as e:  # noqa: BLE001 - the tokenizers library raises plain Exceptions for bad files
-        raise FastARError(f"{source}/tokenizer.json cannot be read ({e}): re-download it") from e
-
-
-def token_id(tokenizer, name: str, source: str) -> int:
-    found = tokenizer.token_to_id(name)
-    if found is None:
-        raise FastARError(f"{source}: its tokenizer has no {name} token, which the image layout needs: this "
-                          "tokenizer belongs to another model")
-    return found
 
 
 def bos_token(folder: Path, tokenizer) -> int | None:

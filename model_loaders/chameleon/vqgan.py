@@ -7,52 +7,12 @@ not needed). The encoder is optional: decoding needs only the decoder; the text 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
 from ...errors import FastARError
-from ..mar.kl_vae import Decoder, Encoder, KLConfig
-
-
-@dataclass
-class VQGANConfig:
-    codebook_size: int = 8192
-    embed_dim: int = 256  # code width
-    z_channels: int = 256  # the decoder's latent width
-    ch: int = 128
-    ch_mult: tuple[int, ...] = (1, 1, 2, 2, 4)
-    num_res_blocks: int = 2
-    encoder_attn_levels: tuple[int, ...] = ()
-    decoder_attn_levels: tuple[int, ...] = ()
-    with_encoder: bool = True
-
-    def __post_init__(self):
-        for name in ("ch_mult", "encoder_attn_levels", "decoder_attn_levels"):
-            setattr(self, name, tuple(getattr(self, name)))
-
-    @property
-    def downsample(self) -> int:
-        return 2 ** (len(self.ch_mult) - 1)
-
-    def blocks(self) -> KLConfig:
-        """The encoder/decoder layout in the KL autoencoder's terms (its latent = the VQGAN's z)."""
-        return KLConfig(embed_dim=self.z_channels, ch=self.ch, ch_mult=self.ch_mult, num_res_blocks=self.num_res_blocks,
-                        encoder_attn_levels=self.encoder_attn_levels, decoder_attn_levels=self.decoder_attn_levels,
-                        with_encoder=self.with_encoder)
-
-    @classmethod
-    def from_state_dict(cls, sd: dict, source: str, what: str = "a VQGAN", **extra) -> "VQGANConfig":
-        try:
-            kl = KLConfig.from_state_dict(sd, source)  # its "embed_dim" is the decoder's latent width
-            codebook = sd["quantize.embedding.weight"]
-        except KeyError as e:
-            raise FastARError(f"{source} looks like {what} but lacks {e.args[0]}: the file is incomplete, "
-                              "re-download it") from None
-        return cls(codebook_size=codebook.shape[0], embed_dim=codebook.shape[1], z_channels=kl.embed_dim, ch=kl.ch,
-                   ch_mult=kl.ch_mult, num_res_blocks=kl.num_res_blocks, encoder_attn_levels=kl.encoder_attn_levels,
-                   decoder_attn_levels=kl.decoder_attn_levels, with_encoder=kl.with_encoder, **extra)
+from ..shared.codebook import nearest_codes
+from ..shared.ldm_blocks import Decoder, Encoder, VQGANConfig
 
 
 class Quantize(nn.Module):

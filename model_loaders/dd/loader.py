@@ -14,17 +14,8 @@ import torch
 
 from ..shared.checkpoint import CheckpointInfo
 from .student import DEFAULT_T2, OFFICIAL_SPLITS, DDStudent, DDStudentConfig
-from ..llamagen.loader import (
-    DOWNSAMPLE,
-    build_and_load,
-    checkpoint_of,
-    first_setting,
-    grid_for,
-    grid_of,
-    head_count,
-    saved_config,
-    weight_shape,
-)
+from ..llamagen.loader import DOWNSAMPLE, grid_for, grid_of, head_count, saved_config
+from ..shared.building import build_and_load, checkpoint_of, first_setting, weight_shape
 
 DD_IMAGE_SIZE = 256  # every released LlamaGen-DD student
 

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...errors import FastARError
-from ..llamagen.model import LabelEmbedding, LlamaGenConfig, RMSNorm, TransformerBlock, rope_2d_table
+from ..llamagen.model import LabelEmbedding, LlamaGenConfig, TransformerBlock, rope_2d_table
+from ..shared.transformer import RMSNorm
 
 # The split points of the released students, by (layers, width): positions before it take the logits'
 # greedy code, the others the continuous output.

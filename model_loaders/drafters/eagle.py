@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...errors import FastARError
-from ..llamagen.model import KVCache, RMSNorm, attention_mask, rope_2d_table, rope_attention
+from ..llamagen.model import rope_2d_table, rope_attention
+from ..shared.transformer import KVCache, RMSNorm, attention_mask
 from ..shared.llm_decoder import DecoderConfig, DecoderLayer, rope_tables
 from ..shared.protocol import ModelOutput
 

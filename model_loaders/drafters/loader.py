@@ -19,7 +19,7 @@ from .small_ar import SmallARDrafter
 from ..shared.checkpoint import AR_MODEL, FAMILY_KIND, FAMILY_WHAT, CheckpointInfo, detect_family, read_json, read_state_dict, sample_keys
 from ..chameleon.model import ChameleonGPT
 from .eagle import EagleConfig, EagleDrafter, EagleHead, LayoutEagleDrafter
-from ..llamagen.loader import build_and_load, weight_shape
+from ..shared.building import build_and_load, weight_shape
 from ..shared.demo import DEMO_DRAFTER, DEMO_MAR_DRAFT
 from ..llamagen.model import LlamaGenGPT
 from ..mar.loader import load_mar_draft

@@ -14,7 +14,7 @@ import re
 import torch
 
 from ...errors import FastARError
-from ..chameleon.loader import load_tokenizer, token_id
+from ..shared.tokenizing import load_tokenizer, token_id
 from ..shared.checkpoint import CheckpointInfo, load_weights, read_json, select, shape_of
 from .model import JanusConfig, JanusGPT
 from ..shared.llm_decoder import DecoderConfig

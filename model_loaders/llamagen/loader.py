@@ -16,21 +16,11 @@ import warnings
 from collections.abc import Mapping
 
 import torch
-from torch import nn
 
 from ...errors import FastARError, FastARWarning
-from ..shared.checkpoint import (
-    AR_MODEL,
-    IMAGE_DECODER,
-    WEIGHT_SUFFIXES,
-    CheckpointInfo,
-    clean_state_dict,
-    has_prefix,
-    load_weights,
-    read_state_dict,
-    require_family,
-    unwrap_checkpoint,
-)
+from ..shared.building import (build_and_load, checkpoint_of, config_from_metadata, first_setting, official_heads,
+                               weight_shape, where_config_goes)
+from ..shared.checkpoint import AR_MODEL, IMAGE_DECODER, CheckpointInfo, has_prefix, require_family
 from .model import LlamaGenConfig, LlamaGenGPT
 from .vq import VQConfig, VQModel
 
@@ -81,33 +71,7 @@ def load_vq(path_or_state_dict, *, device="cpu", dtype=torch.float32,
     return build_and_load(VQModel, vq_config(sd, info), sd, info.source, device, dtype)
 
 
-def checkpoint_of(path_or_state_dict, info: CheckpointInfo | None):
-    if not isinstance(path_or_state_dict, Mapping):
-        return read_state_dict(path_or_state_dict)
-    tensors, args = unwrap_checkpoint(path_or_state_dict)
-    info = info or CheckpointInfo(source="the given state dict", args=args)
-    return clean_state_dict(tensors, info.source), info
-
-
-def build_and_load(model_class, cfg, sd, source: str, device, dtype) -> nn.Module:
-    try:
-        with torch.device("meta"):
-            model = model_class(cfg)
-    except ValueError as e:
-        raise FastARError(f"{source}: {e}; the config saved with the weights does not fit them") from e
-    load_weights(model, sd, source)
-    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
-
-
 # -- configs -------------------------------------------------------------------------------------
-
-
-def config_from_metadata(config_class, saved: dict, source: str):
-    try:
-        return config_class(**saved)
-    except TypeError as e:
-        raise FastARError(f"{source}: its fastar_config metadata does not fit this FastAR version ({e}): "
-                          "update FastAR, or re-create the file with this version") from e
 
 
 def saved_config(config_class, info: CheckpointInfo, image_size: int | None):
@@ -167,16 +131,6 @@ def llamagen_config(sd, info: CheckpointInfo, image_size: int | None = None) -> 
     )
 
 
-def weight_shape(sd, key: str, source: str) -> torch.Size:
-    if key not in sd:
-        raise FastARError(f"{source} has no {key} weight: the file is incomplete, re-download it")
-    return sd[key].shape
-
-
-def first_setting(settings: dict, names: tuple[str, ...], default):
-    return next((settings[n] for n in names if settings.get(n) is not None), default)
-
-
 def head_count(n_layer: int, dim: int, settings: dict, source: str) -> int:
     """Attention heads: from the config/args, else the official size table."""
     n_head = first_setting(settings, ("n_head", "num_attention_heads"), None)
@@ -192,21 +146,6 @@ def head_count(n_layer: int, dim: int, settings: dict, source: str) -> int:
         f"model{said}: it is none of the official sizes ({', '.join(OFFICIAL_SIZES)}) and no config says. "
         f'{where_config_goes(source)}: {{"num_attention_heads": N}}'
     )
-
-
-def official_heads(table: dict, name, shape: tuple) -> int | None:
-    """The heads of an official size: the one the training args name, else any whose other entries are
-    ``shape``. ``table`` maps a name to (shape..., heads)."""
-    candidates = [table[name]] if name in table else table.values()
-    return next((entry[-1] for entry in candidates if tuple(entry[:-1]) == shape), None)
-
-
-def where_config_goes(source: str) -> str:
-    """Advice on where FastAR reads a config for ``source``: NAME.json beside NAME.pt, or a folder's config.json."""
-    stem, dot, suffix = source.rpartition(".")
-    if dot and f".{suffix.lower()}" in WEIGHT_SUFFIXES:
-        return f"Write {stem}.json next to {source} with"
-    return "Write the folder's config.json with"
 
 
 def grid_of(info: CheckpointInfo, image_size: int | None, downsample: int) -> tuple[int, int]:

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..shared.protocol import CaptionConditioning, ClassConditioning, ModelOutput
-from ..shared.compiled_session import cache_zeros, padded_slots
+from ..shared.compiled_session import padded_slots
+from ..shared.transformer import KVCache, RMSNorm, attention_mask
 
 
 def find_multiple(n: int, k: int) -> int:
@@ -56,18 +57,6 @@ class LlamaGenConfig:
     @property
     def num_tokens(self) -> int:
         return self.grid[0] * self.grid[1]
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.type_as(x) * self.weight
 
 
 class FeedForward(nn.Module):
@@ -178,24 +167,6 @@ class CaptionEmbedding(nn.Module):
         return self.cap_proj(captions)
 
 
-class KVCache:
-    """Static per-layer cache ``[R, H_kv, S, hd]``; writes go to per-row slots, so rows may advance
-    independently and a rejected draft is simply overwritten by the next write."""
-
-    def __init__(self, rows, n_kv_head, slots, head_dim, dtype, device):
-        self.k = cache_zeros(rows, n_kv_head, slots, head_dim, dtype=dtype, device=device)
-        self.v = cache_zeros(rows, n_kv_head, slots, head_dim, dtype=dtype, device=device)
-        self.row_index = torch.arange(rows, device=device)[:, None]
-
-    def write(self, k, v, slots):
-        self.k[self.row_index, :, slots] = k
-        self.v[self.row_index, :, slots] = v
-        return self.k, self.v
-
-    def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
-
-
 class LlamaGenGPT(nn.Module):
     kind = "token-ar"
     what = "a LlamaGen GPT"
@@ -297,16 +268,6 @@ class LlamaGenGPT(nn.Module):
         """Teacher-forced logits ``[B, N, V]`` predicting ``tokens`` (no cache; for training)."""
         hidden = self.training_hidden(conditioning, tokens, drop)
         return self.output(hidden[:, -tokens.shape[1] :]).float()
-
-
-def attention_mask(query_slots: torch.Tensor, cond_valid: torch.Tensor, total_slots: int) -> torch.Tensor:
-    """``[R, 1, T, S]``: causal over cache slots, padded caption slots hidden, self always visible."""
-    slots = torch.arange(total_slots, device=query_slots.device)
-    key_valid = torch.ones(cond_valid.shape[0], total_slots, dtype=torch.bool, device=query_slots.device)
-    key_valid[:, : cond_valid.shape[1]] = cond_valid
-    causal = slots[None, None, :] <= query_slots[:, :, None]
-    visible = (causal & key_valid[:, None, :]) | (slots[None, None, :] == query_slots[:, :, None])
-    return visible[:, None]
 
 
 class LlamaGenSession:

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..shared.ldm_blocks import AttnBlock, Downsample, ResnetBlock, Upsample, group_norm
+
 
 @dataclass
 class VQConfig:
@@ -50,63 +52,6 @@ class VQConfig:
             num_res_blocks=res - 1,
             with_encoder=any(k.startswith("encoder.") for k in sd),
         )
-
-
-def group_norm(channels: int) -> nn.GroupNorm:
-    return nn.GroupNorm(32, channels, eps=1e-6, affine=True)
-
-
-class ResnetBlock(nn.Module):
-    def __init__(self, cin: int, cout: int):
-        super().__init__()
-        self.norm1 = group_norm(cin)
-        self.conv1 = nn.Conv2d(cin, cout, 3, padding=1)
-        self.norm2 = group_norm(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1)
-        if cin != cout:
-            self.nin_shortcut = nn.Conv2d(cin, cout, 1)
-
-    def forward(self, x):
-        h = self.conv1(F.silu(self.norm1(x)))
-        h = self.conv2(F.silu(self.norm2(h)))
-        if hasattr(self, "nin_shortcut"):
-            x = self.nin_shortcut(x)
-        return x + h
-
-
-class AttnBlock(nn.Module):
-    """Single-head attention over spatial positions."""
-
-    def __init__(self, channels: int):
-        super().__init__()
-        self.norm = group_norm(channels)
-        self.q, self.k, self.v = (nn.Conv2d(channels, channels, 1) for _ in range(3))
-        self.proj_out = nn.Conv2d(channels, channels, 1)
-
-    def forward(self, x):
-        b, c, h, w = x.shape
-        n = self.norm(x)
-        q, k, v = (proj(n).reshape(b, c, h * w).transpose(1, 2) for proj in (self.q, self.k, self.v))
-        out = F.scaled_dot_product_attention(q, k, v)
-        return x + self.proj_out(out.transpose(1, 2).reshape(b, c, h, w))
-
-
-class Upsample(nn.Module):
-    def __init__(self, channels: int):
-        super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
-
-    def forward(self, x):
-        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
-
-
-class Downsample(nn.Module):
-    def __init__(self, channels: int):
-        super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, stride=2)
-
-    def forward(self, x):
-        return self.conv(F.pad(x, (0, 1, 0, 1)))
 
 
 def middle(channels: int) -> nn.ModuleList:

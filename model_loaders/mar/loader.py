@@ -16,9 +16,9 @@ import torch
 
 from ...errors import FastARError
 from ..shared.checkpoint import AR_MODEL, FAMILY_WHAT, IMAGE_DECODER, CheckpointInfo, detect_family, read_state_dict, require_family
-from .kl_vae import KLAutoencoder, KLConfig
-from ..llamagen.loader import (build_and_load, checkpoint_of, config_from_metadata, first_setting, official_heads, weight_shape,
-                       where_config_goes)
+from .kl_vae import KLAutoencoder
+from ..shared.ldm_blocks import KLConfig
+from ..shared.building import build_and_load, checkpoint_of, config_from_metadata, first_setting, official_heads, weight_shape, where_config_goes
 from .model import MAR, MARConfig
 
 # The official mar_* sizes: name -> (width, depth, heads), the same for encoder and decoder.

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..llamagen.model import KVCache, RMSNorm, attention_mask
+from .transformer import KVCache, RMSNorm, attention_mask
 from .compiled_session import padded_prefix_len, padded_slots
 from .protocol import ModelOutput
 

@@ -1,10 +1,12 @@
-"""Prompt text -> token ids with a model's own tokenizer, saying which words it does not know (a word-level
-tokenizer, like the text demo's, reads them as its unknown token: they do not steer the image)."""
+"""A text model's own tokenizer: read from its folder (``tokenizer.json``), a named token's id, and prompt text ->
+token ids, saying which words it does not know (a word-level tokenizer, like the text demo's, reads them as its
+unknown token: they do not steer the image)."""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
-from ...errors import FastARWarning
+from ...errors import FastARError, FastARWarning
 
 
 def encode_text(tokenizer, text: str) -> list[int]:
@@ -20,3 +22,24 @@ def encode_text(tokenizer, text: str) -> list[int]:
                           f"model as {unknown_token} and do not steer the image; use words it was trained on",
                           FastARWarning, stacklevel=3)
     return encoding.ids
+
+
+def load_tokenizer(folder: Path, source: str):
+    from tokenizers import Tokenizer
+
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise FastARError(f"{source} has no tokenizer.json: copy the model's tokenizer files (tokenizer.json, "
+                          "tokenizer_config.json) from its release into the folder; nothing is downloaded")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # noqa: BLE001 - the tokenizers library raises plain Exceptions for bad files
+        raise FastARError(f"{source}/tokenizer.json cannot be read ({e}): re-download it") from e
+
+
+def token_id(tokenizer, name: str, source: str) -> int:
+    found = tokenizer.token_to_id(name)
+    if found is None:
+        raise FastARError(f"{source}: its tokenizer has no {name} token, which the image layout needs: this "
+                          "tokenizer belongs to another model")
+    return found

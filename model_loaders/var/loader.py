@@ -17,7 +17,7 @@ import torch
 
 from ...errors import FastARError
 from ..shared.checkpoint import CheckpointInfo, has_prefix
-from ..llamagen.loader import build_and_load, checkpoint_of, config_from_metadata, first_setting, weight_shape
+from ..shared.building import build_and_load, checkpoint_of, config_from_metadata, first_setting, weight_shape
 from .dd_student import OFFICIAL_SCALES, VARDDConfig, VARDDStudent, dd_mask
 from .model import VAR, VARConfig, additive_mask, block_causal_mask, level_ids
 from .vqvae import VAR_PATCH_NUMS, MultiScaleVQVAE, VQVAEConfig, split_fused_attention

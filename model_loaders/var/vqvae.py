@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...errors import FastARError
-from ..mar.kl_vae import Decoder, Encoder
-from ..chameleon.vqgan import VQGANConfig
+from ..shared.codebook import nearest_codes
+from ..shared.ldm_blocks import Decoder, Encoder, VQGANConfig
 
 VAR_PATCH_NUMS = (1, 2, 3, 4, 5, 6, 8, 10, 13, 16)  # the release's 256 px scales
 

@@ -203,7 +203,8 @@ def write_text_models(folder: Path) -> None:
     """Tiny text-to-image models in their release layouts and names: a Lumina-mGPT folder (its config.json says
     128 px, 8 x 8 tokens, over the 768 of its name) with Meta's VQGAN checkpoint layout beside it, an Anole
     folder (transformers' layout), and a Janus-Pro folder (its VQ inside)."""
-    from fastar.model_loaders.chameleon.vqgan import VQGAN, VQGANConfig
+    from fastar.model_loaders.chameleon.vqgan import VQGAN
+    from fastar.model_loaders.shared.ldm_blocks import VQGANConfig
     from fastar.tests import tiny_chameleon, tiny_janus
 
     tiny_chameleon.write_folder(folder / LUMINA_768.rstrip("/"), tiny_chameleon.hf_model(seed=3), lumina=True,
