@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import asdict
+from functools import partial
 
 import numpy as np
 import torch
@@ -50,14 +51,17 @@ def main(argv=None):
     p.add_argument("--val-images", type=int, default=128)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--texture", type=float, default=0.0,
+                   help="the images' texture, its largest excursion in 8-bit levels (0: flat colours)")
     p.add_argument("--vq", default=str(DEMO_VQ))
     p.add_argument("--out", default=str(DEMO_AR))
     args = p.parse_args(argv)
 
     gen = setup(args.seed)
     timer = Timer()
-    tokens, labels = tokenised("ar", args.vq, args.images, args.seed, make_batch)
-    val_tokens, val_labels = tokenised("ar", args.vq, args.val_images, 10_000 + args.seed, make_batch)
+    draw = partial(make_batch, texture=args.texture / 255)
+    tokens, labels = tokenised(f"ar_t{args.texture:g}", args.vq, args.images, args.seed, draw)
+    val_tokens, val_labels = tokenised(f"ar_t{args.texture:g}", args.vq, args.val_images, 10_000 + args.seed, draw)
     print(f"{len(tokens)} training images tokenised [{timer}]")
 
     cfg = model_config(int(load_image_decoder(args.vq).cfg.codebook_size))
