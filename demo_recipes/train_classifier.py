@@ -6,6 +6,8 @@ It never sees a VQ reconstruction or a generated sample: a judge that learnt wha
 failures look like would accept them (an earlier judge, trained partly on reconstructions, called smeared
 blobs circles). Flips, brightness jitter and pixel noise keep it from keying on exact colours or
 razor-sharp edges. Its accuracy on VQ reconstructions of held-out images is reported, not trained for.
+``--texture LEVELS``: half of every batch textured (demo_data), half flat, so that one judge reads the textured
+demo and the flat ones alike.
 """
 from __future__ import annotations
 
@@ -36,12 +38,22 @@ def augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return (x + 0.05 * torch.rand(b, 1, 1, 1, generator=gen) * torch.randn(x.shape, generator=gen)).clamp(-1, 1)
 
 
+def training_batch(rng, batch: int, texture: float):
+    """``batch`` real images and labels: all flat, or with ``texture``, the second half textured."""
+    if texture == 0:
+        return make_batch(rng, batch)
+    flat, textured = make_batch(rng, batch // 2), make_batch(rng, batch - batch // 2, texture=texture)
+    return np.concatenate([flat[0], textured[0]]), np.concatenate([flat[1], textured[1]])
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=800)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--texture", type=float, default=0.0,
+                   help="texture half of the images, its largest excursion in 8-bit levels (0: all flat)")
     p.add_argument("--vq", default=str(DEMO_VQ))
     p.add_argument("--out", default=str(DEMO_CLASSIFIER))
     args = p.parse_args(argv)
@@ -52,7 +64,7 @@ def main(argv=None):
     model = DemoClassifier(len(CLASS_NAMES))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-4)
     for step in range(args.steps):
-        real, y_real = make_batch(rng, args.batch)
+        real, y_real = training_batch(rng, args.batch, args.texture / 255)
         x, y = augment(to_tensor(real), gen), torch.from_numpy(y_real)
         logits, _ = model(x)
         loss = F.cross_entropy(logits, y)

@@ -79,7 +79,20 @@ def test_the_classifier_recipe_trains_saves_and_its_judge_loads(tmp_path):
     from fastar.demo_recipes import train_classifier
 
     out = tmp_path / "judge.safetensors"
-    train_classifier.main(["--steps", "2", "--batch", "8", "--out", str(out)])
+    train_classifier.main(["--steps", "2", "--batch", "8", "--texture", "20", "--out", str(out)])
     images, _ = make_batch(np.random.default_rng(0), 4)
     preds, feats = classify(load_classifier(out), images)
     assert len(preds) == 4 and torch.isfinite(torch.as_tensor(feats)).all()
+
+
+def test_the_judge_trains_on_flat_and_textured_images_alike():
+    from fastar.demo_recipes.train_classifier import training_batch
+
+    images, labels = training_batch(np.random.default_rng(0), 8, 20 / 255)
+    flat, textured = images[:4].astype(float), images[4:].astype(float)
+    assert len(labels) == 8 and images.shape == (8, 128, 128, 3)
+    def varying(im):  # the share of pixels that differ from their right neighbour
+        return (np.abs(np.diff(im, axis=1)).sum(-1) > 0).mean()
+
+    assert max(varying(im) for im in flat) < 0.2 < 0.5 < min(varying(im) for im in textured)
+    assert np.array_equal(training_batch(np.random.default_rng(0), 8, 0.0)[0].shape, (8, 128, 128, 3))
