@@ -57,7 +57,7 @@ def test_a_recipe_trains_saves_and_its_model_loads(recipe, args, tmp_path, monke
 
 
 @pytest.mark.parametrize("recipe, args", [
-    ("train_vq", ["--steps", "2", "--batch", "2", "--pool", "4"]),
+    ("train_vq", ["--steps", "2", "--batch", "2", "--pool", "4", "--texture", "20", "--codebook", "64"]),
     ("train_kl_vae", ["--steps", "2", "--batch", "2", "--pool", "4"]),
     ("train_var_vqvae", ["--steps", "2", "--batch", "2", "--pool", "8", "--quantiser-steps", "2"]),
 ])
@@ -71,6 +71,7 @@ def test_an_autoencoder_recipe_trains_saves_and_its_decoder_loads(recipe, args, 
     module.main([*args, "--out", str(out)])
     decoder = load_image_decoder(out)
     assert all(torch.isfinite(p).all() for p in decoder.parameters())
+    assert recipe != "train_vq" or decoder.cfg.codebook_size == 64  # --codebook reaches the saved file
     assert not hasattr(module, "OUT_DIR") or any((tmp_path / "previews").glob("*.png"))
 
 
