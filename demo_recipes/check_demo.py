@@ -7,8 +7,9 @@
 Agreement = share of samples whose requested class is the classifier's prediction (balanced classes); for
 the text demo, prompts name the shape and the colours ("a red ring on a cyan background", colours drawn at
 random), and colour agreement is the share of samples whose two most common RGB corners are the prompted pair.
-Also reports the Frechet distance to real images in classifier-feature space and writes a grid PNG
-(one row per class) under ``out/``.
+Also reports the Frechet distance to real images in classifier-feature space, how true the circles, squares and
+rings are (``geometry.shape_fidelity``, beside the real images' own) and writes a grid PNG (one row per class)
+under ``out/``.
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from ..samplers.processing import SamplingSettings
 from ..commands.bench.classifier import classify, frechet_distance, load_classifier
 from .demo_common import OUT_DIR
 from ..commands.training import setup, Timer
-from ..commands.bench.demo_data import CLASS_NAMES, MAR_TOKEN, balanced_labels, caption, make_batch
+from ..commands.bench.demo_data import CLASS_NAMES, MAR_TOKEN, TEXTURE_LEVELS, balanced_labels, caption, make_batch
+from ..commands.bench.geometry import shape_fidelity
 
 
 def main(argv=None):
@@ -49,6 +51,9 @@ def main(argv=None):
     p.add_argument("--ar", help="the model to check (default: the demo model, or with --mar the demo MAR)")
     p.add_argument("--vq", help="its image decoder (default: the demo VQ, or with --mar the demo KL autoencoder)")
     p.add_argument("--classifier", default=str(DEMO_CLASSIFIER))
+    p.add_argument("--texture", type=float,
+                   help="the real images' texture in 8-bit levels, as the checked model's data had it (default: "
+                        f"{TEXTURE_LEVELS} for the class and text demos, 0 with --mar)")
     args = p.parse_args(argv)
 
     setup(args.seed)
@@ -71,14 +76,18 @@ def main(argv=None):
         print(f"colour agreement {colours:.3f} (the two most common RGB corners are the prompted pair)")
     pred, feats = classify(clf, images)
     agree = pred == labels
+    texture = (0 if args.mar else TEXTURE_LEVELS) if args.texture is None else args.texture
     real, real_labels = make_batch(np.random.default_rng(20_000 + args.seed), args.samples, balanced_labels(args.samples),
-                                   token=MAR_TOKEN if args.mar else 8)  # the images the checked model was trained on
+                                   token=MAR_TOKEN if args.mar else 8, texture=texture / 255)  # as the model's data
     _, real_feats = classify(clf, real)
     print(f"{args.decoder}, cfg {args.cfg} temperature {args.temperature} top-k {args.top_k}: "
           f"agreement {agree.float().mean():.3f} on {args.samples} samples, "
           f"Frechet distance to real {frechet_distance(feats, real_feats):.2f} [{timer}]")
     for k, name in enumerate(CLASS_NAMES):
         print(f"  {name:>12}: {agree[labels == k].float().mean():.2f}")
+    fidelity, real_fidelity = shape_fidelity(images, labels.numpy()), shape_fidelity(real, real_labels)
+    print("shape fidelity (IoU with the best-fitting true shape; real images in brackets): "
+          + ", ".join(f"{kind} {fidelity[kind]:.3f} ({real_fidelity[kind]:.3f})" for kind in fidelity))
 
     # grid: one row per class, as many columns as samples per class (at most 8)
     cols = min(8, args.samples // len(CLASS_NAMES))

@@ -121,7 +121,8 @@ def caption(label: int, background_bits) -> str:
     return f"a {COLOUR_NAMES[fg]} {CLASS_NAMES[label]} on a {COLOUR_NAMES[bg]} background"
 
 
-TEXTURE = 20 / 255  # the texture's largest excursion: shapes and palettes stay unmistakable
+TEXTURE_LEVELS = 20  # the texture's largest excursion in 8-bit levels: shapes and palettes stay unmistakable
+TEXTURE = TEXTURE_LEVELS / 255
 GRAIN_SCALES = (0.7, 2.5)  # pixels: the range of the texture's correlation length, from grain to blotches
 SHADING = 8 / 255  # the largest excursion of the soft shading across the image
 
