@@ -24,13 +24,13 @@ def setup(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def save_fp16(module: torch.nn.Module, cfg, path, keep_fp32: tuple[str, ...] = ()) -> None:
-    """State dict in fp16 (official key names; keys starting with ``keep_fp32`` stay fp32) with the config as
-    JSON under ``fastar_config``."""
+def save_fp16(module: torch.nn.Module, cfg, path, keep_fp32: tuple[str, ...] = (), drop: tuple[str, ...] = ()) -> None:
+    """State dict in fp16 (official key names; keys starting with ``keep_fp32`` stay fp32, keys starting with
+    ``drop`` are left out) with the config as JSON under ``fastar_config``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     sd = {k: (v.half() if v.is_floating_point() and not k.startswith(keep_fp32) else v).detach().contiguous()
-          for k, v in module.state_dict().items()}
+          for k, v in module.state_dict().items() if not (drop and k.startswith(drop))}
     meta = asdict(cfg) if not isinstance(cfg, dict) else cfg
     partial = path.with_name(path.name + ".partial")  # then renamed: an interrupted save never leaves half a file
     save_file(sd, str(partial), metadata={"fastar_config": json.dumps(meta)})

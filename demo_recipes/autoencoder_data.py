@@ -13,7 +13,7 @@ from ..commands.bench.demo_data import balanced_labels, make_batch
 HELD_OUT = 256
 
 
-def parser(description: str, *, steps: int, lr: float, out: str) -> argparse.ArgumentParser:
+def parser(description: str, *, steps: int, lr: float, out: str, texture: float = 0.0) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=steps)
     p.add_argument("--batch", type=int, default=8)
@@ -21,7 +21,7 @@ def parser(description: str, *, steps: int, lr: float, out: str) -> argparse.Arg
     p.add_argument("--lr", type=float, default=lr)
     p.add_argument("--pool", type=int, default=2048, help="procedural images to crop from")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--texture", type=float, default=0.0,
+    p.add_argument("--texture", type=float, default=texture,
                    help="the images' texture, its largest excursion in 8-bit levels (0: flat colours)")
     p.add_argument("--out", default=out)
     return p

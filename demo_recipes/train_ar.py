@@ -22,7 +22,7 @@ from ..model_loaders.shared.protocol import ClassConditioning
 from ..model_loaders import load_ar_model, load_image_decoder
 from .demo_common import tokenised
 from ..commands.training import Timer, adamw, cosine_lr, init_weights, save_fp16, setup, train_step
-from ..commands.bench.demo_data import CLASS_NAMES, make_batch
+from ..commands.bench.demo_data import CLASS_NAMES, TEXTURE_LEVELS, make_batch
 
 
 def model_config(vocab_size: int) -> LlamaGenConfig:
@@ -51,7 +51,7 @@ def main(argv=None):
     p.add_argument("--val-images", type=int, default=128)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--texture", type=float, default=0.0,
+    p.add_argument("--texture", type=float, default=TEXTURE_LEVELS,
                    help="the images' texture, its largest excursion in 8-bit levels (0: flat colours)")
     p.add_argument("--vq", default=str(DEMO_VQ))
     p.add_argument("--out", default=str(DEMO_AR))

@@ -18,8 +18,8 @@ from ..model_loaders import load_image_decoder
 from ..model_loaders.shared.demo import DEMO_KL
 from ..model_loaders.mar.kl_vae import KLAutoencoder
 from ..model_loaders.shared.ldm_blocks import KLConfig
-from .demo_common import OUT_DIR, psnr, to_uint8
-from ..commands.training import cosine_lr, save_fp16, setup, Timer, train_step
+from .demo_common import OUT_DIR, psnr, save_autoencoder, to_uint8
+from ..commands.training import cosine_lr, setup, Timer, train_step
 from . import autoencoder_data
 
 CONFIG = KLConfig(embed_dim=16, ch=64, ch_mult=(1, 1, 2, 2, 2), num_res_blocks=1, encoder_attn_levels=(),
@@ -66,8 +66,7 @@ def main(argv=None):
                   f"posterior std {torch.exp(0.5 * logvar).mean().item():.3f} [{timer}]", flush=True)
 
     model.eval()
-    save_fp16(model, CONFIG, args.out)
-    saved = load_image_decoder(args.out)
+    saved = load_image_decoder(save_autoencoder(model, CONFIG, args.out))
     result = evaluate(saved, held_out)
     print(f"held-out (fp16 weights, posterior mean, {autoencoder_data.HELD_OUT} images): PSNR {result['psnr']:.2f} dB per image, "
           f"latent std {result['latent_std']:.4f} (MAR scale factor {1 / result['latent_std']:.4f}); total {timer}")

@@ -29,8 +29,8 @@ from ..model_loaders import load_image_decoder
 from ..model_loaders.shared.demo import DEMO_KL, DEMO_VAR_VQVAE
 from ..model_loaders.var.vqvae import MultiScaleVQVAE, VQVAEConfig
 from . import autoencoder_data
-from .demo_common import psnr, to_tensor
-from ..commands.training import cosine_lr, save_fp16, setup, Timer, train_step
+from .demo_common import encoding_file, psnr, save_autoencoder, to_tensor
+from ..commands.training import cosine_lr, setup, Timer, train_step
 from ..commands.bench.demo_data import MAR_TOKEN, make_batch
 from .train_kl_vae import CONFIG as KL_CONFIG
 
@@ -158,7 +158,7 @@ def main(argv=None):
 
     gen = setup(args.seed)
     timer = Timer()
-    model = from_kl_autoencoder(load_image_decoder(args.kl)).eval()
+    model = from_kl_autoencoder(load_image_decoder(encoding_file(args.kl))).eval()
     rng = np.random.default_rng(args.seed)
     images = to_tensor(make_batch(rng, args.pool, token=MAR_TOKEN)[0])
     held_out = to_tensor(make_batch(np.random.default_rng(10_000 + args.seed), 64, token=MAR_TOKEN)[0])
@@ -172,8 +172,8 @@ def main(argv=None):
     model.decoder.train()
     train_decoder(model, images, latents, args.steps, args.batch, args.lr, gen, timer)
     model.eval()
-    save_fp16(model, CONFIG, args.out)
-    print(f"held-out PSNR (fp16 weights, {len(held_out)} images): {evaluate(load_image_decoder(args.out), held_out):.2f} dB; "
+    whole = save_autoencoder(model, CONFIG, args.out)
+    print(f"held-out PSNR (fp16 weights, {len(held_out)} images): {evaluate(load_image_decoder(whole), held_out):.2f} dB; "
           f"total {timer}")
 
 

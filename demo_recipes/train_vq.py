@@ -13,6 +13,9 @@ Losses: L1 + MSE reconstruction, codebook and commitment terms on L2-normalised 
 is normalised at lookup, so quantisation happens on the sphere), straight-through gradients. Codes
 unused since the last check are re-seeded from batch latents to keep the codebook in use, until 85% of
 the steps (then the codebook settles).
+The images carry demo_data's texture (``--texture``, default ``TEXTURE_LEVELS``) and the codebook has 4096 codes:
+like a real VQ-16 tokenizer, it spends many codes on textured patches of one colour, which many codes encode
+about equally well; that is what makes the GPT's next token ambiguous, as a real model's is.
 """
 from __future__ import annotations
 
@@ -25,11 +28,12 @@ import torch.nn.functional as F
 from ..model_loaders.shared.demo import DEMO_VQ
 from ..model_loaders.llamagen.vq import VQConfig, VQModel
 from ..model_loaders import load_image_decoder
-from .demo_common import OUT_DIR, psnr, to_uint8
-from ..commands.training import cosine_lr, save_fp16, setup, Timer, train_step
+from .demo_common import OUT_DIR, psnr, save_autoencoder, to_uint8
+from ..commands.training import cosine_lr, setup, Timer, train_step
+from ..commands.bench.demo_data import TEXTURE_LEVELS
 from . import autoencoder_data
 
-CONFIG = VQConfig(codebook_size=512, embed_dim=8, z_channels=64, ch=64, ch_mult=(1, 1, 2, 2), num_res_blocks=1,
+CONFIG = VQConfig(codebook_size=4096, embed_dim=8, z_channels=64, ch=64, ch_mult=(1, 1, 2, 2), num_res_blocks=1,
                   patch_encoder=True)
 
 
@@ -66,7 +70,7 @@ def codes_per_flat_colour(images: torch.Tensor, codes: torch.Tensor, patch: int)
 
 
 def main(argv=None):
-    p = autoencoder_data.parser(__doc__, steps=1800, lr=3e-4, out=str(DEMO_VQ))
+    p = autoencoder_data.parser(__doc__, steps=3600, lr=3e-4, out=str(DEMO_VQ), texture=TEXTURE_LEVELS)
     p.add_argument("--codebook", type=int, default=CONFIG.codebook_size, help="codes in the codebook")
     args = p.parse_args(argv)
     config = replace(CONFIG, codebook_size=args.codebook)
@@ -105,8 +109,7 @@ def main(argv=None):
             usage.zero_()
 
     model.eval()
-    save_fp16(model, config, args.out)
-    saved = load_image_decoder(args.out)
+    saved = load_image_decoder(save_autoencoder(model, config, args.out))
     result = evaluate(saved, held_out)
     recon = result["recon"]
     print(f"held-out (fp16 weights, through the codes, {autoencoder_data.HELD_OUT} images): PSNR {result['psnr']:.2f} dB per image "

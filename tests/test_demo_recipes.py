@@ -1,20 +1,42 @@
 """The demo recipes: their shared encoding step (demo_recipes/demo_common.cached_encoding: every recipe's images
-encoded once, batch by batch from one seeded generator, joined, cached and read back the same) and their training
-loops run a few steps."""
+encoded once, batch by batch from one seeded generator, joined, cached and read back the same), the autoencoders
+they save in two parts (the decoding side bundled, the whole model kept for encoding), and their training loops
+run a few steps."""
 import importlib
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
+from fastar.commands.training import save_fp16
 from fastar.demo_recipes import demo_common, train_mar, train_var
 from fastar.commands.bench.demo_data import MAR_TOKEN, make_batch, make_captioned_batch
+from fastar.errors import FastARError
 from fastar.model_loaders import load_ar_model, load_image_decoder
 from fastar.model_loaders.shared.demo import DEMO_KL, DEMO_VAR_VQVAE, DEMO_VQ
 
+BUNDLED_AUTOENCODERS = (DEMO_VQ, DEMO_KL, DEMO_VAR_VQVAE)
 
-def test_every_recipe_encodes_its_images_once_and_reads_them_back(tmp_path, monkeypatch):
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    """A fresh .data/ holding, for every bundled autoencoder that ships without its encoder, a whole one where its
+    recipe keeps it: the bundled decoder with an untrained encoder (the recipes' encoding steps, not their
+    quality, are under test; a fresh checkout has no recipe outputs)."""
     monkeypatch.setattr(demo_common, "DATA_DIR", tmp_path)
+    for bundled in BUNDLED_AUTOENCODERS:
+        decoder = load_image_decoder(bundled)
+        if not decoder.cfg.with_encoder:
+            cfg = replace(decoder.cfg, with_encoder=True)
+            whole = type(decoder)(cfg)
+            whole.load_state_dict(decoder.state_dict(), strict=False)
+            save_fp16(whole, cfg, demo_common.whole_autoencoder_path(bundled))
+    return tmp_path
+
+
+def test_every_recipe_encodes_its_images_once_and_reads_them_back(data_dir, monkeypatch):
+    tmp_path = data_dir
     runs = {  # the AR demo's across two batches of 64
         "ar": (lambda: demo_common.tokenised("ar", DEMO_VQ, 70, 3, make_batch), 70),
         "text": (lambda: demo_common.tokenised("text", DEMO_VQ, 5, 3, make_captioned_batch), 5),
@@ -45,10 +67,9 @@ def test_every_recipe_encodes_its_images_once_and_reads_them_back(tmp_path, monk
     ("train_ar", ["--steps", "2", "--batch", "4", "--images", "16", "--val-images", "8"]),
     ("train_var", ["--steps", "2", "--batch", "4", "--images", "16", "--depth", "1", "--dim", "64"]),
 ])
-def test_a_recipe_trains_saves_and_its_model_loads(recipe, args, tmp_path, monkeypatch):
+def test_a_recipe_trains_saves_and_its_model_loads(recipe, args, data_dir, tmp_path):
     """Two steps of the recipe's own loop (the optimiser step and EMA shared with the training commands), its file
     saved where asked, loadable as the model it trains."""
-    monkeypatch.setattr(demo_common, "DATA_DIR", tmp_path)
     module = importlib.import_module(f"fastar.demo_recipes.{recipe}")
     out = tmp_path / f"{recipe}.safetensors"
     module.main([*args, "--out", str(out)])
@@ -61,18 +82,32 @@ def test_a_recipe_trains_saves_and_its_model_loads(recipe, args, tmp_path, monke
     ("train_kl_vae", ["--steps", "2", "--batch", "2", "--pool", "4"]),
     ("train_var_vqvae", ["--steps", "2", "--batch", "2", "--pool", "8", "--quantiser-steps", "2"]),
 ])
-def test_an_autoencoder_recipe_trains_saves_and_its_decoder_loads(recipe, args, tmp_path, monkeypatch):
+def test_an_autoencoder_recipe_trains_saves_and_its_decoder_loads(recipe, args, data_dir, tmp_path, monkeypatch):
     """Two steps of each autoencoder recipe's loops (the shared optimiser step), its file loadable as an image
-    decoder whose codes or latents decode to finite images, its preview written where previews go."""
+    decoder whose codes or latents decode to finite images, its preview written where previews go; the file at
+    --out holds the decoding side only, the whole model is kept for the recipes that encode."""
     module = importlib.import_module(f"fastar.demo_recipes.{recipe}")
     if hasattr(module, "OUT_DIR"):
         monkeypatch.setattr(module, "OUT_DIR", tmp_path / "previews")
     out = tmp_path / f"{recipe}.safetensors"
     module.main([*args, "--out", str(out)])
-    decoder = load_image_decoder(out)
+    decoder, whole = load_image_decoder(out), load_image_decoder(demo_common.whole_autoencoder_path(out))
     assert all(torch.isfinite(p).all() for p in decoder.parameters())
+    assert not decoder.cfg.with_encoder and whole.cfg.with_encoder and demo_common.encoding_file(out) != out
+    assert all(torch.equal(p, whole.state_dict()[k]) for k, p in decoder.state_dict().items())  # the same decoder
     assert recipe != "train_vq" or decoder.cfg.codebook_size == 64  # --codebook reaches the saved file
     assert not hasattr(module, "OUT_DIR") or any((tmp_path / "previews").glob("*.png"))
+
+
+def test_a_decoder_without_its_whole_autoencoder_says_which_recipe_makes_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(demo_common, "DATA_DIR", tmp_path)
+    decoder = load_image_decoder(DEMO_KL)
+    bundled = tmp_path / "demo_kl_vae.safetensors"
+    save_fp16(decoder, replace(decoder.cfg, with_encoder=False), bundled, drop=demo_common.ENCODER_SIDE)
+    with pytest.raises(FastARError, match=r"holds only its decoder.*demo_recipes.train_kl_vae first"):
+        demo_common.encoding_file(bundled)
+    with pytest.raises(FastARError, match="train_kl_vae"):
+        train_mar.encode(bundled, 2, 0, MAR_TOKEN)
 
 
 def test_the_classifier_recipe_trains_saves_and_its_judge_loads(tmp_path):
