@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +37,7 @@ from ..model_loaders.shared.protocol import PromptConditioning
 from ..model_loaders.llamagen.vq import VQModel
 from .demo_common import tokenised
 from ..commands.training import Timer, adamw, cosine_lr, setup, train_step
-from ..commands.bench.demo_data import CLASS_NAMES, COLOUR_NAMES, SIZE, make_captioned_batch
+from ..commands.bench.demo_data import CLASS_NAMES, COLOUR_NAMES, SIZE, TEXTURE_LEVELS, make_captioned_batch
 
 IMAGE_SIZE = SIZE  # 128 px
 SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]
@@ -167,6 +168,8 @@ def main(argv=None):
     p.add_argument("--val-images", type=int, default=128)
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--texture", type=float, default=TEXTURE_LEVELS,
+                   help="the images' texture, its largest excursion in 8-bit levels (0: flat colours)")
     p.add_argument("--vq", default=str(DEMO_VQ))
     p.add_argument("--start", default=str(DEMO_AR), help="the demo GPT to start from")
     p.add_argument("--out", default=str(DEMO_TEXT))
@@ -177,8 +180,9 @@ def main(argv=None):
     timer = Timer()
     vq = load_image_decoder(args.vq)
     save_file(convert_vq(vq), args.vqgan_out)
-    codes, labels, captions = tokenised("text", args.vq, args.images, args.seed, make_captioned_batch)
-    val_codes, _, val_captions = tokenised("text", args.vq, args.val_images, 10_000 + args.seed, make_captioned_batch)
+    draw, name = partial(make_captioned_batch, texture=args.texture / 255), f"text_t{args.texture:g}"
+    codes, labels, captions = tokenised(name, args.vq, args.images, args.seed, draw)
+    val_codes, _, val_captions = tokenised(name, args.vq, args.val_images, 10_000 + args.seed, draw)
     print(f"{len(codes)} captioned images tokenised [{timer}]")
 
     gpt = load_ar_model(args.start)

@@ -1,5 +1,5 @@
-"""What the three benchmarks (decoders, MAR, DD) share: quality in the demo classifier's features, the Frechet
-distance to a baseline row, the latency note, and the two-panel quality plot."""
+"""What the three benchmarks (decoders, MAR, DD) share: quality in the demo classifier's features against real
+images, the Frechet distance to a baseline row, the latency note, and the two-panel quality plot."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,6 +12,17 @@ from ...pipeline import outputs_to_images
 
 CHUNK = 16  # rows per batched quality run
 REAL_IMAGES = 512
+
+
+def real_features(judge, token: int = 8):
+    """The judge's features of ``REAL_IMAGES`` real demo images (one seed for every benchmark), drawn as the demo
+    models of ``token``-pixel tokens learnt them: textured for the 8-pixel ones (class, text and DD demos), flat for
+    the 16-pixel MAR and VAR demos."""
+    from .classifier import classify
+    from .demo_data import TEXTURE, make_batch
+
+    images, _ = make_batch(np.random.default_rng(12345), REAL_IMAGES, token=token, texture=TEXTURE if token == 8 else 0.0)
+    return classify(judge, images)[1]
 
 
 def quality(models, judge, codes: torch.Tensor, labels: list[int], reference_feats) -> dict:

@@ -28,7 +28,7 @@ from ...pipeline import LoadedModels, check_image_decoder, class_conditioning, l
 from ...samplers.decoders import NEXT_SCALE, DecoderSpec, decode, decode_distilled, decode_next_scale
 from ...samplers.distilled import DDSettings
 from ...samplers.processing import SamplingSettings
-from .common import (CHUNK, REAL_IMAGES, frechet_against, latency_note, quality, quality_panels, require_matplotlib,
+from .common import (CHUNK, frechet_against, latency_note, quality, quality_panels, real_features, require_matplotlib,
                     save_panels)
 
 
@@ -65,8 +65,8 @@ def run_row(teacher: LoadedModels, student: LoadedModels, row: Row, labels: list
 
 
 def run_dd_bench(args) -> dict:
-    from .classifier import classify, load_classifier
-    from .demo_data import MAR_TOKEN, make_batch
+    from .classifier import load_classifier
+    from .demo_data import MAR_TOKEN
 
     require_matplotlib()
     started = time.perf_counter()
@@ -98,7 +98,7 @@ def run_dd_bench(args) -> dict:
     num_classes = student.ar.cfg.num_classes
     labels = [i % num_classes for i in range(args.samples)]
     token = MAR_TOKEN if is_var else 8  # the demo VAR learnt the MAR demo's images (16-pixel tokens)
-    reference_feats = classify(judge, make_batch(np.random.default_rng(12345), REAL_IMAGES, token=token)[0])[1]
+    reference_feats = real_features(judge, token)
 
     results = {}
     for row in rows:

@@ -28,7 +28,7 @@ from ...pipeline import class_conditioning, conditioning_type, load_models
 from ...samplers.decoders import DECODERS, LOSSLESS, NEEDS_DRAFTER, WITH_DRAFTER, DecoderSpec, decode
 from ...samplers.processing import SamplingSettings
 from .ambiguity import first_draft_acceptance, next_token_ambiguity
-from .common import CHUNK, REAL_IMAGES, frechet_against, quality, quality_panels, require_matplotlib, save_panels
+from .common import CHUNK, frechet_against, quality, quality_panels, real_features, require_matplotlib, save_panels
 
 WINDOW_COSTS = (1, 2, 4, 8, 16, 32)
 SWEEP_GROUPS = (1, 3, 10, 25, 50, 100)
@@ -228,8 +228,7 @@ def sweep(models, judge, sampling, configs, labels, seed, reference_feats) -> li
 
 
 def run_bench(args) -> dict:
-    from .classifier import classify, load_classifier
-    from .demo_data import make_batch
+    from .classifier import load_classifier
 
     started = time.perf_counter()
     entries = parse_entries(args.decoders, args)
@@ -250,8 +249,7 @@ def run_bench(args) -> dict:
     judge = load_classifier(device=models.ar.device)
     num_classes = demo_classes(models.ar)
     labels = [i % num_classes for i in range(args.samples)]
-    real_images, _ = make_batch(np.random.default_rng(12345), REAL_IMAGES)
-    reference_feats = classify(judge, real_images)[1]
+    reference_feats = real_features(judge)
     num_tokens = models.ar.grid[0] * models.ar.grid[1]
 
     results = {}

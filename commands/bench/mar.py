@@ -15,7 +15,6 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ...settings import cspd_from, masked_settings_from
@@ -25,7 +24,7 @@ from ...pipeline import class_conditioning, load_models
 from ...samplers.cspd import CSpDSettings
 from ...samplers.decoders import decode_masked
 from ...samplers.masked import MaskedSettings
-from .common import (CHUNK, REAL_IMAGES, frechet_against, latency_note, quality, quality_panels, require_matplotlib,
+from .common import (CHUNK, frechet_against, latency_note, quality, quality_panels, real_features, require_matplotlib,
                     save_panels)
 
 @dataclass(frozen=True)
@@ -80,8 +79,8 @@ def timed_runs(models, rows: list[Row], runs: int, num_classes: int, seed: int) 
 
 
 def run_mar_bench(args) -> dict:
-    from .classifier import classify, load_classifier
-    from .demo_data import MAR_TOKEN, make_batch
+    from .classifier import load_classifier
+    from .demo_data import MAR_TOKEN
 
     started = time.perf_counter()
     require_matplotlib()
@@ -98,7 +97,7 @@ def run_mar_bench(args) -> dict:
     num_classes = models.ar.cfg.num_classes
     labels = [i % num_classes for i in range(args.samples)]
     # the demo MAR's own data (drawn for its 16-pixel tokens) is what its samples are compared with
-    reference_feats = classify(judge, make_batch(np.random.default_rng(12345), REAL_IMAGES, token=MAR_TOKEN)[0])[1]
+    reference_feats = real_features(judge, MAR_TOKEN)
     chunks = -(-len(labels) // CHUNK)
 
     results = {}
