@@ -5,12 +5,18 @@
 Images are drawn from ``demo_data``, tokenised once with the demo VQ (cached under ``.data/``, keyed by
 the VQ file's hash), then a small LlamaGen GPT learns them with teacher forcing. Labels drop to the
 null class with probability 0.1 so that classifier-free guidance works at sampling time.
+
+``--flat-steps N``: a curriculum. On textured images most of the loss is the texture's (many codes encode a
+textured patch about equally well), and a small model learns the shapes slowly under it; over the first N steps a
+shrinking share of each batch (all of it, falling to none) is flat images through the same VQ, whose shapes it
+learns fast, then texture alone. ``--resume`` continues a run cut short (its state is saved every 100 steps).
 """
 from __future__ import annotations
 
 import argparse
 from dataclasses import asdict
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -21,7 +27,7 @@ from ..model_loaders.llamagen.model import LlamaGenConfig, LlamaGenGPT
 from ..model_loaders.shared.protocol import ClassConditioning
 from ..model_loaders import load_ar_model, load_image_decoder
 from .demo_common import tokenised
-from ..commands.training import Timer, adamw, cosine_lr, init_weights, save_fp16, setup, train_step
+from ..commands.training import DATA_DIR, Checkpoints, Timer, adamw, cosine_lr, init_weights, save_fp16, setup, train_step
 from ..commands.bench.demo_data import CLASS_NAMES, TEXTURE_LEVELS, make_batch
 
 
@@ -53,6 +59,10 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--texture", type=float, default=TEXTURE_LEVELS,
                    help="the images' texture, its largest excursion in 8-bit levels (0: flat colours)")
+    p.add_argument("--flat-steps", type=int, default=0,
+                   help="curriculum: over the first N steps a falling share of flat images (0: none)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run that was cut short (saved every 100 steps under .data/checkpoints/)")
     p.add_argument("--vq", default=str(DEMO_VQ))
     p.add_argument("--out", default=str(DEMO_AR))
     args = p.parse_args(argv)
@@ -62,6 +72,8 @@ def main(argv=None):
     draw = partial(make_batch, texture=args.texture / 255)
     tokens, labels = tokenised(f"ar_t{args.texture:g}", args.vq, args.images, args.seed, draw)
     val_tokens, val_labels = tokenised(f"ar_t{args.texture:g}", args.vq, args.val_images, 10_000 + args.seed, draw)
+    if args.flat_steps:
+        flat_tokens, flat_labels = tokenised("ar_t0", args.vq, args.images, args.seed, make_batch)
     print(f"{len(tokens)} training images tokenised [{timer}]")
 
     cfg = model_config(int(load_image_decoder(args.vq).cfg.codebook_size))
@@ -70,9 +82,13 @@ def main(argv=None):
     print(f"AR {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params: {asdict(cfg)}")
     opt = adamw(model, args.lr, weight_decay=0.05)
     null = cfg.num_classes
-    for step in range(args.steps):
+    checkpoints = Checkpoints(DATA_DIR / "checkpoints" / f"{Path(args.out).stem}.pt", 100, model, opt, gen)
+    for step in range(checkpoints.resume() if args.resume else 0, args.steps):
         idx = torch.randint(0, len(tokens), (args.batch,), generator=gen)
         x, y = tokens[idx].long(), labels[idx].clone()
+        if step < args.flat_steps:
+            flat = torch.rand(args.batch, generator=gen) < 1 - step / args.flat_steps
+            x[flat], y[flat] = flat_tokens[idx[flat]].long(), flat_labels[idx[flat]]
         y[torch.rand(args.batch, generator=gen) < 0.1] = null  # CFG needs the null class
         logits = model.training_logits(ClassConditioning(y), x)
         loss = F.cross_entropy(logits.flatten(0, 1), x.flatten())
@@ -81,12 +97,14 @@ def main(argv=None):
             print(f"step {step + 1}/{args.steps} train loss {loss.item():.4f} [{timer}]", flush=True)
         if (step + 1) % (args.steps // 2) == 0 and step + 1 < args.steps:
             print(f"  val loss {val_loss(model, val_tokens, val_labels):.4f}", flush=True)
+        checkpoints.after(step)
 
     model.eval()
     save_fp16(model, cfg, args.out)
     saved = load_ar_model(args.out)
     print(f"final val loss (fp16 weights, {len(val_tokens)} held-out images): "
           f"{val_loss(saved, val_tokens, val_labels):.4f}; total {timer}")
+    checkpoints.finish()
 
 
 if __name__ == "__main__":

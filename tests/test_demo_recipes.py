@@ -64,7 +64,7 @@ def test_every_recipe_encodes_its_images_once_and_reads_them_back(data_dir, monk
 
 
 @pytest.mark.parametrize("recipe, args", [
-    ("train_ar", ["--steps", "2", "--batch", "4", "--images", "16", "--val-images", "8"]),
+    ("train_ar", ["--steps", "2", "--batch", "4", "--images", "16", "--val-images", "8", "--flat-steps", "2"]),
     ("train_var", ["--steps", "2", "--batch", "4", "--images", "16", "--depth", "1", "--dim", "64"]),
 ])
 def test_a_recipe_trains_saves_and_its_model_loads(recipe, args, data_dir, tmp_path):
@@ -75,6 +75,7 @@ def test_a_recipe_trains_saves_and_its_model_loads(recipe, args, data_dir, tmp_p
     module.main([*args, "--out", str(out)])
     model = load_ar_model(out)
     assert model.kind in ("token-ar", "next-scale") and all(torch.isfinite(p).all() for p in model.parameters())
+    assert recipe != "train_ar" or list(data_dir.glob("ar_t0_tokens_*"))  # --flat-steps drew the flat images too
 
 
 @pytest.mark.parametrize("recipe, args", [
@@ -132,3 +133,28 @@ def test_the_judge_trains_on_flat_and_textured_images_alike():
 
     assert max(varying(im) for im in flat) < 0.2 < 0.5 < min(varying(im) for im in textured)
     assert np.array_equal(training_batch(np.random.default_rng(0), 8, 0.0)[0].shape, (8, 128, 128, 3))
+
+
+def test_a_run_cut_short_resumes_to_the_uncut_result(tmp_path):
+    """Checkpoints: four steps cut after two and resumed end with the uncut run's weights, to the bit (the
+    generator and the optimiser's moments come back too); the file goes once the run is done."""
+    from fastar.commands.training import Checkpoints, adamw, setup, train_step
+
+    def run(steps_now: int, path):
+        gen = setup(0)
+        model = torch.nn.Linear(4, 3)
+        opt = adamw(model, 1e-2, weight_decay=0.05)
+        checkpoints = Checkpoints(path, 2, model, opt, gen)
+        for step in range(checkpoints.resume(), steps_now):
+            x = torch.randn(8, 4, generator=gen)
+            train_step(opt, model(x).pow(2).mean(), 1e-2)
+            checkpoints.after(step)
+        return model, checkpoints
+
+    uncut, _ = run(4, tmp_path / "uncut.pt")
+    run(2, tmp_path / "cut.pt")  # stops after two steps, as if the machine went away
+    assert (tmp_path / "cut.pt").exists()
+    resumed, checkpoints = run(4, tmp_path / "cut.pt")
+    assert torch.equal(resumed.weight, uncut.weight) and torch.equal(resumed.bias, uncut.bias)
+    checkpoints.finish()
+    assert not (tmp_path / "cut.pt").exists()
