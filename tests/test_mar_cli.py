@@ -1,6 +1,7 @@
 """MAR from the command line and the loaders, with official-format stand-ins: a MAR checkpoint as LTH14/mar
 saves it ({"model", "model_ema", "args"}), an LDM KL autoencoder ({"model": sd} with loss.* keys), FastAR
 safetensors; generation with ar and cspd, latents out and back in through ``decode``, and the refusals."""
+import json
 import re
 import subprocess
 import sys
@@ -115,3 +116,17 @@ def test_decode_refuses_the_wrong_decoder(files, tmp_path):
     r = fastar("decode", "--vae", files / "kl16.ckpt", "--latents-in", tmp_path / "bad.npy", "--out", tmp_path / "x.png",
                cwd=tmp_path)
     assert r.returncode == 2 and "decodes [B, 4, h, w]" in r.stderr, r.stderr
+
+
+def test_bench_mar_compares_cspd_with_the_mar_sampler_at_several_step_counts(tmp_path):
+    r = fastar("bench", "--mar", "--samples", 2, "--timing-runs", 1, "--num-iter", 4, "--diffusion-steps", 5,
+               "--out", tmp_path / "bench", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "bench" / "bench_mar.json").read_text())
+    rows = report["results"]
+    assert list(rows) == ["mar", "mar@64", "mar@32", "mar@16", "cspd-steps", "cspd-merged"]
+    assert rows["mar"]["target_calls"] == 4 and rows["mar@32"]["target_calls"] == 32
+    assert rows["mar"]["frechet_vs_mar"] < 1e-6 and rows["mar"]["latency_ratio"] == 1.0
+    assert all(0 <= row["class_accuracy"] <= 1 and row["frechet"] > 0 for row in rows.values())
+    assert rows["cspd-steps"]["draft_calls"] > 0
+    assert "| cspd-merged |" in (tmp_path / "bench" / "bench_mar.md").read_text()
