@@ -41,6 +41,11 @@ def whole_autoencoder_path(path) -> Path:
     return DATA_DIR / "autoencoders" / Path(path).name
 
 
+def checkpoint_path(out) -> Path:
+    """Where a recipe writing ``out`` keeps its training state for ``--resume`` (git-ignored)."""
+    return DATA_DIR / "checkpoints" / f"{Path(out).stem}.pt"
+
+
 def save_autoencoder(model: torch.nn.Module, cfg, out) -> Path:
     """An autoencoder recipe's result: at ``out`` its decoding side only, which is all generation reads (so the
     bundled demo files stay small), and the whole model at ``whole_autoencoder_path(out)`` for the recipes that

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -26,8 +25,8 @@ from ..model_loaders.shared.demo import DEMO_AR, DEMO_VQ
 from ..model_loaders.llamagen.model import LlamaGenConfig, LlamaGenGPT
 from ..model_loaders.shared.protocol import ClassConditioning
 from ..model_loaders import load_ar_model, load_image_decoder
-from .demo_common import tokenised
-from ..commands.training import DATA_DIR, Checkpoints, Timer, adamw, cosine_lr, init_weights, save_fp16, setup, train_step
+from .demo_common import checkpoint_path, tokenised
+from ..commands.training import Checkpoints, Timer, adamw, cosine_lr, init_weights, save_fp16, setup, train_step
 from ..commands.bench.demo_data import CLASS_NAMES, TEXTURE_LEVELS, make_batch
 
 
@@ -82,7 +81,7 @@ def main(argv=None):
     print(f"AR {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params: {asdict(cfg)}")
     opt = adamw(model, args.lr, weight_decay=0.05)
     null = cfg.num_classes
-    checkpoints = Checkpoints(DATA_DIR / "checkpoints" / f"{Path(args.out).stem}.pt", 100, model, opt, gen)
+    checkpoints = Checkpoints(checkpoint_path(args.out), 100, model, opt, gen)
     for step in range(checkpoints.resume() if args.resume else 0, args.steps):
         idx = torch.randint(0, len(tokens), (args.batch,), generator=gen)
         x, y = tokens[idx].long(), labels[idx].clone()
