@@ -95,19 +95,22 @@ class Timer:
 
 
 class Checkpoints:
-    """A long training's state (model, optimiser, generator, step) saved every ``every`` steps to one file, so that
-    a run cut short (a session ends, the machine restarts) continues where it stopped and ends as an uncut run
-    would. The file is written whole or not at all, and removed when the run finishes."""
+    """A long training's state (its modules, by name: the model, its EMA...; the optimiser, generator, step) saved
+    every ``every`` steps to one file, so that a run cut short (a session ends, the machine restarts) continues where
+    it stopped and ends as an uncut run would. The file is written whole or not at all, and removed when the run
+    finishes."""
 
-    def __init__(self, path, every: int, model: nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator):
-        self.path, self.every, self.model, self.opt, self.gen = Path(path), every, model, opt, gen
+    def __init__(self, path, every: int, modules: dict[str, nn.Module], opt: torch.optim.Optimizer,
+                 gen: torch.Generator):
+        self.path, self.every, self.modules, self.opt, self.gen = Path(path), every, modules, opt, gen
 
     def resume(self) -> int:
         """The step to start from: 0, or the saved run's next step (its state restored)."""
         if not self.path.exists():
             return 0
         state = torch.load(self.path, weights_only=False)
-        self.model.load_state_dict(state["model"])
+        for name, module in self.modules.items():
+            module.load_state_dict(state[name])
         self.opt.load_state_dict(state["opt"])
         self.gen.set_state(state["gen"])
         print(f"resumed from {self.path.name} at step {state['step']}", flush=True)
@@ -119,8 +122,8 @@ class Checkpoints:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.path.with_name(self.path.name + ".partial")
-        torch.save({"model": self.model.state_dict(), "opt": self.opt.state_dict(), "gen": self.gen.get_state(),
-                    "step": step + 1}, partial)
+        modules = {name: module.state_dict() for name, module in self.modules.items()}
+        torch.save(modules | {"opt": self.opt.state_dict(), "gen": self.gen.get_state(), "step": step + 1}, partial)
         os.replace(partial, self.path)
 
     def finish(self) -> None:

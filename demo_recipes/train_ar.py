@@ -14,6 +14,7 @@ learns fast, then texture alone. ``--resume`` continues a run cut short (its sta
 from __future__ import annotations
 
 import argparse
+import copy
 from dataclasses import asdict
 from functools import partial
 
@@ -26,7 +27,8 @@ from ..model_loaders.llamagen.model import LlamaGenConfig, LlamaGenGPT
 from ..model_loaders.shared.protocol import ClassConditioning
 from ..model_loaders import load_ar_model, load_image_decoder
 from .demo_common import checkpoint_path, tokenised
-from ..commands.training import Checkpoints, Timer, adamw, cosine_lr, init_weights, save_fp16, setup, train_step
+from ..commands.training import (Checkpoints, Timer, adamw, cosine_lr, ema_update, init_weights, save_fp16, setup,
+                                 train_step)
 from ..commands.bench.demo_data import CLASS_NAMES, TEXTURE_LEVELS, make_batch
 
 
@@ -35,6 +37,17 @@ def model_config(vocab_size: int) -> LlamaGenConfig:
         dim=256, n_layer=4, n_head=8, vocab_size=vocab_size, grid=(16, 16), downsample=8,
         num_classes=len(CLASS_NAMES), class_names=list(CLASS_NAMES),
     )
+
+
+@torch.no_grad()
+def init_from_codebook(model: LlamaGenGPT, vq_path, gen: torch.Generator) -> None:
+    """Token embeddings and output head start as random projections of the VQ's code vectors (each with its own
+    projection), scaled to LlamaGen's init std: codes that look alike start alike, so the model reads and predicts
+    the colour of a textured patch from the start instead of learning it code by code."""
+    codes = load_image_decoder(vq_path).quantize.codebook().float()  # unit vectors
+    for weight in (model.tok_embeddings.weight, model.output.weight):
+        projection = torch.randn(codes.shape[1], weight.shape[1], generator=gen)
+        weight.copy_(0.02 * codes @ projection)
 
 
 @torch.no_grad()
@@ -60,6 +73,9 @@ def main(argv=None):
                    help="the images' texture, its largest excursion in 8-bit levels (0: flat colours)")
     p.add_argument("--flat-steps", type=int, default=0,
                    help="curriculum: over the first N steps a falling share of flat images (0: none)")
+    p.add_argument("--ema", type=float, default=0.0, help="save the weights' EMA with this decay (0: the weights)")
+    p.add_argument("--codebook-init", action="store_true",
+                   help="start the token embeddings and output head from the VQ's code vectors")
     p.add_argument("--resume", action="store_true",
                    help="continue the run that was cut short (saved every 100 steps under .data/checkpoints/)")
     p.add_argument("--vq", default=str(DEMO_VQ))
@@ -78,10 +94,14 @@ def main(argv=None):
     cfg = model_config(int(load_image_decoder(args.vq).cfg.codebook_size))
     model = LlamaGenGPT(cfg)
     init_weights(model)
+    if args.codebook_init:
+        init_from_codebook(model, args.vq, gen)
     print(f"AR {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params: {asdict(cfg)}")
     opt = adamw(model, args.lr, weight_decay=0.05)
     null = cfg.num_classes
-    checkpoints = Checkpoints(checkpoint_path(args.out), 100, model, opt, gen)
+    ema = copy.deepcopy(model).requires_grad_(False) if args.ema else None
+    modules = {"model": model} | ({"ema": ema} if ema else {})
+    checkpoints = Checkpoints(checkpoint_path(args.out), 100, modules, opt, gen)
     for step in range(checkpoints.resume() if args.resume else 0, args.steps):
         idx = torch.randint(0, len(tokens), (args.batch,), generator=gen)
         x, y = tokens[idx].long(), labels[idx].clone()
@@ -92,14 +112,17 @@ def main(argv=None):
         logits = model.training_logits(ClassConditioning(y), x)
         loss = F.cross_entropy(logits.flatten(0, 1), x.flatten())
         train_step(opt, loss, cosine_lr(step, args.steps, args.lr, warmup=min(100, args.steps // 10)), clip=1.0)
+        if ema:
+            ema_update(ema, model, min(args.ema, (1 + step) / (10 + step)))
         if (step + 1) % 25 == 0:
             print(f"step {step + 1}/{args.steps} train loss {loss.item():.4f} [{timer}]", flush=True)
         if (step + 1) % (args.steps // 2) == 0 and step + 1 < args.steps:
             print(f"  val loss {val_loss(model, val_tokens, val_labels):.4f}", flush=True)
         checkpoints.after(step)
 
-    model.eval()
-    save_fp16(model, cfg, args.out)
+    if ema:
+        print(f"val loss of the trained weights {val_loss(model, val_tokens, val_labels):.4f}; saving their EMA")
+    save_fp16((ema or model).eval(), cfg, args.out)
     saved = load_ar_model(args.out)
     print(f"final val loss (fp16 weights, {len(val_tokens)} held-out images): "
           f"{val_loss(saved, val_tokens, val_labels):.4f}; total {timer}")

@@ -64,7 +64,8 @@ def test_every_recipe_encodes_its_images_once_and_reads_them_back(data_dir, monk
 
 
 @pytest.mark.parametrize("recipe, args", [
-    ("train_ar", ["--steps", "2", "--batch", "4", "--images", "16", "--val-images", "8", "--flat-steps", "2"]),
+    ("train_ar", ["--steps", "2", "--batch", "4", "--images", "16", "--val-images", "8", "--flat-steps", "2",
+                  "--ema", "0.9", "--codebook-init"]),
     ("train_var", ["--steps", "2", "--batch", "4", "--images", "16", "--depth", "1", "--dim", "64"]),
 ])
 def test_a_recipe_trains_saves_and_its_model_loads(recipe, args, data_dir, tmp_path):
@@ -136,25 +137,47 @@ def test_the_judge_trains_on_flat_and_textured_images_alike():
 
 
 def test_a_run_cut_short_resumes_to_the_uncut_result(tmp_path):
-    """Checkpoints: four steps cut after two and resumed end with the uncut run's weights, to the bit (the
-    generator and the optimiser's moments come back too); the file goes once the run is done."""
-    from fastar.commands.training import Checkpoints, adamw, setup, train_step
+    """Checkpoints: four steps cut after two and resumed end with the uncut run's weights and their EMA, to the bit
+    (the generator and the optimiser's moments come back too); the file goes once the run is done."""
+    from fastar.commands.training import Checkpoints, adamw, ema_update, setup, train_step
 
     def run(steps_now: int, path):
         gen = setup(0)
-        model = torch.nn.Linear(4, 3)
+        model, ema = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
         opt = adamw(model, 1e-2, weight_decay=0.05)
-        checkpoints = Checkpoints(path, 2, model, opt, gen)
+        checkpoints = Checkpoints(path, 2, {"model": model, "ema": ema}, opt, gen)
         for step in range(checkpoints.resume(), steps_now):
             x = torch.randn(8, 4, generator=gen)
             train_step(opt, model(x).pow(2).mean(), 1e-2)
+            ema_update(ema, model, 0.5)
             checkpoints.after(step)
-        return model, checkpoints
+        return model, ema, checkpoints
 
-    uncut, _ = run(4, tmp_path / "uncut.pt")
+    uncut, uncut_ema, _ = run(4, tmp_path / "uncut.pt")
     run(2, tmp_path / "cut.pt")  # stops after two steps, as if the machine went away
     assert (tmp_path / "cut.pt").exists()
-    resumed, checkpoints = run(4, tmp_path / "cut.pt")
-    assert torch.equal(resumed.weight, uncut.weight) and torch.equal(resumed.bias, uncut.bias)
+    resumed, resumed_ema, checkpoints = run(4, tmp_path / "cut.pt")
+    for a, b in [(resumed, uncut), (resumed_ema, uncut_ema)]:
+        assert torch.equal(a.weight, b.weight) and torch.equal(a.bias, b.bias)
+    assert not torch.equal(resumed_ema.weight, resumed.weight)
     checkpoints.finish()
     assert not (tmp_path / "cut.pt").exists()
+
+
+def test_the_gpt_can_start_from_the_codebook_codes_that_look_alike_starting_alike():
+    """train_ar --codebook-init: the token embeddings and the output head are projections of the VQ's code
+    vectors at LlamaGen's init scale, so their similarities are the codebook's (each through its own projection)."""
+    from fastar.commands.training import init_weights
+    from fastar.demo_recipes.train_ar import init_from_codebook, model_config
+    from fastar.model_loaders.llamagen.model import LlamaGenGPT
+
+    codes = load_image_decoder(DEMO_VQ).quantize.codebook().float()
+    model = LlamaGenGPT(model_config(codes.shape[0]))
+    init_weights(model)
+    init_from_codebook(model, DEMO_VQ, torch.Generator().manual_seed(0))
+    like_codes = (codes @ codes.T).flatten()
+    for weight in (model.tok_embeddings.weight, model.output.weight):
+        unit = torch.nn.functional.normalize(weight, dim=-1)
+        assert torch.corrcoef(torch.stack([like_codes, (unit @ unit.T).flatten()]))[0, 1] > 0.9
+        assert 0.015 < weight.std() < 0.025
+    assert not torch.allclose(model.tok_embeddings.weight, model.output.weight)
