@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .errors import FastARError, FastARWarning
 from .model_loaders.shared.compiled import COMPILE_MODES, SWITCH
+from .model_loaders.shared.quantized import WEIGHT_FORMATS
 from .samplers.acceptance import PROB_FILTERS
 from .samplers.cspd import VERIFY_MODES
 from .samplers.decoders import DECODERS
@@ -96,6 +97,9 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "fp16", "bf16"],
                    help="weights' precision; auto: bf16 on GPUs that have it, fp16 on older GPUs, fp32 on a CPU")
+    p.add_argument("--weights", default="auto", choices=WEIGHT_FORMATS,
+                   help="the model's transformer blocks in 8 bits, quantised at load: int8 or fp8 (e4m3, ComfyUI's "
+                   "8-bit weights), each with a scale per output channel: half bf16's memory; auto: as the checkpoint")
     p.add_argument("--gpu-weights", type=float, metavar="GB", help="a model bigger than the GPU: keep this many GB "
                    "of its weights on the GPU and stream the rest of its blocks from system memory at every step "
                    "(slower: they cross PCIe each step; compiled steps off). 0: only what cannot stream. Default: all of "

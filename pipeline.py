@@ -183,12 +183,13 @@ class LoadedModels:
 
 def load_models(model_path: str | None, vq_path: str | None, device: str = "auto", dtype: str = "auto",
                 drafter_path: str | None = None, image_size: int | None = None, compile_switch: str = "off",
-                gpu_weights: float | None = None) -> LoadedModels:
+                gpu_weights: float | None = None, weights: str = "auto") -> LoadedModels:
     """The AR model, image decoder and optional drafter; the model defaults to the bundled demo model, the image
     decoder of a bundled model to its bundled one, ``drafter_path="demo"`` is the bundled demo drafter. ``image_size`` (pixels) overrides the model's.
     ``compile_switch`` (on, auto, off): the token model's decoding steps through torch.compile
     (model_loaders/shared/compiled.py). ``gpu_weights``: GB of the model's weights kept on the GPU, the rest streamed
-    from host memory at every step (model_loaders/shared/streaming.py); None: all of them."""
+    from host memory at every step (model_loaders/shared/streaming.py); None: all of them. ``weights``: the token
+    model's blocks in 8 bits (int8, fp8; model_loaders/shared/quantized.py) or as the checkpoint has them (auto)."""
     from .model_loaders import load_ar_model, load_image_decoder
     from .model_loaders.shared.compiled import compile_steps
     from .model_loaders.shared.demo import DEMO_AR, demo_image_decoder
@@ -199,7 +200,7 @@ def load_models(model_path: str | None, vq_path: str | None, device: str = "auto
     dt = resolve_dtype(dtype, dev)
     check_gpu_weights(gpu_weights, dev)
     try:
-        ar = load_ar_model(model_path or DEMO_AR, device=dev if gpu_weights is None else "cpu", dtype=dt,
+        ar = load_ar_model(model_path or DEMO_AR, weights, device=dev if gpu_weights is None else "cpu", dtype=dt,
                            image_size=image_size)
         streamed = 0 if gpu_weights is None else place(ar, dev, int(gpu_weights * GB))
     except torch.OutOfMemoryError as error:

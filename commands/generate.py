@@ -75,7 +75,8 @@ def command_generate(args) -> int:
     check_arguments(args)
     make_output_folders(args)
     models = load_models(args.model, args.vq, args.device, args.dtype, drafter_path=drafter_choice(args, args.decoder),
-                         image_size=args.image_size, compile_switch=args.compile, gpu_weights=args.gpu_weights)
+                         image_size=args.image_size, compile_switch=args.compile, gpu_weights=args.gpu_weights,
+                         weights=args.weights)
     args.decoder = args.decoder or DEFAULT_DECODER[models.ar.kind]
     if not any(getattr(args, name, None) for name in OUTPUTS):  # said where when written
         args.out = str(DEFAULT_OUT / f"{Path(args.model or 'demo').stem}_{args.decoder}_seed{args.seed}.png")

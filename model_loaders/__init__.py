@@ -7,6 +7,7 @@ from .dd.loader import load_dd_student
 from .janus.loader import load_janus, vq_of_janus
 from .llamagen.loader import load_llamagen, load_vq
 from .mar.loader import load_kl_vae, load_mar
+from .shared.quantized import check_weight_format, quantize_weights
 from .shared.streaming import make_streamable
 from .var.loader import load_var, load_var_dd, load_var_vqvae
 
@@ -16,10 +17,15 @@ LOADERS = {"llamagen-dd": load_dd_student, "llamagen-gpt": load_llamagen, "llama
            "llamagen-vq": load_vq, "kl-vae": load_kl_vae, "chameleon-vqgan": load_vqgan}
 
 
-def load_ar_model(path, **kw):
+def load_ar_model(path, weights: str = "auto", **kw):
     """The generative model (token-AR, MAR or a DD student) in a checkpoint file or folder; ``kw`` go to the
-    family's loader. Its blocks can stream from host memory where the GPU is too small (streaming.py)."""
-    return make_streamable(load_family(path, AR_MODEL, kw))
+    family's loader. Its blocks can stream from host memory where the GPU is too small (streaming.py), and hold
+    8-bit weights (``weights`` int8 or fp8, quantized.py)."""
+    if check_weight_format(weights) == "auto":
+        return make_streamable(load_family(path, AR_MODEL, kw))
+    # quantised in host memory, then moved: a model too big for the GPU in bf16 may fit in 8 bits
+    model = quantize_weights(make_streamable(load_family(path, AR_MODEL, kw | {"device": "cpu"})), weights)
+    return model.to(kw["device"]) if kw.get("device") is not None else model
 
 
 def load_image_decoder(path, **kw):

@@ -16,6 +16,7 @@ from fastar.model_loaders.shared import streaming
 from fastar.model_loaders.shared.compiled import compile_steps, compiled_mode
 from fastar.model_loaders.shared.demo import (DEMO_AR, DEMO_DD, DEMO_KL, DEMO_MAR, DEMO_TEXT, DEMO_VAR, DEMO_VAR_DD,
                                       DEMO_VAR_VQVAE, DEMO_VQ, DEMO_VQGAN)
+from fastar.model_loaders.shared.quantized import quantize_weights
 from fastar.model_loaders.shared.streaming import (StreamedLinear, make_streamable, place, resident_minimum,
                                             stream_buffer_bytes, streamable_layers, streamed_bytes, streamed_layers)
 from fastar.samplers.decoders import DecoderSpec, decode
@@ -47,6 +48,8 @@ def host_only(model) -> None:
     for layer in streamed_layers(model):
         for name, p in list(layer.named_parameters(recurse=False)):
             layer._parameters[name] = p.detach().as_subclass(HostOnly)
+        for name, b in list(layer.named_buffers(recurse=False)):  # an 8-bit layer's codes and scales
+            layer._buffers[name] = b.as_subclass(HostOnly)
 
 
 def stream_everything(model) -> int:
@@ -96,17 +99,19 @@ def test_streaming_turns_compiled_steps_off():
     assert compiled_mode(model) is None
 
 
+@pytest.mark.parametrize("weights", ["auto", "int8", "fp8"])
 @pytest.mark.parametrize("spec", [DecoderSpec("ar"), DecoderSpec("sjd", window=5), DecoderSpec("gsd", window=5)],
                          ids=lambda s: s.decoder)
-def test_streamed_blocks_give_the_same_tokens_and_copy_every_forward(spec):
+def test_streamed_blocks_give_the_same_tokens_and_copy_every_forward(spec, weights):
+    """Plain and 8-bit blocks alike (an 8-bit layer copies its codes and scales)."""
     sampling = SamplingSettings(cfg_scale=2.0, temperature=0.9, top_k=20, top_p=0.95)
-    resident, streamed = tiny_model(seed=3), make_streamable(tiny_model(seed=3))
+    resident, streamed = (quantize_weights(make_streamable(tiny_model(seed=3)), weights) for _ in range(2))
     stream_everything(streamed)
     want, _ = decode(resident, tiny_conditioning(resident), sampling, spec, seed=4)
     COPIES["count"] = 0
     got, stats = decode(streamed, tiny_conditioning(streamed), sampling, spec, seed=4)
     assert torch.equal(got, want)
-    tensors = sum(1 + (layer.bias is not None) for layer in streamed_layers(streamed))
+    tensors = sum(len(list(layer.parameters())) + len(list(layer.buffers())) for layer in streamed_layers(streamed))
     assert COPIES["count"] == tensors * (stats.target_forwards + 1)  # every forward and the prefill
 
 

@@ -77,7 +77,8 @@ def run_dd_bench(args) -> dict:
         raise FastARError(f"{student_path} does not exist: give a DD student (--model) and its teacher (--teacher), "
                           "or make the demo one with python -m fastar distill-dd")
     # its kind picks the default decoder
-    student = load_models(str(student_path), None, args.device, args.dtype, gpu_weights=args.gpu_weights)
+    student = load_models(str(student_path), None, args.device, args.dtype, gpu_weights=args.gpu_weights,
+                          weights=args.weights)
     if student.ar.kind != "few-step":
         raise FastARError(f"bench --dd needs a Distilled Decoding student as --model; {student_path} is "
                           f"{student.ar.what}")
@@ -87,7 +88,7 @@ def run_dd_bench(args) -> dict:
     if vq is None:
         raise FastARError(f"bench --dd decodes images: give the teacher's image decoder (--vq: its VQ, or a VAR's "
                           f"VQVAE) for {Path(teacher_path).name}")
-    teacher = load_models(teacher_path, vq, args.device, args.dtype, gpu_weights=args.gpu_weights)
+    teacher = load_models(teacher_path, vq, args.device, args.dtype, gpu_weights=args.gpu_weights, weights=args.weights)
     check_image_decoder(student.ar, teacher.vq)
     student.vq = teacher.vq
     rows = VAR_ROWS if is_var else ROWS

@@ -239,7 +239,8 @@ def run_bench(args) -> dict:
 
     drafter_path = args.drafter or ("demo" if args.model is None else None)
     models = load_models(args.model, args.vq, args.device, args.dtype, drafter_path=drafter_path,
-                         image_size=args.image_size, compile_switch=args.compile, gpu_weights=args.gpu_weights)
+                         image_size=args.image_size, compile_switch=args.compile, gpu_weights=args.gpu_weights,
+                         weights=args.weights)
     if models.vq is None:
         raise FastARError("the benchmark decodes images: give --vq with --model")
     if models.drafter is None and any(e.drafted for e in entries.values()):

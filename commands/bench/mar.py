@@ -88,7 +88,7 @@ def run_mar_bench(args) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     model_path = args.model or DEMO_MAR
     models = load_models(str(model_path), args.vq or str(DEMO_KL), args.device, args.dtype,
-                         drafter_path=args.drafter or "demo", gpu_weights=args.gpu_weights)
+                         drafter_path=args.drafter or "demo", gpu_weights=args.gpu_weights, weights=args.weights)
     if models.ar.kind != "masked-ar":
         raise FastARError(f"bench --mar compares MAR decoders: {model_path} is {models.ar.what}; drop --mar to "
                           "bench a token model")

@@ -21,22 +21,35 @@ GB = 1e9
 BUFFERED_LAYERS = 2  # streamed layers on the GPU at once at most: the running one and the next one's copy
 
 
-class StreamedLinear(nn.Linear):
-    """nn.Linear whose weights may stay in host memory (``comfy_cast_weights``), copied per call."""
+class Streamable:
+    """A block's linear layer that honours ComfyUI's ``comfy_cast_weights``: StreamedLinear, and its 8-bit form
+    (quantized.py)."""
 
     comfy_cast_weights = False
+
+    def weight_for(self, x: torch.Tensor) -> torch.Tensor:
+        """The weight as applied to ``x``: on ``x``'s device (a streamed layer's copy), in the layer's compute
+        dtype."""
+        raise NotImplementedError
+
+
+class StreamedLinear(nn.Linear, Streamable):
+    """nn.Linear whose weights may stay in host memory (``comfy_cast_weights``), copied per call."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.comfy_cast_weights:
             return super().forward(x)
         bias = None if self.bias is None else self.bias.to(x.device, non_blocking=True)
-        return F.linear(x, weight_at(self, x.device), bias)
+        return F.linear(x, self.weight_for(x), bias)
+
+    def weight_for(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight.to(x.device, non_blocking=True) if self.comfy_cast_weights else self.weight
 
 
-def weight_at(layer: nn.Linear, device: torch.device) -> torch.Tensor:
-    """``layer``'s weight on ``device``: a streamed layer's copy, else the weight itself. For code that applies a
-    layer's weight itself (with another bias, say)."""
-    return layer.weight.to(device, non_blocking=True) if getattr(layer, "comfy_cast_weights", False) else layer.weight
+def weight_for(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``layer``'s weight as applied to ``x`` (streamed, 8-bit or plain). For code that applies a layer's weight
+    itself (with another bias, say)."""
+    return layer.weight_for(x) if isinstance(layer, Streamable) else layer.weight
 
 
 def make_streamable(model: nn.Module) -> nn.Module:
@@ -49,11 +62,11 @@ def make_streamable(model: nn.Module) -> nn.Module:
     return model
 
 
-def streamable_layers(model: nn.Module) -> list[StreamedLinear]:
-    return [m for m in model.modules() if isinstance(m, StreamedLinear)]
+def streamable_layers(model: nn.Module) -> list[Streamable]:
+    return [m for m in model.modules() if isinstance(m, Streamable)]
 
 
-def streamed_layers(model: nn.Module) -> list[StreamedLinear]:
+def streamed_layers(model: nn.Module) -> list[Streamable]:
     """The layers whose weights are in host memory now (set by ComfyUI's partial load, or by place())."""
     return [m for m in streamable_layers(model) if m.comfy_cast_weights]
 
@@ -62,26 +75,23 @@ def is_streaming(model: nn.Module) -> bool:
     return any(m.comfy_cast_weights for m in streamable_layers(model))
 
 
-def layer_bytes(layer: nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in layer.parameters())
-
-
-def model_bytes(model: nn.Module) -> int:
-    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+def model_bytes(module: nn.Module) -> int:
+    """Bytes of a model's or a layer's weights and buffers (an 8-bit layer's codes and scales are buffers)."""
+    return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
 
 
 def streamed_bytes(model: nn.Module) -> int:
     """Bytes of weights copied from host memory at every forward."""
-    return sum(layer_bytes(m) for m in streamed_layers(model))
+    return sum(model_bytes(m) for m in streamed_layers(model))
 
 
 def streamable_bytes(model: nn.Module) -> int:
-    return sum(layer_bytes(m) for m in streamable_layers(model))
+    return sum(model_bytes(m) for m in streamable_layers(model))
 
 
 def stream_buffer_bytes(model: nn.Module) -> int:
     """Device memory streamed layers take at once while they run."""
-    return BUFFERED_LAYERS * max((layer_bytes(m) for m in streamable_layers(model)), default=0)
+    return BUFFERED_LAYERS * max((model_bytes(m) for m in streamable_layers(model)), default=0)
 
 
 def resident_minimum(model: nn.Module) -> int:
@@ -102,15 +112,22 @@ def place(model: nn.Module, device: torch.device, resident: int, option: str = "
                           f"time): give at least {least / GB:.2f}, or 0 for just that")
     budget = resident - least if resident < total else total
     for layer in streamable_layers(model):
-        size = layer_bytes(layer)
+        size = model_bytes(layer)
         keep = size <= budget
         budget -= size if keep else 0
         layer.comfy_cast_weights = not keep
         if not keep and device.type == "cuda":
-            for p in layer.parameters():
-                p.data = p.data.pin_memory()  # the copy to the GPU then runs without blocking the host
+            pin(layer)
     move_resident(model, device)
     return streamed_bytes(model)
+
+
+def pin(layer: nn.Module) -> None:
+    """Put ``layer``'s tensors in pinned host memory: their copies to the GPU then run without blocking the host."""
+    for p in layer.parameters():
+        p.data = p.data.pin_memory()
+    for name, b in layer.named_buffers(recurse=False):
+        setattr(layer, name, b.pin_memory())
 
 
 def move_resident(model: nn.Module, device: torch.device) -> None:

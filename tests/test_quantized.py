@@ -1,0 +1,102 @@
+"""8-bit weights (model_loaders/shared/quantized.py): each weight within its format's rounding bound, the codes and
+scales kept exact through every move and dtype change, only the blocks' linear layers quantised, the demo model
+nearly unchanged by it, and streaming still working on 8-bit layers."""
+import pytest
+import torch
+
+from fastar.errors import FastARError
+from fastar.model_loaders import load_ar_model
+from fastar.model_loaders.shared.demo import DEMO_AR
+from fastar.model_loaders.shared.quantized import (QuantizedLinear, check_weight_format, quantize_rows,
+                                                   quantize_weights, weight_format)
+from fastar.model_loaders.shared.streaming import make_streamable, model_bytes, streamable_layers
+from fastar.samplers.decoders import DecoderSpec, decode
+from fastar.samplers.processing import SamplingSettings
+from tiny_llamagen import tiny_conditioning, tiny_model
+
+FORMATS = ("int8", "fp8")
+
+
+def rows_of_every_scale() -> torch.Tensor:
+    """Rows whose magnitudes span six decades, with an all-zero row and a row of one outlier."""
+    weight = torch.randn(8, 256, generator=torch.Generator().manual_seed(0)) * torch.logspace(-4, 1, 8)[:, None]
+    weight[3] = 0.0
+    weight[5, 7] = 40.0
+    return weight
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_weight_is_within_its_formats_rounding_bound(fmt):
+    """int8: half a step of max|row| / 127. fp8 e4m3: a sixteenth of the weight (3 mantissa bits), or half the
+    smallest subnormal step near zero."""
+    weight = rows_of_every_scale()
+    codes, scale = quantize_rows(weight, fmt)
+    error = (codes.float() * scale[:, None] - weight).abs()
+    bound = scale[:, None] / 2 if fmt == "int8" else weight.abs() / 16 + scale[:, None] * 2.0 ** -10
+    assert (error <= bound * (1 + 1e-5)).all()
+    peaks = codes.float().abs().amax(1)[weight.abs().amax(1) > 0]
+    assert (peaks == (127.0 if fmt == "int8" else 448.0)).all()  # each row uses its format's whole range
+    assert (codes[3] == 0).all()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_quantised_model_moves_but_never_casts_its_codes_or_scales(fmt):
+    model = quantize_weights(make_streamable(tiny_model()), fmt)
+    layer = next(m for m in model.modules() if isinstance(m, QuantizedLinear))
+    codes, scale = layer.weight.clone(), layer.weight_scale.clone()
+    for move in (lambda m: m.to(torch.bfloat16), lambda m: m.half(), lambda m: m.to("cpu", torch.float16),
+                 lambda m: m.float()):
+        move(model)
+        assert layer.weight.dtype == codes.dtype and torch.equal(layer.weight.view(torch.int8), codes.view(torch.int8))
+        assert layer.weight_scale.dtype == torch.float32 and torch.equal(layer.weight_scale, scale)
+    model.to(torch.bfloat16)
+    assert layer.bias is None or layer.bias.dtype == torch.bfloat16
+    x = torch.randn(2, layer.in_features, dtype=torch.bfloat16)
+    assert layer(x).dtype == torch.bfloat16 and torch.isfinite(layer(x)).all()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_only_the_blocks_linear_layers_hold_8_bit_weights(fmt):
+    model = make_streamable(tiny_model())
+    blocks = len(streamable_layers(model))
+    before = model_bytes(model)
+    quantize_weights(model, fmt)
+    quantised = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+    assert len(quantised) == blocks == len(streamable_layers(model)) and weight_format(model) == fmt
+    assert type(model.output) is torch.nn.Linear and model.output.weight.dtype == torch.float32
+    assert model.tok_embeddings.weight.dtype == torch.float32
+    saved = sum(m.weight.numel() * 3 - m.weight_scale.numel() * 4 for m in quantised)  # 4 bytes to 1, plus scales
+    assert model_bytes(model) == before - saved
+    assert quantize_weights(model, fmt) is model and len(streamable_layers(model)) == blocks  # twice: no change
+
+
+def test_an_unknown_format_is_refused_with_the_choices():
+    with pytest.raises(FastARError, match="int8, fp8"):
+        check_weight_format("int4")
+    with pytest.raises(FastARError, match="int8, fp8"):
+        load_ar_model(DEMO_AR, weights="nf4")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_demo_model_in_8_bits_predicts_nearly_as_in_full_precision(fmt):
+    """On the bundled demo's greedy sequences, fed to both (teacher forcing: a sequence decoded by each would part
+    at its first different token), the 8-bit model's next-token choices nearly all the same, its logits close."""
+    full, eight = load_ar_model(DEMO_AR), load_ar_model(DEMO_AR, weights=fmt)
+    assert weight_format(eight) == fmt and model_bytes(eight) < 0.75 * model_bytes(full)
+    rows = tiny_conditioning(full)
+    greedy = SamplingSettings(temperature=0.0)
+    reference, _ = decode(full, rows, greedy, DecoderSpec("ar"), seed=0)
+    with torch.no_grad():
+        logits_full, logits_eight = full.training_logits(rows, reference), eight.training_logits(rows, reference)
+    agreement = (logits_eight.argmax(-1) == logits_full.argmax(-1)).float().mean()
+    assert agreement > 0.97
+    assert (logits_eight - logits_full).abs().max() < 0.05 * logits_full.abs().max()
+
+
+def test_generate_runs_with_8_bit_weights(tmp_path):
+    from fastar.cli import main
+    from PIL import Image
+
+    out = tmp_path / "int8.png"
+    main(["generate", "--weights", "int8", "--class", "3", "--decoder", "sjd", "--out", str(out), "--quiet"])
+    assert Image.open(out).size == (128, 128)
