@@ -1,6 +1,8 @@
 """8-bit weights (model_loaders/shared/quantized.py): each weight within its format's rounding bound, the codes and
 scales kept exact through every move and dtype change, only the blocks' linear layers quantised, the demo model
 nearly unchanged by it, and streaming still working on 8-bit layers."""
+import copy
+
 import pytest
 import torch
 
@@ -10,8 +12,12 @@ from fastar.model_loaders.shared.demo import DEMO_AR
 from fastar.model_loaders.shared.quantized import (QuantizedLinear, check_weight_format, quantize_rows,
                                                    quantize_weights, weight_format)
 from fastar.model_loaders.shared.streaming import make_streamable, model_bytes, streamable_layers
+from fastar.commands.bench.toy_model import ToyModel
+from fastar.model_loaders.drafters.small_ar import SmallARDrafter
+from fastar.model_loaders.shared.protocol import ClassConditioning
 from fastar.samplers.decoders import DecoderSpec, decode
 from fastar.samplers.processing import SamplingSettings
+from test_exact_distribution import ALPHA, ROWS, chi_square_p_value
 from tiny_llamagen import tiny_conditioning, tiny_model
 
 FORMATS = ("int8", "fp8")
@@ -100,3 +106,37 @@ def test_generate_runs_with_8_bit_weights(tmp_path):
     out = tmp_path / "int8.png"
     main(["generate", "--weights", "int8", "--class", "3", "--decoder", "sjd", "--out", str(out), "--quiet"])
     assert Image.open(out).size == (128, 128)
+
+
+def tabulated(model, label: int) -> ToyModel:
+    """An enumerable twin of the tiny ``model`` (3 codes on 2x2): every prefix's logits, for ``label`` and the null
+    class, read from ``model`` by teacher forcing, so the toy's exact joint is the model's."""
+    twin = ToyModel(vocab=3, grid=(2, 2), num_classes=2)
+    sequences = torch.tensor(twin.sequences())
+    with torch.no_grad():
+        for row in (label, twin.num_classes):
+            logits = model.training_logits(ClassConditioning(torch.full((len(sequences),), row)), sequences)
+            for pos in range(twin.num_tokens):
+                twin.tables[pos][row, twin.prefix_index(sequences[:, :pos])] = logits[:, pos]
+    return twin
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("spec", [DecoderSpec("ar"), DecoderSpec("sjd", window=3), DecoderSpec("spec", gamma=2)],
+                         ids=lambda s: s.decoder)
+def test_lossless_decoders_sample_the_8_bit_models_distribution_exactly(spec, fmt):
+    """The decoders see only the quantised model: a Jacobi window, a drafter's chain and one-token steps read the
+    same 8-bit weights, so their samples follow its exact joint (chi-square, as in test_exact_distribution.py,
+    where broken rules are shown to fail it; here a joint at temperature 1 instead of 0.9 fails too)."""
+    full = tiny_model(vocab_size=3, grid=(2, 2), num_classes=2, seed=5)
+    with torch.no_grad():
+        full.output.weight.mul_(3.0)  # distributions neither flat nor certain
+    eight = quantize_weights(make_streamable(copy.deepcopy(full)), fmt)
+    drafter = SmallARDrafter(quantize_weights(make_streamable(tiny_model(vocab_size=3, grid=(2, 2), num_classes=2,
+                                                                         seed=9)), fmt))
+    settings = SamplingSettings(cfg_scale=2.0, temperature=0.9, top_k=2)
+    tokens, _ = decode(eight, ClassConditioning(torch.full((ROWS,), 1)), settings, spec, seed=0,
+                       drafter=drafter if spec.decoder == "spec" else None)
+    twin = tabulated(eight, 1)
+    assert chi_square_p_value(tokens, twin.exact_joint(1, cfg_scale=2.0, temperature=0.9, top_k=2), twin) > ALPHA
+    assert chi_square_p_value(tokens, twin.exact_joint(1, cfg_scale=2.0, temperature=1.0, top_k=2), twin) < ALPHA
