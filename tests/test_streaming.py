@@ -132,7 +132,8 @@ def family_runs(janus_folder):
 
 @pytest.mark.parametrize("family", ["llamagen", "lumina-mgpt", "janus", "mar", "var", "dd", "var-dd"])
 def test_every_family_generates_the_same_with_its_blocks_streamed(family, janus_folder, tmp_path, monkeypatch):
-    """The CLI's --gpu-weights path on the CPU (its GPU-only check lifted), every block streamed."""
+    """The CLI's --gpu-weights path on the CPU (its GPU-only check lifted), every block streamed; with full and with
+    8-bit weights (--weights int8: a quarter of fp32's bytes cross)."""
     placed = []
 
     def place_everything(model, device, resident, option="--gpu-weights"):
@@ -142,16 +143,20 @@ def test_every_family_generates_the_same_with_its_blocks_streamed(family, janus_
     monkeypatch.setattr(streaming, "place", place_everything)
     monkeypatch.setattr("fastar.pipeline.check_gpu_weights", lambda gpu_weights, device: None)
     runs = {}
-    for name, extra in (("resident", []), ("streamed", ["--gpu-weights", "1"])):
-        out = tmp_path / name
-        args = [*map(str, family_runs(janus_folder)[family]), "--device", "cpu", "--seed", "2", "--quiet",
-                "--latents-out", str(out / "latents.npy"), "--out", str(out / "image.png"), *extra]
-        assert main(["generate", *args]) == 0
-        runs[name] = np.load(out / "latents.npy"), np.asarray(Image.open(out / "image.png"))
-    assert placed and placed[0] > 0
-    for streamed, resident in zip(runs["streamed"], runs["resident"]):
-        np.testing.assert_array_equal(streamed, resident)
-    assert runs["streamed"][1].std() > 5  # a picture, not a flat field
+    for weights in ("auto", "int8"):
+        for name, extra in (("resident", []), ("streamed", ["--gpu-weights", "1"])):
+            out = tmp_path / weights / name
+            args = [*map(str, family_runs(janus_folder)[family]), "--device", "cpu", "--seed", "2", "--quiet",
+                    "--latents-out", str(out / "latents.npy"), "--out", str(out / "image.png"), "--weights", weights,
+                    *extra]
+            assert main(["generate", *args]) == 0
+            runs[weights, name] = np.load(out / "latents.npy"), np.asarray(Image.open(out / "image.png"))
+    full, eight = placed
+    assert full > 0 and full * 0.25 <= eight < full * 0.27  # 1-byte codes and 4-byte scales for 4-byte weights
+    for weights in ("auto", "int8"):
+        for streamed, resident in zip(runs[weights, "streamed"], runs[weights, "resident"]):
+            np.testing.assert_array_equal(streamed, resident)
+        assert runs[weights, "streamed"][1].std() > 5  # a picture, not a flat field
 
 
 def test_the_cli_refuses_gpu_weights_off_a_gpu_and_below_zero(capsys):
