@@ -12,6 +12,7 @@ from ..errors import FastARError
 from ..model_loaders.shared.compiled import SWITCH, compile_steps, switch_error
 from ..model_loaders.shared.demo import DEMO_DRAFTER
 from ..model_loaders.shared.protocol import ClassConditioning, PromptConditioning
+from ..model_loaders.shared.quantized import WEIGHT_FORMATS
 from ..pipeline import DTYPES, check_class_index, conditioning_type
 from . import comfy_glue as glue
 from . import files
@@ -27,6 +28,18 @@ NOTHING_FOUND = "(none found: see the tooltip)"
 NO_T5 = "(none: the model reads the prompt itself)"
 DTYPE_TOOLTIP = ("Weights precision. auto: ComfyUI's choice for your device (bf16 or fp16 on GPUs, fp32 on CPU). "
                  "fp16/bf16 halve memory; fp32 is the reference.")
+
+
+WEIGHTS_TOOLTIP = ("The transformer blocks' weights in 8 bits, quantised as the model loads (nothing to download): "
+                   "int8 or fp8 (e4m3, as ComfyUI's fp8 weight dtypes), each with a scale per output channel: the "
+                   "blocks take half the memory of bf16, at a small cost in fidelity; embeddings, norms and the "
+                   "output head keep the dtype above. auto: the weights as the checkpoint has them.")
+
+
+def weights_error(weights: str) -> str | None:
+    if weights not in WEIGHT_FORMATS:
+        return f"unknown weight_dtype '{weights}': choose one of {', '.join(WEIGHT_FORMATS)}"
+    return None
 
 
 def listed(names: list[str]) -> list[str]:
@@ -131,6 +144,8 @@ class LoadARModel(CheckpointLoader):
                                        "proven it gives the same tokens (CPU, NVIDIA GPUs), off elsewhere, and "
                                        "off while part of the model streams from system memory (a GPU too "
                                        "small for it). Token models only; other kinds ignore it."),
+                io.Combo.Input("weight_dtype", options=list(WEIGHT_FORMATS), default="auto", optional=True,
+                               tooltip=WEIGHTS_TOOLTIP),
             ],
             outputs=[FastARModel.Output("model", display_name="model",
                                         tooltip="The AR model, managed by ComfyUI (loaded to the GPU "
@@ -138,25 +153,26 @@ class LoadARModel(CheckpointLoader):
         )
 
     @classmethod
-    def validate_inputs(cls, model_name, dtype, image_size="auto", compile="auto"):
-        return image_size_error(image_size) or switch_error(compile) or cls.checked(model_name, dtype)
+    def validate_inputs(cls, model_name, dtype, image_size="auto", compile="auto", weight_dtype="auto"):
+        return (image_size_error(image_size) or switch_error(compile) or weights_error(weight_dtype)
+                or cls.checked(model_name, dtype))
 
     @classmethod
-    def fingerprint_inputs(cls, model_name, dtype, image_size="auto", compile="auto"):
-        return cls.fingerprint(model_name, dtype, image_size, compile)
+    def fingerprint_inputs(cls, model_name, dtype, image_size="auto", compile="auto", weight_dtype="auto"):
+        return cls.fingerprint(model_name, dtype, image_size, compile, weight_dtype)
 
     @classmethod
-    def execute(cls, model_name, dtype, image_size="auto", compile="auto") -> io.NodeOutput:
-        raise_if(image_size_error(image_size) or switch_error(compile))
+    def execute(cls, model_name, dtype, image_size="auto", compile="auto", weight_dtype="auto") -> io.NodeOutput:
+        raise_if(image_size_error(image_size) or switch_error(compile) or weights_error(weight_dtype))
         return cls.loaded(model_name, dtype, image_size=None if image_size == "auto" else int(image_size),
-                          compile_switch=compile)
+                          compile_switch=compile, weights=weight_dtype)
 
     @classmethod
-    def load(cls, path, name, dtype, image_size=None, compile_switch="auto"):
+    def load(cls, path, name, dtype, image_size=None, compile_switch="auto", weights="auto"):
         from ..model_loaders import load_ar_model
 
-        model = load_ar_model(path, device=glue.offload_device(), dtype=glue.choose_dtype(dtype, glue.load_device()),
-                              image_size=image_size)
+        model = load_ar_model(path, weights, device=glue.offload_device(),
+                              dtype=glue.choose_dtype(dtype, glue.load_device()), image_size=image_size)
         return ModelHandle(glue.make_patcher(compile_steps(model, compile_switch)), name)
 
 

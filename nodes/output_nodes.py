@@ -141,6 +141,8 @@ def summary(stats: DecodeStats, baseline: DecodeStats | None = None) -> str:
         f"mean accepted per iteration: {stats.mean_accepted:.2f}",
         f"wall time: {stats.wall_time_s:.2f} s, {tokens / max(stats.decode_time_s, 1e-9):.0f} tokens/s",
     ]
+    if "weights" in stats.settings:
+        lines[0] += f", {stats.settings['weights']} weights"
     if stats.compile_time_s > 0:  # the first run of a shape with compiled steps: said, and left out of the speeds
         lines[-1] += f" (compiling steps: {stats.compile_time_s:.1f} s, once per shape; not in the speeds)"
     if not stats.accepted_per_iteration or stats.settings.get("model_kind") == NEXT_SCALE:

@@ -14,6 +14,7 @@ from ..memory import (cache_rows, decode_bytes_per_image, decode_window, element
                       token_working_bytes)
 from ..model_loaders.drafters.eagle import EagleHead
 from ..model_loaders.shared.protocol import CaptionConditioning, ClassConditioning, PromptConditioning
+from ..model_loaders.shared.quantized import weight_format
 from ..pipeline import CONDITIONING_NAMES, check_image_decoder, class_conditioning, conditioning_type
 from ..samplers.acceptance import PROB_FILTERS
 from ..samplers.cspd import VERIFY_MODES, CSpDSettings
@@ -235,6 +236,8 @@ class SamplerBase(io.ComfyNode):
                     "model": model.name}
         if drafter is not None:
             settings["drafter_file"] = drafter.name
+        if weight_format(ar) != "auto":
+            settings["weights"] = weight_format(ar)
         preview_vq = preview_vq or vq
         if ar.kind == NEXT_SCALE:
             return run_next_scale(cls, model, rows, seed, cfg, temperature, top_k, top_p, preview_vq, settings)

@@ -62,7 +62,7 @@ def test_compare_workflow_measures_speedup_against_ar(comfy, object_info):
     assert all("speed-up vs AR (measured)" in t for t in texts[1:])
 
 
-def fresh_run(comfy, prompt):
+def fresh_entry(comfy, prompt) -> dict:
     comfy.request("/free", {"free_memory": True})  # drops ComfyUI's output cache: the sampler runs again
     time.sleep(0.5)
     entry = comfy.run(prompt)
@@ -70,7 +70,11 @@ def fresh_run(comfy, prompt):
     cached = [d for kind, d in harness.status_messages(entry) if kind == "execution_cached"]
     sampler = next(k for k, n in prompt.items() if n["class_type"].startswith("FastARSampler"))
     assert not cached or sampler not in cached[0]["nodes"]
-    return images_of(comfy, entry)
+    return entry
+
+
+def fresh_run(comfy, prompt):
+    return images_of(comfy, fresh_entry(comfy, prompt))
 
 
 def test_same_seed_same_image_and_another_seed_another(comfy, object_info):
@@ -100,6 +104,24 @@ def test_compiled_steps_draw_the_eager_images_and_say_when_they_compile(comfy, o
     time.sleep(0.5)
     again = comfy.run(prompt)
     assert not any("compiling steps:" in text for text in stats_texts(again))
+
+
+def test_8_bit_weights_draw_nearly_the_same_image(comfy, object_info):
+    """Load AR Model's weight_dtype in the real ComfyUI: int8 and fp8 blocks run the demo workflow (the Stats node
+    says which), and their images stay close to the full-precision one for the same seed (the tokens may part
+    somewhere, the picture not: most pixels equal)."""
+    prompt = workflow_prompt("fastar_demo_sjd", object_info)
+    assert object_info["FastARLoadModel"]["input"]["optional"]["weight_dtype"][1]["options"] == ["auto", "int8", "fp8"]
+    node_of(prompt, "FastARSamplerSJD")["inputs"]["seed"] = 2024
+    full = fresh_run(comfy, prompt)
+    for weights in ("int8", "fp8"):
+        node_of(prompt, "FastARLoadModel")["inputs"]["weight_dtype"] = weights
+        entry = fresh_entry(comfy, prompt)
+        eight = images_of(comfy, entry)
+        stats = [out["text"][0] for out in entry["outputs"].values() if "text" in out]
+        assert stats and all(f"{weights} weights" in text.splitlines()[0] for text in stats)
+        assert len(eight) == len(full) and eight[0].std() > 5
+        assert (np.abs(eight[0].astype(int) - full[0]).max(-1) < 16).mean() > 0.5, weights
 
 
 def test_progress_and_live_previews_arrive_while_decoding(comfy, object_info, events):
@@ -188,6 +210,7 @@ def demo(object_info):
     ("FastARSamplerSJD", "top_p", "most", "Failed to convert an input value to a FLOAT value"),
     ("FastARLoadModel", "image_size", "1000", "unknown image size '1000'"),
     ("FastARLoadModel", "compile", "always", "unknown compile setting 'always': choose one of auto, on, off"),
+    ("FastARLoadModel", "weight_dtype", "nf4", "unknown weight_dtype 'nf4': choose one of auto, int8, fp8"),
     ("FastARSamplerSJD", "window", 1, "smaller than min of 2"),
     ("FastARSamplerSJD", "batch", 0, "smaller than min of 1"),
     ("FastARSamplerSJD", "init", "diagonal", "unknown initialisation 'diagonal'"),
