@@ -98,8 +98,9 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "fp16", "bf16"],
                    help="weights' precision; auto: bf16 on GPUs that have it, fp16 on older GPUs, fp32 on a CPU")
     p.add_argument("--weights", default="auto", choices=WEIGHT_FORMATS,
-                   help="the model's transformer blocks in 8 bits, quantised at load: int8 or fp8 (e4m3, ComfyUI's "
-                   "8-bit weights), each with a scale per output channel: half bf16's memory; auto: as the checkpoint")
+                   help="the transformer blocks of the model and its drafter in 8 bits, quantised at load: int8 or fp8 "
+                   "(e4m3, as ComfyUI's 8-bit weights), each with a scale per output channel: half bf16's memory; "
+                   "auto: as the checkpoint")
     p.add_argument("--gpu-weights", type=float, metavar="GB", help="a model bigger than the GPU: keep this many GB "
                    "of its weights on the GPU and stream the rest of its blocks from system memory at every step "
                    "(slower: they cross PCIe each step; compiled steps off). 0: only what cannot stream. Default: all of "

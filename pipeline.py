@@ -188,8 +188,9 @@ def load_models(model_path: str | None, vq_path: str | None, device: str = "auto
     decoder of a bundled model to its bundled one, ``drafter_path="demo"`` is the bundled demo drafter. ``image_size`` (pixels) overrides the model's.
     ``compile_switch`` (on, auto, off): the token model's decoding steps through torch.compile
     (model_loaders/shared/compiled.py). ``gpu_weights``: GB of the model's weights kept on the GPU, the rest streamed
-    from host memory at every step (model_loaders/shared/streaming.py); None: all of them. ``weights``: the token
-    model's blocks in 8 bits (int8, fp8; model_loaders/shared/quantized.py) or as the checkpoint has them (auto)."""
+    from host memory at every step (model_loaders/shared/streaming.py); None: all of them. ``weights``: the
+    model's and the drafter's blocks in 8 bits (int8, fp8; model_loaders/shared/quantized.py) or as the checkpoint
+    has them (auto)."""
     from .model_loaders import load_ar_model, load_image_decoder
     from .model_loaders.shared.compiled import compile_steps
     from .model_loaders.shared.demo import DEMO_AR, demo_image_decoder
@@ -217,7 +218,7 @@ def load_models(model_path: str | None, vq_path: str | None, device: str = "auto
     vq = load_image_decoder(vq_path, device=dev, dtype=torch.float32 if dev.type == "cpu" else dt) if vq_path else None
     if vq is not None:
         check_image_decoder(ar, vq)
-    drafter = load_drafter(drafter_path, ar, device=dev, dtype=dt) if drafter_path else None
+    drafter = load_drafter(drafter_path, ar, device=dev, dtype=dt, weights=weights) if drafter_path else None
     return LoadedModels(ar, vq, drafter)
 
 

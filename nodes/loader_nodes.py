@@ -253,6 +253,8 @@ class LoadDrafter(CheckpointLoader):
                 io.Combo.Input("dtype", options=list(glue.DTYPE_CHOICES), default="auto",
                                tooltip="Drafter weights precision. auto: the AR model's precision. fp16/bf16 halve "
                                        "memory; fp32 is the reference."),
+                io.Combo.Input("weight_dtype", options=list(WEIGHT_FORMATS), default="auto", optional=True,
+                               tooltip=WEIGHTS_TOOLTIP),
             ],
             outputs=[FastARDrafter.Output("drafter", display_name="drafter",
                                           tooltip="The drafter, bound to this AR model and managed by ComfyUI: "
@@ -260,35 +262,26 @@ class LoadDrafter(CheckpointLoader):
         )
 
     @classmethod
-    def validate_inputs(cls, drafter_name, dtype):
-        return cls.checked(drafter_name, dtype)
+    def validate_inputs(cls, drafter_name, dtype, weight_dtype="auto"):
+        return weights_error(weight_dtype) or cls.checked(drafter_name, dtype)
 
     @classmethod
-    def fingerprint_inputs(cls, drafter_name, dtype, model=None):  # ComfyUI passes widget values, not links
-        return cls.fingerprint(drafter_name, dtype)
+    def fingerprint_inputs(cls, drafter_name, dtype, model=None, weight_dtype="auto"):  # widget values, not links
+        return cls.fingerprint(drafter_name, dtype, weight_dtype)
 
     @classmethod
-    def execute(cls, model, drafter_name, dtype) -> io.NodeOutput:
-        return cls.loaded(drafter_name, dtype, model=model)
+    def execute(cls, model, drafter_name, dtype, weight_dtype="auto") -> io.NodeOutput:
+        raise_if(weights_error(weight_dtype))
+        return cls.loaded(drafter_name, dtype, model=model, weights=weight_dtype)
 
     @classmethod
-    def load(cls, path, name, dtype, model: ModelHandle):
-        from ..model_loaders.drafters.loader import load_drafter
+    def load(cls, path, name, dtype, model: ModelHandle, weights="auto"):
+        from ..model_loaders.drafters.loader import drafter_weights, load_drafter
 
         target = model.module
         drafter = load_drafter(path, target, device=glue.offload_device(),
-                               dtype=None if dtype == "auto" else DTYPES[dtype])
+                               dtype=None if dtype == "auto" else DTYPES[dtype], weights=weights)
         return DrafterHandle(glue.make_patcher(drafter_weights(drafter)), drafter, target, name)
-
-
-def drafter_weights(drafter) -> torch.nn.Module:
-    """The module holding a drafter's own weights (an EAGLE head borrows the rest from its target; a MAR
-    draft is a model itself)."""
-    from ..model_loaders.drafters.eagle import EagleDrafter
-
-    if isinstance(drafter, torch.nn.Module):
-        return drafter
-    return drafter.head if isinstance(drafter, EagleDrafter) else drafter.model
 
 
 # -- class labels -----------------------------------------------------------------------------------

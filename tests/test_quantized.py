@@ -8,7 +8,7 @@ import torch
 
 from fastar.errors import FastARError
 from fastar.model_loaders import load_ar_model
-from fastar.model_loaders.shared.demo import DEMO_AR
+from fastar.model_loaders.shared.demo import DEMO_AR, DEMO_MAR
 from fastar.model_loaders.shared.quantized import (QuantizedLinear, check_weight_format, quantize_rows,
                                                    quantize_weights, weight_format)
 from fastar.model_loaders.shared.streaming import make_streamable, model_bytes, streamable_layers
@@ -140,3 +140,18 @@ def test_lossless_decoders_sample_the_8_bit_models_distribution_exactly(spec, fm
     twin = tabulated(eight, 1)
     assert chi_square_p_value(tokens, twin.exact_joint(1, cfg_scale=2.0, temperature=0.9, top_k=2), twin) > ALPHA
     assert chi_square_p_value(tokens, twin.exact_joint(1, cfg_scale=2.0, temperature=1.0, top_k=2), twin) < ALPHA
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("model, decoder", [(None, "spec"), (DEMO_MAR, "cspd")], ids=["eagle", "mar-draft"])
+def test_the_demo_drafters_load_with_8_bit_blocks_and_draft(model, decoder, fmt):
+    """--weights reaches the drafter as well: the demo's EAGLE head and MAR draft in 8 bits, drafting."""
+    from fastar.model_loaders.drafters.loader import drafter_weights
+    from fastar.pipeline import load_models
+
+    models = load_models(model and str(model), None, "cpu", "fp32", drafter_path="demo", weights=fmt)
+    assert weight_format(models.ar) == fmt and weight_format(drafter_weights(models.drafter)) == fmt
+    if decoder == "spec":
+        rows = ClassConditioning(torch.tensor([1, 6]))
+        _, stats = decode(models.ar, rows, SamplingSettings(), DecoderSpec("spec"), seed=0, drafter=models.drafter)
+        assert stats.drafter_forwards > 0 and stats.step_compression > 2  # its drafts are kept

@@ -21,6 +21,7 @@ from ..chameleon.model import ChameleonGPT
 from .eagle import EagleConfig, EagleDrafter, EagleHead, LayoutEagleDrafter
 from ..shared.building import build_and_load, weight_shape
 from ..shared.demo import DEMO_DRAFTER, DEMO_MAR_DRAFT
+from ..shared.quantized import quantize_weights
 from ..llamagen.model import LlamaGenGPT
 from ..mar.loader import load_mar_draft
 
@@ -29,9 +30,23 @@ KIND_NAMES = {"c2i": "class-to-image", "t2i": "text-to-image"}
 SMALL_AR_FAMILIES = ("llamagen-gpt", "llamagen-gpt-hf")  # the checkpoints a small-model drafter can be
 
 
-def load_drafter(path, target: LlamaGenGPT, *, device=None, dtype=None):
+def load_drafter(path, target: LlamaGenGPT, *, device=None, dtype=None, weights: str = "auto"):
     """The drafter in a checkpoint file or folder, bound to ``target``; device and dtype default to the
-    target's."""
+    target's. ``weights``: its blocks in 8 bits (int8, fp8: quantized.py) or as the checkpoint has them."""
+    drafter = read_drafter(path, target, device, dtype)
+    quantize_weights(drafter_weights(drafter), weights)
+    return drafter
+
+
+def drafter_weights(drafter) -> torch.nn.Module:
+    """The module holding a drafter's own weights (an EAGLE head borrows the rest from its target; a MAR
+    draft is a model itself)."""
+    if isinstance(drafter, torch.nn.Module):
+        return drafter
+    return drafter.head if isinstance(drafter, EagleDrafter) else drafter.model
+
+
+def read_drafter(path, target, device, dtype):
     if target.kind == "masked-ar":
         return load_mar_draft(DEMO_MAR_DRAFT if path == "demo" else path, target, device=device, dtype=dtype)
     path = DEMO_DRAFTER if path == "demo" else path

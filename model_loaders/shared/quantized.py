@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...errors import FastARError
-from .streaming import Streamable, StreamedLinear
+from .streaming import Streamable, StreamedLinear, make_streamable
 
 WEIGHT_FORMATS = ("auto", "int8", "fp8")  # auto: the checkpoint's weights in the compute dtype
 CODE_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
@@ -87,7 +87,7 @@ def quantize_weights(model: nn.Module, fmt: str) -> nn.Module:
     leaves the model as it is."""
     if check_weight_format(fmt) == "auto":
         return model
-    targets = {id(layer) for layer in model.modules() if isinstance(layer, StreamedLinear)}
+    targets = {id(layer) for layer in make_streamable(model).modules() if isinstance(layer, StreamedLinear)}
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if id(child) in targets:

@@ -34,7 +34,7 @@ from fastar.model_loaders.shared.streaming import (StreamedLinear, make_streamab
                                             resident_minimum, streamable_layers, streamed_layers)
 from fastar.model_loaders.llamagen.vq import VQConfig, VQModel  # noqa: E402
 from fastar.nodes import comfy_glue as glue  # noqa: E402
-from fastar.nodes.loader_nodes import drafter_weights  # noqa: E402
+from fastar.model_loaders.drafters.loader import drafter_weights  # noqa: E402
 from fastar.memory import kv_cache_bytes  # noqa: E402
 from fastar.nodes.sampler_nodes import drafter_cache_bytes, working_memory  # noqa: E402
 from fastar.nodes.values import DrafterHandle  # noqa: E402
