@@ -213,6 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
                       "max-autotune-no-cudagraphs / max-autotune try GEMM configurations (minutes per width)")
     prof.add_argument("--gpu-weights", type=float, metavar="GB", help="keep this many GB of the model's weights "
                       "on the GPU and stream the rest of its blocks from host memory (token models; not with --compile)")
+    prof.add_argument("--weights", default="auto", choices=WEIGHT_FORMATS,
+                      help="the blocks of the model (and drafter) in 8 bits: int8 or fp8; the floor counts their bytes")
+    prof.add_argument("--memory", action="store_true", help="only the memory a generation needs (weights, and the "
+                      "KV cache with CFG at each --batches), the --shape built on no device: any size, on any machine")
     prof.add_argument("--out", help="write the report as JSON")
     prof.add_argument("--threads", type=int, help="CPU threads")
 

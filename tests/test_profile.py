@@ -30,7 +30,7 @@ def test_a_cpu_profile_times_every_window_and_decoder(tmp_path, compiled):
     mode = "reduce-overhead" if compiled else None  # CUDA's mode (its static caches, copied outputs), on a CPU
     args = SimpleNamespace(shape="tiny", device="cpu", dtype=None, windows="1,4,16", batches=batches, repeats=2,
                            no_decoders=False, out=str(out), compile=compiled, compile_mode=mode, model=None, grid=None,
-                           drafter=None, baselines=False, gpu_weights=None)
+                           drafter=None, baselines=False, gpu_weights=None, weights="auto", memory=False)
     report = run_profile(args)
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     assert report["dtype"] == "fp32" and report["bandwidth_gb_s"] > 0
@@ -60,7 +60,7 @@ def test_a_streamed_profile_counts_the_streamed_weights_at_the_host_bandwidth(mo
     monkeypatch.setattr(speed_profile, "host_bandwidth", lambda timing: 1e6)  # 1 MB/s: the streamed part dominates
     args = SimpleNamespace(shape="tiny", device="cpu", dtype=None, windows="1", batches=[1], repeats=1,
                            no_decoders=True, out=None, compile=False, compile_mode=None, model=None, grid=None,
-                           drafter=None, baselines=False, gpu_weights=0)
+                           drafter=None, baselines=False, gpu_weights=0, weights="auto", memory=False)
     report = run_profile(args)
     streamed = report["streamed_gb"] * 1e9
     assert report["host_bandwidth_gb_s"] == 1e-3 and streamed > 0
@@ -80,7 +80,7 @@ def test_a_checkpoint_is_profiled_and_a_var_refused(tmp_path):
 
     args = SimpleNamespace(shape="demo", model=str(DEMO_AR), device="cpu", dtype=None, windows="1,4", batches=[1],
                            repeats=1, no_decoders=False, out=None, compile=False, grid=None, drafter="demo",
-                           baselines=False, gpu_weights=None)
+                           baselines=False, gpu_weights=None, weights="auto", memory=False)
     report = run_profile(args)
     assert report["shape"] == DEMO_AR.name and report["params"] == 3_674_624  # the checkpoint, not a random shape
     assert report["grid"] == [16, 16] and set(report["batches"]["1"]["forward_ms"]) == {"1", "4"}
@@ -94,7 +94,8 @@ def test_a_checkpoint_is_profiled_and_a_var_refused(tmp_path):
 
 def mar_args(**changes):
     args = dict(shape="mar-tiny", model=None, device="cpu", dtype=None, windows="1", batches=[2], repeats=1,
-                no_decoders=False, out=None, compile=False, grid=None, drafter=None, baselines=False, gpu_weights=None)
+                no_decoders=False, out=None, compile=False, grid=None, drafter=None, baselines=False, gpu_weights=None,
+                weights="auto", memory=False)
     return SimpleNamespace(**(args | changes))
 
 
@@ -122,3 +123,34 @@ def test_a_mar_profile_times_its_transformer_call_head_and_images():
 def test_mar_profiles_refuse_the_token_options():
     with pytest.raises(FastARError, match="--compile, --baselines: for token models; a MAR profile times"):
         run_profile(mar_args(compile=True, baselines=True))
+
+
+def test_8_bit_weights_lower_the_floor_and_the_memory_by_their_bytes():
+    """--weights int8: the floor reads 1-byte codes (and fp32 scales) where fp32 weights were; the report's memory
+    counts the same bytes."""
+    args = SimpleNamespace(shape="tiny", device="cpu", dtype=None, windows="1", batches=[1], repeats=1,
+                           no_decoders=True, out=None, compile=False, compile_mode=None, model=None, grid=None,
+                           drafter=None, baselines=False, gpu_weights=None, weights="auto", memory=False)
+    full, eight = run_profile(args), run_profile(SimpleNamespace(**{**vars(args), "weights": "int8"}))
+    model = build("tiny", torch.device("cpu"), torch.float32)
+    blocks = sum(m.weight.numel() for m in model.layers.modules() if isinstance(m, torch.nn.Linear))
+    scales = sum(m.weight.shape[0] for m in model.layers.modules() if isinstance(m, torch.nn.Linear))
+    saved = 3 * blocks - 4 * scales  # 4 bytes to 1 per weight, plus a 4-byte scale per output channel
+    assert eight["weights"] == "int8"
+    assert (full["memory"]["weights_gb"] - eight["memory"]["weights_gb"]) * 1e9 == pytest.approx(saved)
+    floors = [report["batches"]["1"]["floor_ms"] / (1e3 / report["bandwidth_gb_s"] / 1e9) for report in (full, eight)]
+    assert floors[0] - floors[1] == pytest.approx(saved, rel=1e-6)  # bytes, from ms at each run's bandwidth
+
+
+def test_memory_estimates_any_shape_without_building_it():
+    """--memory: a 7B shape's weights and KV cache on no device; int8 blocks fit it with its cache in 12 GB."""
+    r = subprocess.run([sys.executable, "-m", "fastar", "profile", "--shape", "lumina-mgpt-7b-768", "--dtype", "bf16",
+                        "--memory", "--weights", "int8", "--batches", "1"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    args = SimpleNamespace(shape="lumina-mgpt-7b-768", device="cpu", dtype="bf16", batches=[1, 2], out=None,
+                           model=None, grid=None, drafter=None, weights="auto", memory=True)
+    full, eight = run_profile(args)["memory"], run_profile(SimpleNamespace(**{**vars(args), "weights": "int8"}))["memory"]
+    assert 13 < full["weights_gb"] < 14 and 0.5 < eight["weights_gb"] / full["weights_gb"] < 0.55
+    assert eight["kv_cache_gb"] == full["kv_cache_gb"] and full["kv_cache_gb"]["2"] == 2 * full["kv_cache_gb"]["1"]
+    assert eight["weights_gb"] + eight["kv_cache_gb"]["1"] < 12
+    assert "weights 7.09 GB" in r.stdout

@@ -43,7 +43,9 @@ from ...model_loaders.janus.model import JanusConfig, JanusGPT
 from ...model_loaders.llamagen.model import LlamaGenConfig, LlamaGenGPT
 from ...model_loaders.shared.llm_decoder import DecoderConfig
 from ...model_loaders.shared.protocol import ClassConditioning, PromptConditioning
-from ...model_loaders.shared.streaming import make_streamable, place, streamed_bytes
+from ...model_loaders.shared.quantized import QuantizedLinear, quantize_weights
+from ...model_loaders.shared.streaming import make_streamable, model_bytes, place, streamed_bytes
+from ...memory import kv_cache_bytes
 from ...pipeline import DTYPES, check_gpu_weights, resolve_device
 from ...samplers.decoders import DecoderSpec, decode
 from ...samplers.processing import SamplingSettings
@@ -135,9 +137,11 @@ def conditioning(model, batch: int):
 
 
 def weight_bytes_read(model) -> int:
-    """Every weight a forward reads: all but the input embedding table (only the fed rows are gathered)."""
+    """Every weight a forward reads: all but the input embedding table (only the fed rows are gathered); an
+    8-bit layer's codes and scales."""
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
-    return sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in embeddings)
+    eight_bit = [t for m in model.modules() if isinstance(m, QuantizedLinear) for t in m.buffers()]
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *eight_bit] if id(t) not in embeddings)
 
 
 def kv_bytes_read(model, rows: int, filled: int) -> int:
@@ -195,22 +199,26 @@ def baseline_runs(model, batch: int, sampling: SamplingSettings) -> dict:
     return {name: run}
 
 
-def load(path: str, device: torch.device, dtype: torch.dtype):
+def load(path: str, device: torch.device, dtype: torch.dtype, weights: str = "auto"):
     """A checkpoint (``--model``) instead of a random shape: its own weights, so acceptance is real."""
     from ...model_loaders import load_ar_model
 
-    model = load_ar_model(path, device=device, dtype=dtype)
+    model = load_ar_model(path, weights, device=device, dtype=dtype)
     if getattr(model, "kind", "token-ar") not in ("token-ar", "masked-ar"):
         raise FastARError(f"profile times the steps of token models and MAR; {Path(path).name} is {model.what}")
     return model.eval()
 
 
 def target(args, device: torch.device, dtype: torch.dtype):
-    """The model profiled: a random shape, or ``--model``."""
+    """The model profiled: a random shape, or ``--model``; its blocks in ``--weights``."""
     if args.model:
         if args.grid:
             raise FastARError("--grid resizes a random shape; a checkpoint keeps its own grid")
-        return load(args.model, device, dtype)
+        return load(args.model, device, dtype, args.weights)
+    return quantize_weights(random_target(args, device, dtype), args.weights)
+
+
+def random_target(args, device: torch.device, dtype: torch.dtype):
     if args.drafter:
         raise FastARError("--drafter goes with --model; a random shape drafts with a random smaller model of its "
                           f"shape ({DRAFTER_LAYERS} layers; MAR-L and MAR-H: MAR-B)")
@@ -232,10 +240,11 @@ def drafter_for(args, model):
     """The drafter of the ``spec`` / ``cspd`` runs: ``--drafter`` for a checkpoint (None: those runs are left
     out), a random smaller model of the shape for a random shape."""
     if args.model:
-        return load_drafter(args.drafter, model) if args.drafter else None
+        return load_drafter(args.drafter, model, weights=args.weights) if args.drafter else None
     if args.shape in MAR_SHAPES:
-        return random_draft(args.shape, model.device, model.dtype)
-    return SmallARDrafter(build(args.shape, model.device, model.dtype, layers=DRAFTER_LAYERS, grid=model.grid, seed=1))
+        return quantize_weights(random_draft(args.shape, model.device, model.dtype), args.weights)
+    small = build(args.shape, model.device, model.dtype, layers=DRAFTER_LAYERS, grid=model.grid, seed=1)
+    return SmallARDrafter(quantize_weights(small, args.weights))
 
 
 def drafter_name(drafter) -> str | None:
@@ -254,10 +263,34 @@ def parse_grid(text: str) -> tuple[int, int]:
     return rows, cols
 
 
+def memory_needs(model, batches: list[int]) -> dict:
+    """What a generation holds in device memory: the weights (in their format) and, at each batch, the static KV
+    cache of CFG's rows over the conditioning and the image with a Jacobi window (memory.py's estimate)."""
+    window = DecoderSpec("sjd").window
+    return {"weights_gb": model_bytes(model) / 1e9,
+            "kv_cache_gb": {str(b): kv_cache_bytes(model, conditioning(model, 1), b, True, window) / 1e9
+                            for b in batches}}
+
+
+def run_memory(args, dtype: torch.dtype) -> dict:
+    """``--memory``: the estimate alone, the model built on no device (any size, on any machine)."""
+    if args.model or args.shape in MAR_SHAPES:
+        raise FastARError("--memory estimates a token model's shape (--shape); load a checkpoint or a MAR and "
+                          "read its report's memory instead")
+    needs = memory_needs(target(args, torch.device("meta"), dtype), args.batches)
+    print(f"[profile] {args.shape} ({args.dtype}, weights {args.weights}): weights {needs['weights_gb']:.2f} GB; "
+          "KV cache with CFG " + ", ".join(f"batch {b}: {gb:.2f} GB" for b, gb in needs["kv_cache_gb"].items())
+          + "; total " + ", ".join(f"batch {b}: {needs['weights_gb'] + gb:.2f} GB"
+                                  for b, gb in needs["kv_cache_gb"].items()), flush=True)
+    return {"shape": args.shape, "dtype": args.dtype, "weights": args.weights, "memory": needs}
+
+
 def run_profile(args) -> dict:
     device = resolve_device(args.device or "auto")
     args.dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
     dtype = DTYPES[args.dtype]
+    if args.memory:
+        return write_report(run_memory(args, dtype), args.out)
     timing = Timing(device, args.repeats)
     check_gpu_weights(args.gpu_weights, device)
     model = target(args, device if args.gpu_weights is None else torch.device("cpu"), dtype)
@@ -273,14 +306,16 @@ def run_profile(args) -> dict:
     bytes_per_s = bandwidth(timing)
     host_bytes_per_s = host_bandwidth(timing) if streamed_bytes(model) else None
     name = Path(args.model).name if args.model else args.shape
-    report = {"shape": name, "device": str(device), "dtype": args.dtype, "machine": platform.machine(),
-              "compiled": None if mar else compiled_mode(model),
+    report = {"shape": name, "device": str(device), "dtype": args.dtype, "weights": args.weights,
+              "machine": platform.machine(), "compiled": None if mar else compiled_mode(model),
               "params": sum(p.numel() for p in model.parameters()), "grid": list(model.grid),
               "drafter": drafter_name(drafter),
-              "bandwidth_gb_s": bytes_per_s / 1e9, "batches": {}}
+              "bandwidth_gb_s": bytes_per_s / 1e9, "memory": None if mar else memory_needs(model, args.batches),
+              "batches": {}}
     if host_bytes_per_s:
         report |= {"streamed_gb": streamed_bytes(model) / 1e9, "host_bandwidth_gb_s": host_bytes_per_s / 1e9}
     print(f"[profile] {name}: {report['params'] / 1e6:.1f}M parameters on {device} ({args.dtype}"
+          + (f", {args.weights} blocks" if args.weights != "auto" else "")
           + (f", compiled: {report['compiled']}" if report["compiled"] else "") + "), "
           f"copy bandwidth {bytes_per_s / 1e9:.1f} GB/s"
           + (f"; {report['streamed_gb']:.2f} GB of weights streamed from host memory at "
@@ -295,10 +330,14 @@ def run_profile(args) -> dict:
                                 host_bytes_per_s)
             print_batch(batch, entry)
         report["batches"][str(batch)] = entry
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-        print(f"[profile] wrote {args.out}")
+    return write_report(report, args.out)
+
+
+def write_report(report: dict, out: str | None) -> dict:
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(report, indent=1) + "\n")
+        print(f"[profile] wrote {out}")
     return report
 
 
