@@ -309,3 +309,16 @@ def test_a_finished_compiled_session_is_freed_at_once():
         assert cache() is None, "the finished session's caches are still alive"
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+def test_8_bit_blocks_compile_to_eagers_tokens(fmt):
+    """The dequantisation goes into the compiled step (where it fuses with the matmul); the tokens stay eager's."""
+    from fastar.model_loaders.shared.quantized import quantize_weights
+
+    eager = quantize_weights(tiny_model(seed=3), fmt)
+    compiled = compile_steps(quantize_weights(tiny_model(seed=3), fmt))
+    for spec in (DecoderSpec("ar"), DecoderSpec("sjd", window=3)):
+        want, _ = decode(eager, tiny_conditioning(eager), SAMPLING, spec, seed=0)
+        got, _ = decode(compiled, tiny_conditioning(compiled), SAMPLING, spec, seed=0)
+        assert torch.equal(got, want)

@@ -155,3 +155,15 @@ def test_the_demo_drafters_load_with_8_bit_blocks_and_draft(model, decoder, fmt)
         rows = ClassConditioning(torch.tensor([1, 6]))
         _, stats = decode(models.ar, rows, SamplingSettings(), DecoderSpec("spec"), seed=0, drafter=models.drafter)
         assert stats.drafter_forwards > 0 and stats.step_compression > 2  # its drafts are kept
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_8_bit_blocks_run_in_the_gpus_dtypes(fmt, dtype):
+    """bf16 and fp16 compute (emulated on the CPU): the dequantised weights in that dtype, the codes valid."""
+    model = load_ar_model(DEMO_AR, fmt, device="cpu", dtype=dtype)
+    assert model.dtype == dtype and weight_format(model) == fmt
+    codes, stats = decode(model, ClassConditioning(torch.tensor([0, 5])), SamplingSettings(top_k=50),
+                          DecoderSpec("sjd"), seed=1)
+    assert codes.shape == (2, 256) and 0 <= int(codes.min()) and int(codes.max()) < model.vocab_size
+    assert stats.step_compression > 1
