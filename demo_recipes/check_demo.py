@@ -22,6 +22,7 @@ from ..model_loaders import load_ar_model, load_image_decoder
 from ..model_loaders.shared.demo import DEMO_AR, DEMO_CLASSIFIER, DEMO_KL, DEMO_MAR, DEMO_MAR_DRAFT, DEMO_TEXT, DEMO_VQ, DEMO_VQGAN
 from ..model_loaders.drafters.loader import load_drafter
 from ..model_loaders.shared.protocol import ClassConditioning, PromptConditioning
+from ..model_loaders.shared.quantized import WEIGHT_FORMATS
 from ..pipeline import outputs_to_images
 from ..samplers.cspd import CSpDSettings
 from ..samplers.decoders import DecoderSpec, decode, decode_masked
@@ -51,6 +52,9 @@ def main(argv=None):
     p.add_argument("--ar", help="the model to check (default: the demo model, or with --mar the demo MAR)")
     p.add_argument("--vq", help="its image decoder (default: the demo VQ, or with --mar the demo KL autoencoder)")
     p.add_argument("--classifier", default=str(DEMO_CLASSIFIER))
+    p.add_argument("--weights", choices=WEIGHT_FORMATS, default="auto",
+                   help="the model's (and MAR draft's) blocks in 8 bits; token models also report how often its "
+                        "likeliest next code is the full-precision model's along the samples")
     p.add_argument("--texture", type=float,
                    help="the real images' texture in 8-bit levels, as the checked model's data had it (default: "
                         f"{TEXTURE_LEVELS} for the class and text demos, 0 with --mar)")
@@ -60,17 +64,23 @@ def main(argv=None):
     timer = Timer()
     args.ar = args.ar or str(DEMO_MAR if args.mar else DEMO_TEXT if args.text else DEMO_AR)
     args.vq = args.vq or str(DEMO_KL if args.mar else DEMO_VQGAN if args.text else DEMO_VQ)
-    model, vq, clf = load_ar_model(args.ar), load_image_decoder(args.vq), load_classifier(args.classifier)
+    model, vq, clf = load_ar_model(args.ar, args.weights), load_image_decoder(args.vq), load_classifier(args.classifier)
     labels = torch.from_numpy(balanced_labels(args.samples))
     backgrounds = np.random.default_rng(30_000 + args.seed).integers(0, 2, (args.samples, 3))
     captions = [caption(int(y), b) for y, b in zip(labels, backgrounds)]
-    images = []
+    images, agreements = [], []
+    full = load_ar_model(args.ar) if args.weights != "auto" and not args.mar else None
     for i, chunk in enumerate(labels.split(args.batch)):
         rows = (PromptConditioning(captions[i * args.batch: i * args.batch + len(chunk)]) if args.text
                 else ClassConditioning(chunk))
         outputs = sample(args, model, rows, args.seed + i)
         images.append(outputs_to_images(vq, model, outputs))
+        if full is not None:
+            agreements.append(next_token_agreement((full, model), rows, outputs))
     images = np.concatenate(images)
+    if agreements:
+        print(f"{args.weights} weights: the likeliest next code is the full-precision model's at "
+              f"{np.mean(agreements):.4f} of the positions along the samples")
     if args.text:
         colours = np.mean([colour_pair(image) == {tuple(b), tuple(1 - b)} for image, b in zip(images, backgrounds)])
         print(f"colour agreement {colours:.3f} (the two most common RGB corners are the prompted pair)")
@@ -98,10 +108,23 @@ def main(argv=None):
 
         kind = "mar_" if args.mar else "text_" if args.text else ""
         steps = f"_iter{args.num_iter}" if args.mar else ""
-        name = f"{kind}{args.decoder}{steps}_cfg{args.cfg}" + ("" if args.mar else f"_k{args.top_k}")
+        name = (f"{kind}{args.decoder}{steps}_cfg{args.cfg}" + ("" if args.mar else f"_k{args.top_k}")
+                + ("" if args.weights == "auto" else f"_{args.weights}"))
         path = OUT_DIR / f"demo_samples_{name}.png"
         Image.fromarray(np.concatenate(rows, 0)).save(path)
         print(f"grid: {path}")
+
+
+@torch.no_grad()
+def next_token_agreement(models, conditioning, codes: torch.Tensor) -> float:
+    """The share of positions where both models' likeliest next code (conditional logits) is the same, each fed
+    ``codes`` (teacher forcing: decoded apart, two models part at their first different token)."""
+    picks = []
+    for model in models:
+        session = model.start(conditioning, cfg=False, max_window=codes.shape[1])
+        rest = session.forward(codes[:, :-1], torch.zeros(len(codes), dtype=torch.long, device=codes.device))
+        picks.append(torch.cat([session.first.cond, rest.cond], 1).argmax(-1))
+    return (picks[0] == picks[1]).float().mean().item()
 
 
 def colour_pair(image: np.ndarray) -> set:
@@ -115,7 +138,7 @@ def sample(args, model, conditioning, seed: int):
     if args.mar:
         settings = MaskedSettings(num_iter=args.num_iter, cfg_scale=args.cfg, cfg_schedule=args.cfg_schedule,
                                   temperature=args.temperature, diffusion_steps=args.diffusion_steps)
-        draft = load_drafter(DEMO_MAR_DRAFT, model) if args.decoder == "cspd" else None
+        draft = load_drafter(DEMO_MAR_DRAFT, model, weights=args.weights) if args.decoder == "cspd" else None
         return decode_masked(model, conditioning, settings, args.decoder, seed=seed, cspd=CSpDSettings(),
                              drafter=draft)[0]
     sampling = SamplingSettings(cfg_scale=args.cfg, temperature=args.temperature, top_k=args.top_k).validate()

@@ -167,3 +167,16 @@ def test_8_bit_blocks_run_in_the_gpus_dtypes(fmt, dtype):
                           DecoderSpec("sjd"), seed=1)
     assert codes.shape == (2, 256) and 0 <= int(codes.min()) and int(codes.max()) < model.vocab_size
     assert stats.step_compression > 1
+
+
+def test_next_token_agreement_compares_two_models_along_the_same_codes():
+    """check_demo --weights: 1 for a model and itself, far below for another model, near 1 for its 8-bit twin."""
+    from fastar.demo_recipes.check_demo import next_token_agreement
+
+    model = tiny_model(seed=1)
+    rows = tiny_conditioning(model)
+    codes, _ = decode(model, rows, SamplingSettings(), DecoderSpec("ar"), seed=0)
+    assert next_token_agreement((model, model), rows, codes) == 1.0
+    assert next_token_agreement((model, tiny_model(seed=2)), rows, codes) < 0.5
+    eight = quantize_weights(copy.deepcopy(model), "int8")
+    assert next_token_agreement((model, eight), rows, codes) > 0.9
