@@ -45,6 +45,19 @@ def test_the_report_states_the_speed_goals():
     streamed = goal_lines({"profile-7b-streamed": {"streamed_gb": 6.04, "host_bandwidth_gb_s": 24.6,
                                                    "batches": {"2": {**entry, "decoders": {}}}}})
     assert streamed[0].endswith("(misses 1.25x); 6.0 GB of weights streamed at 24.6 GB/s"), streamed
+    int8 = goal_lines({"profile-7b": {"batches": {"2": entry}},
+                       "profile-7b-int8": {"batches": {"2": {**entry, "forward_ms": {"1": 3.5}}}}})
+    assert int8[-1] == "- profile-7b-int8, batch 2: int8 step 3.50 ms, 1.71x the bf16 step (meets 1.6x)", int8
+
+
+def test_8_bit_steps_compile_to_the_eager_codes_in_the_check(tmp_path):
+    only = "llamagen-c2i-ar-greedy-gpu-int8,llamagen-c2i-ar-greedy-gpu-int8-compiled"
+    done = subprocess.run([sys.executable, "-m", "fastar.commands.gpu_check", "--device", "cpu", "--out", tmp_path,
+                           "--only", only, "--workers", "1", "--budget", "900"], capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr
+    verdicts = {s["name"]: s["verdict"] for s in json.loads((tmp_path / "report.json").read_text())["steps"]}
+    assert verdicts == {"llamagen-c2i-ar-greedy-gpu-int8": "ran", "llamagen-c2i-ar-greedy-gpu-int8-compiled": "exact"}
 
 
 def test_the_sync_probe_runs_every_decoder_and_counts_what_the_debug_mode_reports(monkeypatch):
