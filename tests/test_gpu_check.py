@@ -8,16 +8,20 @@ import sys
 from fastar.commands.gpu_check import Step, goal_lines, judge
 
 
-def test_the_check_runs_its_steps_and_reports_exact_codes(tmp_path):
-    only = "llamagen-c2i-ar-greedy-cpu,llamagen-c2i-ar-greedy-gpu-fp32,conformance-var"
-    done = subprocess.run([sys.executable, "-m", "fastar.commands.gpu_check", "--device", "cpu", "--out", tmp_path,
-                           "--only", only, "--workers", "2", "--budget", "900"], capture_output=True, text=True,
-                          timeout=900)
+def check_verdicts(out, only: str, workers: int) -> dict:
+    """Run the check's steps named in ``only`` on the CPU; each step's verdict."""
+    done = subprocess.run([sys.executable, "-m", "fastar.commands.gpu_check", "--device", "cpu", "--out", out,
+                           "--only", only, "--workers", str(workers), "--budget", "900"], capture_output=True,
+                          text=True, timeout=900)
     assert done.returncode == 0, done.stderr
-    report = json.loads((tmp_path / "report.json").read_text())
-    verdicts = {step["name"]: step["verdict"] for step in report["steps"]}
+    report = json.loads((out / "report.json").read_text())
+    return {step["name"]: step["verdict"] for step in report["steps"]}
+
+
+def test_the_check_runs_its_steps_and_reports_exact_codes(tmp_path):
+    verdicts = check_verdicts(tmp_path, "llamagen-c2i-ar-greedy-cpu,llamagen-c2i-ar-greedy-gpu-fp32,conformance-var", 2)
     assert verdicts == {"llamagen-c2i-ar-greedy-cpu": "ran", "llamagen-c2i-ar-greedy-gpu-fp32": "exact",
-                        "conformance-var-0": "exact"}, report["steps"]
+                        "conformance-var-0": "exact"}, verdicts
     assert "| conformance-var-0 | conformance-on-gpu | exact |" in (tmp_path / "report.md").read_text()
 
 
@@ -51,12 +55,7 @@ def test_the_report_states_the_speed_goals():
 
 
 def test_8_bit_steps_compile_to_the_eager_codes_in_the_check(tmp_path):
-    only = "llamagen-c2i-ar-greedy-gpu-int8,llamagen-c2i-ar-greedy-gpu-int8-compiled"
-    done = subprocess.run([sys.executable, "-m", "fastar.commands.gpu_check", "--device", "cpu", "--out", tmp_path,
-                           "--only", only, "--workers", "1", "--budget", "900"], capture_output=True, text=True,
-                          timeout=900)
-    assert done.returncode == 0, done.stderr
-    verdicts = {s["name"]: s["verdict"] for s in json.loads((tmp_path / "report.json").read_text())["steps"]}
+    verdicts = check_verdicts(tmp_path, "llamagen-c2i-ar-greedy-gpu-int8,llamagen-c2i-ar-greedy-gpu-int8-compiled", 1)
     assert verdicts == {"llamagen-c2i-ar-greedy-gpu-int8": "ran", "llamagen-c2i-ar-greedy-gpu-int8-compiled": "exact"}
 
 

@@ -265,23 +265,26 @@ def parse_grid(text: str) -> tuple[int, int]:
 
 def memory_needs(model, batches: list[int]) -> dict:
     """What a generation holds in device memory: the weights (in their format) and, at each batch, the static KV
-    cache of CFG's rows over the conditioning and the image with a Jacobi window (memory.py's estimate)."""
+    cache of CFG's rows over the conditioning and the image with a Jacobi window (memory.py's estimate; MAR's
+    bidirectional steps keep none)."""
     window = DecoderSpec("sjd").window
+    mar = model.kind == "masked-ar"
     return {"weights_gb": model_bytes(model) / 1e9,
-            "kv_cache_gb": {str(b): kv_cache_bytes(model, conditioning(model, 1), b, True, window) / 1e9
+            "kv_cache_gb": {str(b): 0.0 if mar else kv_cache_bytes(model, conditioning(model, 1), b, True, window) / 1e9
                             for b in batches}}
 
 
 def run_memory(args, dtype: torch.dtype) -> dict:
     """``--memory``: the estimate alone, the model built on no device (any size, on any machine)."""
-    if args.model or args.shape in MAR_SHAPES:
-        raise FastARError("--memory estimates a token model's shape (--shape); load a checkpoint or a MAR and "
-                          "read its report's memory instead")
+    if args.model:
+        raise FastARError("--memory estimates a shape (--shape); a checkpoint's profile reports its memory")
     needs = memory_needs(target(args, torch.device("meta"), dtype), args.batches)
+    caches = needs["kv_cache_gb"]
+    cache = ("KV cache with CFG " + ", ".join(f"batch {b}: {gb:.2f} GB" for b, gb in caches.items())
+             + "; total " + ", ".join(f"batch {b}: {needs['weights_gb'] + gb:.2f} GB" for b, gb in caches.items())
+             if any(caches.values()) else "no KV cache (MAR's steps are bidirectional)")
     print(f"[profile] {args.shape} ({args.dtype}, weights {args.weights}): weights {needs['weights_gb']:.2f} GB; "
-          "KV cache with CFG " + ", ".join(f"batch {b}: {gb:.2f} GB" for b, gb in needs["kv_cache_gb"].items())
-          + "; total " + ", ".join(f"batch {b}: {needs['weights_gb'] + gb:.2f} GB"
-                                  for b, gb in needs["kv_cache_gb"].items()), flush=True)
+          f"{cache}", flush=True)
     return {"shape": args.shape, "dtype": args.dtype, "weights": args.weights, "memory": needs}
 
 
@@ -310,7 +313,7 @@ def run_profile(args) -> dict:
               "machine": platform.machine(), "compiled": None if mar else compiled_mode(model),
               "params": sum(p.numel() for p in model.parameters()), "grid": list(model.grid),
               "drafter": drafter_name(drafter),
-              "bandwidth_gb_s": bytes_per_s / 1e9, "memory": None if mar else memory_needs(model, args.batches),
+              "bandwidth_gb_s": bytes_per_s / 1e9, "memory": memory_needs(model, args.batches),
               "batches": {}}
     if host_bytes_per_s:
         report |= {"streamed_gb": streamed_bytes(model) / 1e9, "host_bandwidth_gb_s": host_bytes_per_s / 1e9}
