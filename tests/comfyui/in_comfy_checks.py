@@ -30,6 +30,7 @@ from fastar.model_loaders.shared.compiled import compile_steps  # noqa: E402
 from fastar.model_loaders.drafters.eagle import EagleConfig, EagleDrafter, EagleHead  # noqa: E402
 from fastar.model_loaders.llamagen.model import LlamaGenConfig, LlamaGenGPT  # noqa: E402
 from fastar.model_loaders.shared.protocol import CaptionConditioning, ClassConditioning  # noqa: E402
+from fastar.model_loaders.shared.quantized import QuantizedLinear, quantize_weights  # noqa: E402
 from fastar.model_loaders.shared.streaming import (StreamedLinear, make_streamable, model_bytes,  # noqa: E402
                                             resident_minimum, streamable_layers, streamed_layers)
 from fastar.model_loaders.llamagen.vq import VQConfig, VQModel  # noqa: E402
@@ -166,6 +167,27 @@ def check_a_partial_load_streams_blocks():
           "same tokens, offload clears them; the room check counts streaming")
 
 
+def check_8_bit_blocks_are_sized_and_streamed_by_comfyui():
+    """An int8 model: the size ComfyUI plans with (ModelPatcher.model_size, its state dict) is the 8-bit bytes, and
+    its own partial load streams the 8-bit layers (codes and scales copied per call) with the same tokens."""
+    full = make_streamable(model())
+    m = quantize_weights(make_streamable(model()), "int8")
+    patcher = glue.make_patcher(m)
+    assert patcher.model_size() == model_bytes(m) < 0.5 * model_bytes(full), (patcher.model_size(), model_bytes(m))
+    spec, sampling = DecoderSpec("sjd", window=3), SamplingSettings(cfg_scale=2.0, temperature=0.9, top_k=20)
+    want, _ = decode(m, rows(m, 2), sampling, spec, seed=0)
+    patcher.load(patcher.load_device, lowvram_model_memory=model_bytes(m) // 2)
+    streamed = streamed_layers(m)
+    assert streamed and all(isinstance(layer, QuantizedLinear) for layer in streamed), streamed
+    glue.move_resident(m, patcher.load_device)
+    got, _ = decode(m, rows(m, 2), sampling, spec, seed=0)
+    assert torch.equal(got, want)
+    patcher.detach()
+    assert not streamed_layers(m)
+    print(f"ok an int8 model is {patcher.model_size()} bytes to ComfyUI ({model_bytes(full)} in full), and its "
+          f"partial load streams {len(streamed)} 8-bit layers with the same tokens")
+
+
 def check_cancel_within_one_iteration():
     m = model()
     done = []
@@ -209,6 +231,7 @@ check_drafter_memory_and_patcher()
 check_patcher_load_offload()
 check_a_run_too_big_for_the_gpu_is_refused()
 check_a_partial_load_streams_blocks()
+check_8_bit_blocks_are_sized_and_streamed_by_comfyui()
 check_cancel_within_one_iteration()
 check_partial_preview()
 print("all in-ComfyUI checks passed")
