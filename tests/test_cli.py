@@ -200,9 +200,10 @@ def test_bad_drafter_settings_give_a_clear_error(tmp_path, args, message):
 
 @needs_demo
 def test_bench_smoke_writes_json_and_markdown(tmp_path):
-    """A smoke run: fewest samples, no sweeps (the statistics live in the exactness tests)."""
+    """A smoke run: fewest samples, no sweeps (the statistics live in the exactness tests), 8-bit weights."""
     r = fastar("bench", "--decoders", "ar,sjd,spec,lantern-jacobi", "--samples", 2, "--timing-runs", 1,
-               "--no-pareto", "--toy-rows", 500, "--threads", 1, "--out", tmp_path / "b", cwd=tmp_path)
+               "--no-pareto", "--toy-rows", 500, "--threads", 1, "--weights", "int8", "--out", tmp_path / "b",
+               cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "b" / "bench.json").read_text())
     assert set(report["results"]) == {"ar", "sjd", "spec", "lantern-jacobi"} and "pareto" not in report
@@ -220,6 +221,7 @@ def test_bench_smoke_writes_json_and_markdown(tmp_path):
     assert 0 < report["ambiguity"]["top1_probability"] < 1 and report["ambiguity"]["entropy_nats"] > 0
     assert report["ambiguity"]["samples"] == 2
     assert (tmp_path / "b" / "bench.md").read_text().startswith("# FastAR benchmark")
+    assert report["weights"] == "int8" and "int8 weights" in (tmp_path / "b" / "bench.md").read_text().splitlines()[0]
     assert "mean top-1 probability" in (tmp_path / "b" / "bench.md").read_text()
     assert not (tmp_path / "b" / "pareto.png").exists()
 

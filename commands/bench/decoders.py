@@ -23,6 +23,7 @@ from ...settings import sampling_from, spec_from
 from ...errors import FastARError
 from ...model_loaders.drafters.small_ar import SmallARDrafter
 from ...model_loaders.shared.compiled import compiled_mode
+from ...model_loaders.shared.quantized import weight_format
 from ...model_loaders.shared.protocol import ClassConditioning, PromptConditioning
 from ...pipeline import class_conditioning, conditioning_type, load_models
 from ...samplers.decoders import DECODERS, LOSSLESS, NEEDS_DRAFTER, WITH_DRAFTER, DecoderSpec, decode
@@ -280,6 +281,7 @@ def run_bench(args) -> dict:
         "device": str(models.ar.device),
         "dtype": str(models.ar.dtype).replace("torch.", ""),
         "compiled": compiled_mode(models.ar),
+        "weights": weight_format(models.ar),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
         "samples": args.samples,
         "sampling": asdict(sampling),
@@ -309,6 +311,7 @@ def markdown(report: dict) -> str:
     lines = [
         f"# FastAR benchmark ({report['model']}, {report['device']}, {report['dtype']}"
         + (f", compiled steps ({report['compiled']})" if report.get("compiled") else "")
+        + (f", {report['weights']} weights" if report.get("weights", "auto") != "auto" else "")
         + f", {report['samples']} samples per decoder)",
         "",
         "| decoder | lossless | drafter | step compression | mean accepted | first draft kept | drafter forwards / "
