@@ -28,6 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from .gpu_probes import PROBES
+
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "demo"
 FIXTURES = ROOT / "tests" / "conformance" / "fixtures"
@@ -177,6 +179,7 @@ def probe_and_profile_steps(out: Path, device: str) -> list[Step]:
     compiled = {"TORCH_LOGS": "perf_hints"}  # inductor says why it skips CUDA graphs (the step's notes)
     return [Step("sync-counts", [*map(str, probe), "sync"], "probes", timeout=180),
             Step("memory-7b", [*map(str, probe), "memory"], "probes", timeout=180),
+            Step("w8-kernel", [*map(str, probe), "w8"], "probes", timeout=180),
             profile("profile-llamagen-xl", "llamagen-xl", "--windows", "1,16,32", "--batches", "1,2"),
             profile("profile-anole-7b", "anole-7b", "--windows", "1,16,32", "--batches", "1,2", "--no-decoders"),
             # whole images for LlamaGen-XL (SJD's latency speed-up against its step compression), forwards for 7B
@@ -334,84 +337,6 @@ def environment() -> dict:
         info |= {"gpu": p.name, "memory_gb": round(p.total_memory / 1e9, 1), "capability": f"{p.major}.{p.minor}",
                  "bf16": torch.cuda.is_bf16_supported()}
     return info
-
-
-# ----------------------------------------------------------------------------------------------- in-process probes
-def probe_sync(device: str, out: Path, images: int = 4, mar_steps: int = 16) -> dict:
-    """Host syncs per image of each decoder on the demo models (sync debug mode's warnings, counted): the token
-    decoders per target forward, MAR per step (``mar_steps`` of them), CSpD per drafted step, ``images`` at once
-    (tests/test_host_syncs.py: the CPU's count)."""
-    import torch
-
-    from ..model_loaders import load_ar_model
-    from ..model_loaders.drafters.loader import load_drafter
-    from ..model_loaders.shared.protocol import ClassConditioning
-    from ..samplers.cspd import CSpDSettings
-    from ..samplers.decoders import DecoderSpec, decode, decode_masked
-    from ..samplers.masked import MaskedSettings
-    from ..samplers.processing import SamplingSettings
-
-    torch_device = torch.device(device)
-    model = load_ar_model(str(DEMO / "demo_c2i.safetensors"), device=torch_device, dtype=torch.float32)
-    spec_drafter = load_drafter(str(DEMO / "demo_drafter"), model)
-    cond = ClassConditioning(torch.arange(images, device=device))
-    runs = {name: (lambda seed, name=name: decode(model, cond, SamplingSettings(), DecoderSpec(name), seed=seed,
-                                                  **({"drafter": spec_drafter} if name == "spec" else {}))[1])
-            for name in ("ar", "sjd", "gsd", "spec")}
-    mar = load_ar_model(str(DEMO / "demo_mar.safetensors"), device=torch_device, dtype=torch.float32)
-    mar_draft = load_drafter("demo", mar)
-    masked = MaskedSettings(num_iter=mar_steps, cfg_scale=3.0, diffusion_steps=25)
-    runs["mar-ar"] = lambda seed: decode_masked(mar, cond, masked, seed=seed)[1]
-    runs["mar-cspd"] = lambda seed: decode_masked(mar, cond, masked, "cspd", seed=seed, drafter=mar_draft,
-                                                  cspd=CSpDSettings())[1]
-    return {name: counted_syncs(run) for name, run in runs.items()}
-
-
-def counted_syncs(run) -> dict:
-    import warnings
-
-    import torch
-
-    run(0)  # warm-up: tables built, kernels chosen
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            stats = run(1)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    syncs = [w for w in caught if "called a synchronizing" in str(w.message)]
-    steps = stats.target_forwards + stats.drafter_forwards
-    return {"syncs": len(syncs), "target_forwards": stats.target_forwards, "drafter_forwards": stats.drafter_forwards,
-            "syncs_per_forward": round(len(syncs) / max(stats.target_forwards, 1), 2),
-            "syncs_per_step": round(len(syncs) / max(steps, 1), 2)}
-
-
-def probe_memory(device: str, out: Path) -> dict:
-    """Peak GPU memory of one Anole-7B-shaped ``ar`` image with CFG (random bf16 weights, full 32 x 32 grid)."""
-    import torch
-
-    from ..samplers.decoders import DecoderSpec, decode
-    from ..samplers.processing import SamplingSettings
-    from .profile.speed import build, conditioning
-
-    torch.cuda.reset_peak_memory_stats()
-    model = build("anole-7b", torch.device(device), torch.bfloat16)
-    weights = torch.cuda.memory_allocated()
-    result = {"weights_gb": round(weights / 1e9, 2)}
-    for batch in (1, 2):
-        torch.cuda.reset_peak_memory_stats()
-        t0 = time.time()
-        decode(model, conditioning(model, batch), SamplingSettings(cfg_scale=3.0), DecoderSpec("ar"), seed=0)
-        torch.cuda.synchronize()
-        result[f"batch_{batch}"] = {"peak_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2),
-                                    "over_weights_gb": round((torch.cuda.max_memory_allocated() - weights) / 1e9, 2),
-                                    "reserved_gb": round(torch.cuda.max_memory_reserved() / 1e9, 2),
-                                    "seconds": round(time.time() - t0, 1)}
-    return result
-
-
-PROBES = {"sync": probe_sync, "memory": probe_memory}
 
 
 def main(argv=None) -> int:

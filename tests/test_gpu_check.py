@@ -66,7 +66,7 @@ def test_the_sync_probe_runs_every_decoder_and_counts_what_the_debug_mode_report
 
     import torch
 
-    from fastar.commands import gpu_check
+    from fastar.commands import gpu_probes
 
     modes = []
 
@@ -76,8 +76,24 @@ def test_the_sync_probe_runs_every_decoder_and_counts_what_the_debug_mode_report
             warnings.warn("called a synchronizing CUDA operation")
 
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", debug_mode)
-    counts = gpu_check.probe_sync("cpu", None, images=1, mar_steps=4)  # the GPU's run: 4 images, 16 MAR steps
+    counts = gpu_probes.probe_sync("cpu", None, images=1, mar_steps=4)  # the GPU's run: 4 images, 16 MAR steps
     assert set(counts) == {"ar", "sjd", "gsd", "spec", "mar-ar", "mar-cspd"}
     assert counts["ar"]["syncs"] == 1 and all(c["syncs"] == 0 for name, c in counts.items() if name != "ar")
     assert counts["mar-cspd"]["drafter_forwards"] > 0 and counts["spec"]["syncs_per_step"] == 0
     assert modes == ["warn", "default"] * 6
+
+
+def test_the_8_bit_kernel_probe_runs_its_code_on_the_cpu():
+    """The probe's own code with small shapes and the CUDA-graph timing stubbed (here the dequantised path runs,
+    so its products are exact up to half-precision rounding)."""
+    from fastar.commands import gpu_probes
+
+    calls = []
+    result = gpu_probes.probe_w8("cpu", None, shapes={"q": (64, 32), "w2": (32, 64)},
+                                 timed=lambda work: calls.append(len(work())) or 1.0)
+    assert set(result["relative_error"]) == {f"{f} {d} rows {r}" for f in ("int8", "fp8")
+                                             for d in ("bfloat16", "float16") for r in (1, 4, 64)}
+    assert max(result["relative_error"].values()) < 1e-2
+    assert result["int8_fused"] is False and calls == [2] * 10  # 5 variants x 2 row counts, both linears each
+    assert set(result["ms_per_block_linears"]) == {f"{v} rows {r}" for v in ("bf16", "int8", "int8 dequantised",
+                                                                            "fp8", "fp8 dequantised") for r in (4, 64)}

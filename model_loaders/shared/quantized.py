@@ -7,9 +7,9 @@ channel, quantised at load from the checkpoint's own weights.
 scale). Embeddings, norms, logits heads and diffusion heads stay in the compute dtype: they are a small share of
 the bytes, and the heads decide every sampled token.
 
-Decoding at batch 1-2 is bound by memory bandwidth, so halving the bytes a step reads can nearly halve its time,
-but only where the dequantisation is fused into the matmul (torch.compile: compiled.py); eager steps pay an extra
-pass over a dequantised copy of each weight. The layers keep ComfyUI's low-VRAM protocol (``comfy_cast_weights``,
+Decoding at batch 1-2 is bound by memory bandwidth, so halving the bytes a step reads can speed it up, but only
+where the matmul reads the codes themselves: on a GPU in half precision a Triton kernel does (w8_matmul.py); elsewhere
+the weight is dequantised first, an extra pass over a dequantised copy of each weight. The layers keep ComfyUI's low-VRAM protocol (``comfy_cast_weights``,
 streaming.py): a streamed 8-bit layer copies half the bytes of a bf16 one.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ from torch import nn
 
 from ...errors import FastARError
 from .streaming import Streamable, StreamedLinear, make_streamable
+from .w8_matmul import fused_matmul, fused_matmul_applies
 
 WEIGHT_FORMATS = ("auto", "int8", "fp8")  # auto: the checkpoint's weights in the compute dtype
 CODE_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
@@ -45,6 +46,10 @@ def quantize_rows(weight: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.T
     return scaled.clamp(-CODE_PEAKS[fmt], CODE_PEAKS[fmt]).to(CODE_DTYPES[fmt]), scale
 
 
+def dequantize(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return (codes.to(scale.dtype) * scale[:, None]).to(dtype)
+
+
 class QuantizedLinear(nn.Module, Streamable):
     """A linear layer whose weight is 8-bit codes (``weight``) times an fp32 scale per output channel
     (``weight_scale``); the bias stays in the compute dtype. Moving the model (``.to(device, dtype)``) moves the
@@ -58,16 +63,22 @@ class QuantizedLinear(nn.Module, Streamable):
         self.register_buffer("weight_scale", scale.to(layer.weight.device))
         self.bias = layer.bias
 
-    def weight_for(self, x: torch.Tensor) -> torch.Tensor:
-        """The weight dequantised into ``x``'s dtype on its device (copied there first when the layer streams)."""
-        codes, scale = self.weight, self.weight_scale
+    def codes_for(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The codes and scales on ``x``'s device (copied there first when the layer streams)."""
         if self.comfy_cast_weights:
-            codes, scale = codes.to(x.device, non_blocking=True), scale.to(x.device, non_blocking=True)
-        return (codes.to(scale.dtype) * scale[:, None]).to(x.dtype)
+            return self.weight.to(x.device, non_blocking=True), self.weight_scale.to(x.device, non_blocking=True)
+        return self.weight, self.weight_scale
+
+    def weight_for(self, x: torch.Tensor) -> torch.Tensor:
+        """The weight dequantised into ``x``'s dtype on its device."""
+        return dequantize(*self.codes_for(x), x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(x.device, non_blocking=True)
-        return F.linear(x, self.weight_for(x), bias)
+        codes, scale = self.codes_for(x)
+        if fused_matmul_applies(x, codes):  # a GPU in half precision: the codes read once, never dequantised
+            return fused_matmul(x, codes, scale, bias)
+        return F.linear(x, dequantize(codes, scale, x.dtype), bias)
 
     def _apply(self, fn, recurse=True):
         kept = {name: self._buffers.pop(name) for name in ("weight", "weight_scale")}

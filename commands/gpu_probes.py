@@ -1,0 +1,148 @@
+"""The GPU check's in-process probes (``python -m fastar.commands.gpu_check --probe NAME``): what a subprocess's
+output cannot show, measured inside one process on the GPU."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from ..model_loaders.shared.demo import DEMO_AR, DEMO_DRAFTER, DEMO_MAR
+
+
+def probe_sync(device: str, out: Path, images: int = 4, mar_steps: int = 16) -> dict:
+    """Host syncs per image of each decoder on the demo models (sync debug mode's warnings, counted): the token
+    decoders per target forward, MAR per step (``mar_steps`` of them), CSpD per drafted step, ``images`` at once
+    (tests/test_host_syncs.py: the CPU's count)."""
+    import torch
+
+    from ..model_loaders import load_ar_model
+    from ..model_loaders.drafters.loader import load_drafter
+    from ..model_loaders.shared.protocol import ClassConditioning
+    from ..samplers.cspd import CSpDSettings
+    from ..samplers.decoders import DecoderSpec, decode, decode_masked
+    from ..samplers.masked import MaskedSettings
+    from ..samplers.processing import SamplingSettings
+
+    torch_device = torch.device(device)
+    model = load_ar_model(str(DEMO_AR), device=torch_device, dtype=torch.float32)
+    spec_drafter = load_drafter(str(DEMO_DRAFTER), model)
+    cond = ClassConditioning(torch.arange(images, device=device))
+    runs = {name: (lambda seed, name=name: decode(model, cond, SamplingSettings(), DecoderSpec(name), seed=seed,
+                                                  **({"drafter": spec_drafter} if name == "spec" else {}))[1])
+            for name in ("ar", "sjd", "gsd", "spec")}
+    mar = load_ar_model(str(DEMO_MAR), device=torch_device, dtype=torch.float32)
+    mar_draft = load_drafter("demo", mar)
+    masked = MaskedSettings(num_iter=mar_steps, cfg_scale=3.0, diffusion_steps=25)
+    runs["mar-ar"] = lambda seed: decode_masked(mar, cond, masked, seed=seed)[1]
+    runs["mar-cspd"] = lambda seed: decode_masked(mar, cond, masked, "cspd", seed=seed, drafter=mar_draft,
+                                                  cspd=CSpDSettings())[1]
+    return {name: counted_syncs(run) for name, run in runs.items()}
+
+
+def counted_syncs(run) -> dict:
+    import warnings
+
+    import torch
+
+    run(0)  # warm-up: tables built, kernels chosen
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            stats = run(1)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "called a synchronizing" in str(w.message)]
+    steps = stats.target_forwards + stats.drafter_forwards
+    return {"syncs": len(syncs), "target_forwards": stats.target_forwards, "drafter_forwards": stats.drafter_forwards,
+            "syncs_per_forward": round(len(syncs) / max(stats.target_forwards, 1), 2),
+            "syncs_per_step": round(len(syncs) / max(steps, 1), 2)}
+
+
+def probe_memory(device: str, out: Path) -> dict:
+    """Peak GPU memory of one Anole-7B-shaped ``ar`` image with CFG (random bf16 weights, full 32 x 32 grid)."""
+    import torch
+
+    from ..samplers.decoders import DecoderSpec, decode
+    from ..samplers.processing import SamplingSettings
+    from .profile.speed import build, conditioning
+
+    torch.cuda.reset_peak_memory_stats()
+    model = build("anole-7b", torch.device(device), torch.bfloat16)
+    weights = torch.cuda.memory_allocated()
+    result = {"weights_gb": round(weights / 1e9, 2)}
+    for batch in (1, 2):
+        torch.cuda.reset_peak_memory_stats()
+        t0 = time.time()
+        decode(model, conditioning(model, batch), SamplingSettings(cfg_scale=3.0), DecoderSpec("ar"), seed=0)
+        torch.cuda.synchronize()
+        result[f"batch_{batch}"] = {"peak_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2),
+                                    "over_weights_gb": round((torch.cuda.max_memory_allocated() - weights) / 1e9, 2),
+                                    "reserved_gb": round(torch.cuda.max_memory_reserved() / 1e9, 2),
+                                    "seconds": round(time.time() - t0, 1)}
+    return result
+
+
+BLOCK_LINEARS_7B = {"q": (4096, 4096), "k": (4096, 4096), "v": (4096, 4096), "o": (4096, 4096),
+                    "w1": (11008, 4096), "w3": (11008, 4096), "w2": (4096, 11008)}  # (out, in) of a 7B block
+
+
+def probe_w8(device: str, out: Path, shapes: dict = BLOCK_LINEARS_7B, timed=None) -> dict:
+    """The fused 8-bit kernel (w8_matmul.py) on this GPU: its products against the fp32 product of the same codes
+    (bf16 and fp16, int8 and fp8, a step's rows and a window's), and the 7 linears of a 7B block replayed as a CUDA
+    graph, bf16 weights against the kernel and against the dequantised path, at batch 2 with CFG (4 rows for one
+    token, 64 for a 16-token window). ``shapes`` and ``timed`` (graph_ms) are the CPU test's to shrink and stub."""
+    import torch
+    import torch.nn.functional as F
+
+    from ..model_loaders.shared.quantized import QuantizedLinear, dequantize
+    from ..model_loaders.shared.w8_matmul import fused_matmul_applies
+
+    torch.manual_seed(0)
+    linears = {name: torch.nn.Linear(i, o, bias=False, device=device, dtype=torch.bfloat16)
+               for name, (o, i) in shapes.items()}
+    result = {"relative_error": {}, "ms_per_block_linears": {}}
+    for fmt in ("int8", "fp8"):
+        layer = QuantizedLinear(linears["w2"], fmt)
+        for dtype in (torch.bfloat16, torch.float16):
+            for rows in (1, 4, 64):
+                x = torch.randn(rows, layer.in_features, device=device, dtype=dtype)
+                want = F.linear(x.float(), dequantize(layer.weight, layer.weight_scale, torch.float32))
+                error = ((layer(x).float() - want).abs().max() / want.abs().max()).item()
+                result["relative_error"][f"{fmt} {str(dtype)[6:]} rows {rows}"] = float(f"{error:.3g}")
+        result[f"{fmt}_fused"] = fused_matmul_applies(x, layer.weight)
+    layers = {"bf16": dict(linears)}
+    for fmt in ("int8", "fp8"):
+        layers[fmt] = {n: QuantizedLinear(lin, fmt) for n, lin in linears.items()}
+        layers[f"{fmt} dequantised"] = {n: (lambda x, q=q: F.linear(x, q.weight_for(x))) for n, q in layers[fmt].items()}
+    for rows in (4, 64):
+        xs = {n: torch.randn(rows, i, device=device, dtype=torch.bfloat16) for n, (o, i) in shapes.items()}
+        for name, block in layers.items():
+            result["ms_per_block_linears"][f"{name} rows {rows}"] = round(
+                (timed or graph_ms)(lambda: [block[n](x) for n, x in xs.items()]), 4)
+    return result
+
+
+def graph_ms(work, replays: int = 50) -> float:
+    """Milliseconds per replay of ``work`` captured as a CUDA graph (launch overhead out of the timing)."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):  # warm-up off the capture stream: Triton compiles, cuBLAS picks its kernels
+            work()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        work()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / replays
+
+
+PROBES = {"sync": probe_sync, "memory": probe_memory, "w8": probe_w8}
