@@ -10,8 +10,8 @@ What it runs, each step a ``python -m fastar ...`` subprocess (a device assert i
 - bf16 and fp16 runs of every demo family and decoder, their images side by side in ``precision.png``;
 - 8-bit blocks (int8, fp8): compiled steps against eager ones (issue 35), and a 7B shape's compiled int8 step against
   its bf16 one;
-- host syncs per decoder (``torch.cuda.set_sync_debug_mode``) and the peak memory of a 7B shape with CFG
-  (``--probe``, in-process);
+- host syncs per decoder (``torch.cuda.set_sync_debug_mode``), the peak memory of a 7B shape with CFG, and the
+  fused 8-bit matmul against the dequantised product and timed beside bf16 (``--probe``, in-process: gpu_probes.py);
 - the speed profile of LlamaGen-XL and a 7B shape against the bandwidth floor (``python -m fastar profile``).
 Steps run a few at a time (correctness) and the profiles alone at the end (timing); a step that would start
 after ``--budget`` seconds is reported as skipped. Writes ``report.json``, ``report.md`` and ``precision.png``.
