@@ -35,6 +35,7 @@ for fmt in ("int8", "fp8"):
             want = F.linear(x.float(), dequantize(codes, scale, torch.float32), None if b is None else b.float())
             assert got.dtype == torch.float16 and got.shape == want.shape
             worst = max(worst, ((got.float() - want).abs().max() / want.abs().max()).item())
+assert not fused_matmul_applies(torch.zeros(0, 256).half(), codes)  # no rows: no kernel launch (an empty grid)
 # the layer takes the kernel in half precision, and gives the dequantised product's values
 layer = QuantizedLinear(torch.nn.Linear(256, 64).half(), "int8")
 x = torch.randn(5, 256, generator=g).half()

@@ -37,7 +37,7 @@ def block_sizes(rows: int, out_features: int, in_features: int) -> dict | None:
 
 
 def fused_matmul_applies(x: torch.Tensor, codes: torch.Tensor) -> bool:
-    if triton is None or x.dtype not in HALF_DTYPES or not (x.is_cuda or INTERPRETED):
+    if triton is None or x.dtype not in HALF_DTYPES or not (x.is_cuda or INTERPRETED) or x.numel() == 0:
         return False
     return block_sizes(x.numel() // x.shape[-1], *codes.shape) is not None
 
