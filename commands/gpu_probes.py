@@ -113,7 +113,8 @@ def probe_w8(device: str, out: Path, shapes: dict = BLOCK_LINEARS_7B, timed=None
     layers = {"bf16": dict(linears)}
     for fmt in ("int8", "fp8"):
         layers[fmt] = {n: QuantizedLinear(lin, fmt) for n, lin in linears.items()}
-        layers[f"{fmt} dequantised"] = {n: (lambda x, q=q: F.linear(x, q.weight_for(x))) for n, q in layers[fmt].items()}
+        layers[f"{fmt} dequantised"] = {n: (lambda x, q=q: F.linear(x, q.weight_for(x)))
+                                        for n, q in layers[fmt].items()}
     for rows in (4, 64):
         xs = {n: torch.randn(rows, i, device=device, dtype=torch.bfloat16) for n, (o, i) in shapes.items()}
         for name, block in layers.items():

@@ -8,9 +8,10 @@ scale). Embeddings, norms, logits heads and diffusion heads stay in the compute 
 the bytes, and the heads decide every sampled token.
 
 Decoding at batch 1-2 is bound by memory bandwidth, so halving the bytes a step reads can speed it up, but only
-where the matmul reads the codes themselves: on a GPU in half precision a Triton kernel does (w8_matmul.py); elsewhere
-the weight is dequantised first, an extra pass over a dequantised copy of each weight. The layers keep ComfyUI's low-VRAM protocol (``comfy_cast_weights``,
-streaming.py): a streamed 8-bit layer copies half the bytes of a bf16 one.
+where the matmul reads the codes themselves: on a GPU in half precision a Triton kernel does (w8_matmul.py);
+elsewhere the weight is dequantised first, an extra pass over a dequantised copy of each weight. The layers keep
+ComfyUI's low-VRAM protocol (``comfy_cast_weights``, streaming.py): a streamed 8-bit layer copies half the bytes
+of a bf16 one.
 """
 from __future__ import annotations
 

@@ -28,12 +28,12 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 def block_sizes(rows: int, out_features: int, in_features: int) -> dict | None:
     """The kernel's tiles for ``rows`` input rows (measured on an H200: 16 x 32 x 256 tiles for a decode step's few
     rows, 32 x 64 x 128 for a window's), or None where they do not divide the weight."""
-    block_m, block_n, block_k, stages = (16, 32, 256, 4) if rows <= 16 else (32, 64, 128, 4)
+    block_m, block_n, block_k = (16, 32, 256) if rows <= 16 else (32, 64, 128)
     while block_k > 32 and in_features % block_k:
         block_k //= 2
     if out_features % block_n or in_features % block_k:
         return None
-    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": 4, "num_stages": stages}
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": 4, "num_stages": 4}
 
 
 def fused_matmul_applies(x: torch.Tensor, codes: torch.Tensor) -> bool:
