@@ -28,6 +28,7 @@ from .next_scale import next_scale_decode
 from .speculative import speculative_decode
 from .stats import Stopwatch
 from .verifier import ProgressFn
+from .zipar import zipar_decode
 
 TOKEN_AR, MASKED_AR, FEW_STEP, NEXT_SCALE = "token-ar", "masked-ar", "few-step", "next-scale"
 KIND_NAMES = {TOKEN_AR: "a token model (LlamaGen)", MASKED_AR: "a MAR model", FEW_STEP: "a Distilled Decoding student",
@@ -48,6 +49,8 @@ DECODER_TABLE = (
     Decoder("sjd", (TOKEN_AR,), lossless=True, drafter="no"),
     Decoder("gsd", (TOKEN_AR,), lossless=False, drafter="optional"),
     Decoder("spec", (TOKEN_AR,), lossless=True, drafter="required"),
+    Decoder("zipar", (TOKEN_AR,), lossless=False, drafter="no"),
+    Decoder("zipar-sjd", (TOKEN_AR,), lossless=False, drafter="no"),
     Decoder("lantern", (TOKEN_AR,), lossless=False, drafter="optional", codebook="to find latent neighbours"),
     Decoder("cspd", (MASKED_AR,), lossless=True, drafter="required"),
     Decoder("fm", (TOKEN_AR, NEXT_SCALE), lossless=True, drafter="no", codebook="to map noise to codes"),
@@ -100,6 +103,7 @@ class DecoderSpec:
     lantern_k: int = 1000  # LANTERN: latent neighbours considered per draft (capped at the codebook size)
     lantern_delta: float = 0.1  # LANTERN: total-variation budget per token (0 = exact)
     flow_steps: int = FlowMapSettings.steps  # fm: solver steps of the flow-matching map
+    zipar_lead: int = 4  # ZipAR: tokens of the row above fixed before a row starts (>= the width: plain AR)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -120,6 +124,9 @@ class DecoderSpec:
         if not 0.0 <= self.lantern_delta <= 1.0:
             raise FastARError(f"LANTERN delta {self.lantern_delta} is out of range: use 0..1 (0 = exact "
                               "speculative decoding)")
+        if self.zipar_lead < 1:
+            raise FastARError(f"ZipAR lead {self.zipar_lead} is too small: a row starts once the row above has at "
+                              "least 1 token (the grid's width or more: plain AR)")
         FlowMapSettings(steps=self.flow_steps).validate()
         return self
 
@@ -188,6 +195,10 @@ def run_decoder(model, conditioning, sampling, spec, generator, on_iteration, dr
         return fm_decode(model, conditioning, sampling, noise, codebook, spec.flow_steps, on_iteration, watch)
     rule = make_rule(spec, model, sampling, codebook)
     watch.lap("setup")
+    if spec.decoder in ("zipar", "zipar-sjd"):
+        return zipar_decode(model, conditioning, sampling, generator=generator, lead=spec.zipar_lead,
+                            window=spec.window if spec.decoder == "zipar-sjd" else 1, coupling=spec.coupling, rule=rule,
+                            name=spec.decoder, on_iteration=on_iteration, watch=watch)
     if drafter is not None:
         return speculative_decode(model, drafter, conditioning, sampling, generator=generator, gamma=spec.gamma,
                                   rule=rule, name=spec.decoder, on_iteration=on_iteration, watch=watch)

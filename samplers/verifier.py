@@ -73,24 +73,34 @@ def verify_window(rule, out, p, sampling, q, x, n, buffer: TokenBuffer, iteratio
     [B, L+1, V] (from model output ``out``), commit the accepted run and the fixed token.
 
     Returns ``k`` (drafts accepted per row) and ``count`` (tokens fixed per row, never past the end)."""
-    B, L = x.shape
-    V, N = p.shape[-1], buffer.num_tokens
+    L, N = x.shape[1], buffer.num_tokens
     slots = torch.arange(L + 1, device=p.device)
-    positions = n.unsqueeze(1) + slots
     judged = rule.judged_target(out, sampling, p)  # what the rule compares (p itself but for greedy LANTERN)
-
-    accepted = (uniform((B, L), generator) < rule.accept_probability(judged[:, :L], q, x)) & (positions[:, :L] < N)
-    k = leading_accepts(accepted)
-    kc = k.clamp(max=L - 1).unsqueeze(1)
-    at_k = k.view(B, 1, 1).expand(B, 1, V)
-    residual = rule.residual(judged.gather(1, at_k).squeeze(1), q.gather(1, kc.unsqueeze(-1).expand(B, 1, V)).squeeze(1),
-                             x.gather(1, kc).squeeze(1))
-    fix_dist = torch.where((k == L).unsqueeze(1), p.gather(1, at_k).squeeze(1), residual)
-    fixed_token = sample(fix_dist, generator)
-
-    count = torch.minimum(k + 1, N - n)
-    run = torch.cat([x, fixed_token.unsqueeze(1)], dim=1).scatter(1, k.unsqueeze(1), fixed_token.unsqueeze(1))
-    target = torch.where(slots < count.unsqueeze(1), positions, buffer.scratch)
+    k, run, count = verify_run(rule, judged, p, q, x, N - n, generator)
+    target = torch.where(slots < count.unsqueeze(1), n.unsqueeze(1) + slots, buffer.scratch)
     buffer.seq.scatter_(1, target, run)
     buffer.fixed_at.scatter_(1, target, torch.full_like(target, iteration))
     return k, count
+
+
+def verify_run(rule, judged, p, q, x, room, generator):
+    """The verification itself, for any set of windows: slot j of ``p`` [B, L+1, V] (``judged``: what the rule
+    compares) is the target of draft ``x[:, j]``; ``room`` [B] is how many tokens a window may fix (drafts past it
+    are never accepted: the end of the image, or of what a ZipAR row may see). Returns ``k`` (drafts accepted),
+    the run [B, L+1] (the accepted drafts, then at slot k the token fixed there: from the rule's residual at a
+    rejection, from ``p`` when every draft passed) and ``count`` = min(k + 1, room), the tokens it fixes."""
+    B, L = x.shape
+    V = p.shape[-1]
+    slots = torch.arange(L, device=p.device)
+    accepted = (uniform((B, L), generator) < rule.accept_probability(judged[:, :L], q, x)) & (slots < room.unsqueeze(1))
+    k = leading_accepts(accepted)
+    at_k = k.view(B, 1, 1).expand(B, 1, V)
+    fix_dist = p.gather(1, at_k).squeeze(1)
+    if L:
+        kc = k.clamp(max=L - 1).unsqueeze(1)
+        residual = rule.residual(judged.gather(1, at_k).squeeze(1), q.gather(1, kc.unsqueeze(-1).expand(B, 1, V)).squeeze(1),
+                                 x.gather(1, kc).squeeze(1))
+        fix_dist = torch.where((k == L).unsqueeze(1), fix_dist, residual)
+    fixed_token = sample(fix_dist, generator)
+    run = torch.cat([x, fixed_token.unsqueeze(1)], dim=1).scatter(1, k.unsqueeze(1), fixed_token.unsqueeze(1))
+    return k, run, torch.minimum(k + 1, room)

@@ -34,6 +34,28 @@ class ToySession:
         self.cache[rows[inside], positions[inside]] = tokens[inside]
         return self._outputs(positions + 1)
 
+    def forward_at(self, tokens, positions, visible, row_start) -> ModelOutput:
+        """ZipAR's feeds: a position the feed does not see reads as code 0; the fed token (or a row start's
+        stand-in) stands at its own position."""
+        rows = torch.arange(tokens.shape[0]).unsqueeze(1).expand_as(positions)
+        own = ~row_start
+        self.cache[rows[own], positions[own]] = tokens[own]
+        seen = torch.where(visible.cpu(), self.cache[:, None, :], 0)
+        seen.scatter_(2, positions.unsqueeze(-1), tokens.unsqueeze(-1))
+        targets = positions + 1
+
+        def logits(labels):
+            out = torch.randn(*targets.shape, self.model.vocab_size)  # targets past the last token: scratch
+            for pos in range(1, self.model.num_tokens):
+                hit = targets == pos
+                if hit.any():
+                    prefix = self.model.prefix_index(seen[hit][:, :pos])
+                    out[hit] = self.model.tables[pos][labels.unsqueeze(1).expand_as(targets)[hit], prefix]
+            return out
+
+        null = torch.full_like(self.labels, self.model.num_classes)
+        return ModelOutput(cond=logits(self.labels), uncond=logits(null) if self.cfg else None)
+
 
 class ToyModel:
     """``vocab`` codes on a ``grid``; logits ~ N(0, scale^2) per (class, prefix, next code)."""
@@ -83,15 +105,16 @@ class ToyModel:
     def sequences(self) -> list[tuple[int, ...]]:
         return list(itertools.product(range(self.vocab_size), repeat=self.num_tokens))
 
-    def exact_joint(self, label: int, cfg_scale=1.0, temperature=1.0, top_k=0, top_p=1.0) -> torch.Tensor:
+    def exact_joint(self, label: int, cfg_scale=1.0, temperature=1.0, top_k=0, top_p=1.0, view=None) -> torch.Tensor:
         """Probability of every sequence (in ``sequences()`` order) under plain AR sampling,
-        computed straight from the definitions: CFG mix, temperature, top-k, top-p, softmax."""
+        computed straight from the definitions: CFG mix, temperature, top-k, top-p, softmax. ``view(seq, pos)``:
+        the ``pos`` tokens position ``pos`` is drawn from (default ``seq[:pos]``; ZipAR hides some)."""
         probs = []
         for seq in self.sequences():
             total = 1.0
             for pos in range(self.num_tokens):
                 prefix = 0
-                for t in seq[:pos]:
+                for t in (seq[:pos] if view is None else view(seq, pos)):
                     prefix = prefix * self.vocab_size + t
                 cond = self.tables[pos][label, prefix].double()
                 logits = cond

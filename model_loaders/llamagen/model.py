@@ -18,7 +18,7 @@ from torch import nn
 
 from ..shared.protocol import CaptionConditioning, ClassConditioning, ModelOutput
 from ..shared.compiled_session import padded_slots
-from ..shared.transformer import KVCache, RMSNorm, attention_mask
+from ..shared.transformer import KVCache, RMSNorm, attention_mask, feed_mask, sees_itself
 
 
 def find_multiple(n: int, k: int) -> int:
@@ -316,3 +316,16 @@ class LlamaGenSession:
         slots = self.cond_len + start[:, None] + torch.arange(width, device=tokens.device)
         slots = slots.clamp(max=self.total_slots - 1)
         return self._output(self._run(self.model.tok_embeddings(tokens), slots))
+
+    @torch.no_grad()
+    def forward_at(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
+                   row_start: torch.Tensor) -> ModelOutput:
+        """See ``TokenARSession.forward_at``. A row start's stand-in is written to a scratch slot: only it sees it."""
+        if self.cfg:
+            tokens, positions, visible, row_start = (torch.cat([t, t]) for t in (tokens, positions, visible, row_start))
+        image_slots = self.cond_len + torch.arange(visible.shape[-1], device=tokens.device)
+        scratch = self.total_slots - 1 - torch.arange(tokens.shape[1], device=tokens.device)
+        write = torch.where(row_start & ~sees_itself(visible, positions), scratch, self.cond_len + positions)
+        mask = feed_mask(write, visible, image_slots, self.cond_valid, self.total_slots)
+        rope = self.rope[self.cond_len + positions]
+        return self._output(self.model.run_layers(self.model.tok_embeddings(tokens), rope, mask, self.caches, write))

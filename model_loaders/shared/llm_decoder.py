@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .transformer import KVCache, RMSNorm, attention_mask
+from .transformer import KVCache, RMSNorm, attention_mask, feed_mask, sees_itself
 from .compiled_session import padded_prefix_len, padded_slots
 from .protocol import ModelOutput
 
@@ -241,12 +241,18 @@ class LayoutSession:
             return ModelOutput(cond=logits[: self.batch], uncond=logits[self.batch:], hidden=kept)
         return ModelOutput(cond=logits, hidden=kept)
 
-    def _run(self, h, slots):
+    def _run(self, h, slots, mask=None, rope_slots=None):
+        """Run ``h`` written at cache ``slots``; RoPE at ``rope_slots`` (default: the slots themselves), causal
+        unless ``mask`` is given."""
         dc = self.model.decoder_cfg
-        mask = attention_mask(slots, self.valid, self.total_slots)
-        positions = slots - self.position_offset[:, None]
+        mask = attention_mask(slots, self.valid, self.total_slots) if mask is None else mask
+        positions = (slots if rope_slots is None else rope_slots) - self.position_offset[:, None]
         rope = rope_tables(positions, dc.head_dim, dc.rope_theta, self.model.dtype)
         return self.model.backbone.run(h, rope, mask, self.caches, slots)
+
+    def image_slot(self, positions: torch.Tensor) -> torch.Tensor:
+        """The cache slot of each image position (row ends take a slot after every row)."""
+        return self.prefix_len + positions + (positions // self.width if self.rows_ends else 0)
 
     def layout(self, start: torch.Tensor, width: int):
         """The window's sequence for each row: token ids' source, slots, and where each image token's
@@ -284,3 +290,27 @@ class LayoutSession:
         h = torch.where((source >= 0)[..., None], images, self.model.backbone.embed_tokens(others).to(images.dtype))
         hidden = self._run(h, slots.clamp(max=self.total_slots - 1))
         return self._output(hidden.gather(1, out[..., None].expand(-1, -1, hidden.shape[-1])))
+
+    @torch.no_grad()
+    def forward_at(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
+                   row_start: torch.Tensor) -> ModelOutput:
+        """See ``TokenARSession.forward_at``. With row ends, a row start feeds the row-end token at its own slot (the
+        layout's: later tokens see it, with the next row); without, the stand-in goes to a scratch slot."""
+        if self.cfg:
+            tokens, positions, visible, row_start = (torch.cat([t, t]) for t in (tokens, positions, visible, row_start))
+        device, N = tokens.device, visible.shape[-1]
+        image_slots = self.image_slot(positions)
+        h = self.model.embed_images(tokens)
+        if self.rows_ends:
+            write = torch.where(row_start, image_slots + 1, image_slots)
+            row_end = self.model.backbone.embed_tokens(torch.full_like(tokens, self.model.layout.row_end))
+            h = torch.where(row_start[..., None], row_end.to(h.dtype), h)
+            ends = torch.arange(self.width, N, self.width, device=device)  # the first position of every later row
+            layout, rope_slots = (self.image_slot(ends) - 1, ends), write
+        else:
+            scratch = self.total_slots - 1 - torch.arange(tokens.shape[1], device=device)
+            stand_in = row_start & ~sees_itself(visible, positions)
+            write, layout, rope_slots = torch.where(stand_in, scratch, image_slots), (None, None), image_slots
+        mask = feed_mask(write, visible, self.image_slot(torch.arange(N, device=device)), self.valid, self.total_slots,
+                         *layout)
+        return self._output(self._run(h, write, mask, rope_slots))

@@ -83,6 +83,17 @@ class TokenARSession(Protocol):
         token are scratch (their outputs are meaningless and must be ignored)."""
         ...
 
+    def forward_at(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
+                   row_start: torch.Tensor) -> ModelOutput:
+        """Feeds anywhere in the image, each with its own view (ZipAR; optional: decoders that need it say so).
+        ``tokens[b, m]`` is fed as image token ``positions[b, m]`` and sees the prefix, itself and the image
+        positions ``visible[b, m]`` ([B, M, N] bool; those must hold what the caller fixed, fed now or before);
+        output m predicts the next token of its row. Where ``row_start[b, m]``, the feed only serves to predict
+        the first token of the next row (``positions`` is then the last of its own row, which need not be known):
+        unless that position is visible to it, its token is a stand-in that no other feed sees (a model with row
+        ends feeds its row-end token there instead, which the feeds that see the next row's first token see)."""
+        ...
+
 
 class TokenARModel(Protocol):
     vocab_size: int

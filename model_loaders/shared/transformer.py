@@ -46,3 +46,23 @@ def attention_mask(query_slots: torch.Tensor, cond_valid: torch.Tensor, total_sl
     causal = slots[None, None, :] <= query_slots[:, :, None]
     visible = (causal & key_valid[:, None, :]) | (slots[None, None, :] == query_slots[:, :, None])
     return visible[:, None]
+
+
+def feed_mask(write_slots, visible, image_slots, prefix_valid, total_slots, layout_slots=None, layout_follows=None):
+    """``[R, 1, M, S]`` for feeds at arbitrary cache slots (ZipAR): feed m sees the real prefix slots
+    (``prefix_valid`` [R, P]), the image positions ``visible`` [R, M, N] allows (image position j sits at slot
+    ``image_slots[j]``), and its own slot ``write_slots`` [R, M]. Layout slots (row ends, ``layout_slots`` [K]) are
+    seen with the image position ``layout_follows`` [K] that comes right after them."""
+    R, M, _ = visible.shape
+    keys = torch.zeros(R, M, total_slots, dtype=torch.bool, device=visible.device)
+    keys[:, :, : prefix_valid.shape[1]] = prefix_valid[:, None, :]
+    keys[:, :, image_slots] = visible
+    if layout_slots is not None:
+        keys[:, :, layout_slots] = visible[:, :, layout_follows]
+    keys |= torch.arange(total_slots, device=visible.device) == write_slots[..., None]
+    return keys[:, None]
+
+
+def sees_itself(visible, positions):
+    """``[R, M]``: whether each feed's own position is one it may see (a row start's token is then the real one)."""
+    return visible.gather(2, positions.unsqueeze(-1)).squeeze(-1)

@@ -1,0 +1,178 @@
+"""ZipAR: spatially parallel decoding of token models (He et al., ICML 2025), alone or with Jacobi drafts per row.
+
+Raster AR fixes one token per forward. ZipAR starts a row once the row above has ``lead`` tokens fixed, so every
+forward extends several rows at once: about ``h * lead + w`` forwards instead of ``h * w``.
+
+What it samples (a relaxation, unlike SJD): token (r, c) is drawn from the model's distribution given its *ZipAR
+context* K(r, c): the earlier tokens of row r and, in each row r' above, the columns c' < c + (r - r') * lead,
+what plain ZipAR has fixed when it draws (r, c). The rest of the raster prefix (the unfinished end of the rows
+above) is hidden from it (masked out of attention); ``lead`` >= the grid's width hides nothing: plain AR. A row's
+first token is predicted from a stand-in at the end of the row above (its token ``lead - 1``, as the reference
+code feeds; models with row-end tokens feed their row end, which is known in advance).
+
+``window`` > 1 adds Jacobi drafts inside each row: a row's window [last fixed token, drafts...] is verified by the
+shared verifier against p(. | K), never reaching a token whose context is not yet fixed. With the exact rule this
+samples exactly plain ZipAR's distribution (tests/test_zipar.py), in fewer forwards.
+
+One host sync per iteration: the rows' progress, which plans the next forward's feeds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ..errors import FastARError
+from .acceptance import ExactRule
+from .drafts import DraftSource
+from .processing import SamplingSettings, probabilities, sample
+from .stats import Stopwatch
+from .verifier import ProgressFn, begin, finish, verify_run
+
+
+def zipar_context(rows: torch.Tensor, cols: torch.Tensor, grid: tuple[int, int], lead: int) -> torch.Tensor:
+    """K(r, c) as a mask ``[..., N]`` over image positions, for targets at ``rows``, ``cols`` [...]; a column may
+    equal the width: the whole row, what the feed of a row's last token sees."""
+    h, w = grid
+    key = torch.arange(h * w, device=rows.device)
+    kr, kc = key // w, key % w
+    r, c = rows.unsqueeze(-1), cols.unsqueeze(-1)
+    return ((kr < r) & (kc < c + (r - kr) * lead)) | ((kr == r) & (kc < c))
+
+
+@dataclass
+class _Feeds:
+    """One forward's feeds, planned on the host: per batch row, M feeds (padded by repeating one)."""
+
+    row: np.ndarray  # [B, M] image row of the token each feed predicts
+    col: np.ndarray  # [B, M] its column: 0..w (w: none, the feed only writes the row's last token to the cache)
+    token_from: np.ndarray  # [B, M] where the fed token comes from: a raster position, or -1 - slot for a draft
+    row_start: np.ndarray  # [B, M] bool
+    streams: list  # (b, image row, first target column, window width, index of the first feed)
+
+
+class ZiparPlan:
+    """The rows' progress (host copy) and what the next forward feeds: each active row's window, and the last
+    token of rows that finished (its cache entry, which the rows below will see)."""
+
+    def __init__(self, batch: int, grid: tuple[int, int], lead: int, window: int):
+        self.h, self.w = grid
+        self.lead, self.window = min(lead, self.w), window
+        self.fixed = np.zeros((batch, self.h), dtype=np.int64)  # tokens fixed per image row
+        self.flushed = np.zeros((batch, self.h), dtype=bool)  # a finished row's last token is in the cache
+
+    def room(self, b: int, r: int) -> int:
+        """How many tokens row r may fix now: the window, the row's end, and the row above's lead."""
+        c = self.fixed[b, r]
+        if c == self.w:
+            return 0
+        room = min(self.window, self.w - c)
+        if r > 0 and self.fixed[b, r - 1] < self.w:
+            room = min(room, self.fixed[b, r - 1] - self.lead - c + 1)
+        return max(room, 0)
+
+    def done(self) -> bool:
+        return bool((self.fixed == self.w).all())
+
+    def feeds(self) -> _Feeds:
+        rows, streams = [], []
+        for b in range(self.fixed.shape[0]):
+            feeds = []  # (target row, target column, token source, row start)
+            for r in range(self.h):
+                c, room = self.fixed[b, r], self.room(b, r)
+                if room:
+                    streams.append((b, r, c, room, len(feeds)))
+                    source = (r - 1) * self.w + self.lead - 1 if c == 0 else r * self.w + c - 1
+                    feeds.append((r, c, source, c == 0))
+                    feeds += [(r, c + j, -j, False) for j in range(1, room)]  # -j: the row's draft j - 1
+                elif c == self.w and not self.flushed[b, r]:
+                    feeds.append((r, self.w, r * self.w + self.w - 1, False))
+                    self.flushed[b, r] = True
+            if not feeds:  # a finished image: repeat the flush of its last token (the same write, harmless)
+                feeds.append((self.h - 1, self.w, self.h * self.w - 1, False))
+            rows.append(feeds)
+        M = max(len(f) for f in rows)
+        padded = [f + [f[-1]] * (M - len(f)) for f in rows]
+        arr = np.array(padded, dtype=np.int64)  # [B, M, 4]
+        return _Feeds(arr[..., 0], arr[..., 1], arr[..., 2], arr[..., 3].astype(bool), streams)
+
+    def max_feeds(self) -> int:
+        """A bound on one forward's feeds: the rows that can be running at once (each at least ``lead`` behind the
+        one above), each with its window, and as many finished rows' flushes."""
+        rows = min(self.h, -(-self.w // self.lead) + 1)
+        return rows * (self.window + 1)
+
+
+@torch.no_grad()
+def zipar_decode(model, conditioning, sampling: SamplingSettings, *, generator, lead: int = 4, window: int = 1,
+                 rule=None, coupling: str = "independent", name: str = "zipar",
+                 on_iteration: Optional[ProgressFn] = None, watch: Optional[Stopwatch] = None):
+    """ZipAR (``window`` 1) or ZipAR with Jacobi drafts in each row (``window`` > 1: last fixed token + drafts);
+    drafts start random and carry the last forward's samples (``coupling``). Returns (tokens [B, N], stats)."""
+    if lead < 1:
+        raise FastARError(f"ZipAR lead {lead} is too small: a row starts once the row above has at least 1 token")
+    rule = rule or ExactRule()
+    (h, w), V, B, dev = model.grid, model.vocab_size, conditioning.batch, model.device
+    N, L = h * w, window - 1
+    plan = ZiparPlan(B, (h, w), lead, window)
+    watch = watch or Stopwatch(dev)
+    settings = {"lead": plan.lead, "window": window, "rule": rule.name}
+    session, p0, stats = begin(model, conditioning, sampling, plan.max_feeds(), name, settings)
+    if not hasattr(session, "forward_at"):
+        raise FastARError(f"ZipAR needs a model whose attention can hide positions; {getattr(model, 'what', 'this model')} "
+                          "cannot: use sjd, gsd or lantern with it")
+    seq = torch.zeros(B, N + 1, dtype=torch.long, device=dev)  # one spare column: targets past a row's end
+    fixed_at = torch.zeros(B, N + 1, dtype=torch.long, device=dev)
+    seq[:, 0] = sample(p0, generator)
+    plan.fixed[:, 0] = 1
+    drafts = torch.zeros(B, h, L, dtype=torch.long, device=dev)  # each row's carried drafts and their q
+    q_drafts = torch.full((B, h, L, V), 1.0 / V, device=dev)
+    carried = torch.zeros(B, h, dtype=torch.long, device=dev)
+    coupler = DraftSource("random", coupling, batch=B, drafts=L, grid=(h, w), vocab=V, generator=generator) if L else None
+    batch_index = torch.arange(B, device=dev)[:, None]
+    fixed_counts, iteration = [], 0
+    while not plan.done():
+        iteration += 1
+        feeds = plan.feeds()
+        row, col, source, row_start = (torch.from_numpy(a).to(dev) for a in
+                                       (feeds.row, feeds.col, feeds.token_from, feeds.row_start))
+        tokens = seq.gather(1, source.clamp(min=0))
+        if L:
+            # fresh draft slots: random codes, uniform q (carried ones keep the last forward's sample and its p)
+            fresh = torch.arange(L, device=dev) >= carried.unsqueeze(-1)
+            drafts = torch.where(fresh, torch.randint(V, drafts.shape, generator=generator, device=dev), drafts)
+            q_drafts = torch.where(fresh.unsqueeze(-1), 1.0 / V, q_drafts)
+            tokens = torch.where(source < 0, drafts[batch_index, row, (-source - 1).clamp(min=0)], tokens)
+        visible = zipar_context(row, col, (h, w), plan.lead)
+        out = session.forward_at(tokens, row * w + col - 1, visible, row_start)
+        p = probabilities(out, sampling)  # feed m's target distribution
+        stats.target_forwards += 1
+        watch.lap("forward")
+
+        stream = torch.from_numpy(np.array(feeds.streams, dtype=np.int64).reshape(-1, 5)).to(dev)
+        sb, sr, sc, room, first = stream.unbind(1)
+        slots = torch.arange(L + 1, device=dev)
+        at = (first.unsqueeze(1) + slots.clamp(max=room.unsqueeze(1) - 1))  # past the room: any slot of the window
+        p_stream = p[sb.unsqueeze(1), at]  # [S, L+1, V]
+        x, q = drafts[sb, sr], q_drafts[sb, sr]
+        k, run, count = verify_run(rule, rule.judged_target(None, sampling, p_stream), p_stream, q, x, room, generator)
+        positions = (sr * w + sc).unsqueeze(1) + slots
+        write = torch.where(slots < count.unsqueeze(1), positions, N)
+        seq[sb.unsqueeze(1), write] = run
+        fixed_at[sb.unsqueeze(1), write] = iteration
+        if L:  # the window's later outputs become the next drafts of the row
+            proposals = coupler.couple(p_stream, x, q, positions)
+            keep = (count.unsqueeze(1) + slots[:L]).clamp(max=L)
+            drafts[sb, sr] = proposals.gather(1, keep)
+            q_drafts[sb, sr] = p_stream.gather(1, keep.unsqueeze(-1).expand(-1, -1, V))
+            carried[sb, sr] = (room - count).clamp(min=0)
+        per_row = torch.zeros(B, h, dtype=torch.long, device=dev).index_put_((sb, sr), count)
+        fixed_counts.append(per_row.sum(1))
+        plan.fixed += per_row.cpu().numpy()  # the iteration's one host sync
+        watch.lap("verify")
+        if on_iteration is not None:
+            on_iteration(int(plan.fixed.sum(1).min()), N, seq[:, :N])
+    finish(stats, watch, fixed_counts, fixed_at, N)
+    return seq[:, :N].clone(), stats
