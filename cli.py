@@ -76,6 +76,9 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                    help="LANTERN k: latent neighbours considered per draft (capped at the codebook size)")
     p.add_argument("--lantern-delta", type=float, default=SPEC_DEFAULTS.lantern_delta,
                    help="LANTERN delta: total-variation budget per token (0 = exact speculative decoding)")
+    p.add_argument("--zipar-lead", type=int, default=SPEC_DEFAULTS.zipar_lead,
+                   help="ZipAR: tokens of the row above fixed before a row starts (smaller: fewer forwards, each token "
+                   "sees less of the row above; the grid's width: plain AR). zipar-sjd also drafts --window per row")
     p.add_argument("--compile", nargs="?", const="on", default="off", choices=SWITCH,
                    help="token models: every decoding step through torch.compile (same tokens as eager). The first "
                    "image of each batch and window compiles (3-20 s on a CPU), later ones run up to 1.7x faster, so "
@@ -170,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "demo model; --cfg, --top-k ... are the teacher's: give the student's pair settings, cfg default 2.0)")
     bench.add_argument("--mar-steps", default="256,64,32,16", help="with --mar: the step counts of the plain MAR rows "
                        "beside --num-iter (counts above the model's token count are skipped)")
-    bench.add_argument("--decoders", default="ar,sjd,gsd,spec,lantern,lantern-jacobi",
+    bench.add_argument("--decoders", default="ar,sjd,gsd,spec,lantern,lantern-jacobi,zipar,zipar-sjd",
                        help=f"comma-separated, from {', '.join(DECODERS)}; NAME-jacobi drafts Jacobi windows, "
                        "NAME-drafter chains from the drafter (spec and lantern use the drafter by default)")
     bench.add_argument("--samples", type=int, default=64, help="images per decoder for the quality metrics")

@@ -11,6 +11,7 @@ import torch
 
 from .errors import FastARError
 from .samplers.acceptance import DISTANCE_CHUNK
+from .samplers.zipar import zipar_feeds
 
 GB = 1e9
 DECODE_CHUNK = 16  # images decoded at once at most (also on a CPU)
@@ -55,8 +56,10 @@ def kv_cache_bytes(ar, conditioning, batch: int, use_cfg: bool, window: int) -> 
                     ar.cache_slots(conditioning, window), ar.dtype)
 
 
-def decode_window(spec, drafted: bool) -> int:
-    """The widest forward a token decode runs after its prefill."""
+def decode_window(spec, drafted: bool, grid: tuple[int, int]) -> int:
+    """The widest forward a token decode runs after its prefill (ZipAR: feeds in several rows at once)."""
+    if spec.decoder in ("zipar", "zipar-sjd"):
+        return zipar_feeds(grid, spec.zipar_lead, spec.window if spec.decoder == "zipar-sjd" else 1)
     return 1 if spec.decoder == "ar" else spec.gamma + 1 if drafted else spec.window
 
 
@@ -66,7 +69,7 @@ def token_working_bytes(ar, conditioning, batch: int, use_cfg: bool, spec, *, dr
     ``drafter_cache``), the activations of the longest forward (the prefill or a window), the processed
     distributions (fp32), GSD's cluster distances (computed in bounded chunks) and LANTERN's neighbour table."""
     cfg = transformer_cfg(ar)
-    window = min(decode_window(spec, drafted), ar.grid[0] * ar.grid[1])
+    window = min(decode_window(spec, drafted, ar.grid), ar.grid[0] * ar.grid[1])
     longest = ar.cache_slots(conditioning, window) - ar.grid[0] * ar.grid[1]  # at least the prefill or a window
     rows = cache_rows(batch, use_cfg)
     activations = rows * longest * (cfg.dim * 4 + cfg.ffn_hidden * 3) * element_bytes(ar.dtype) * 2
@@ -77,6 +80,8 @@ def token_working_bytes(ar, conditioning, batch: int, use_cfg: bool, spec, *, dr
         clusters = min(batch * window * (spec.group + 1) * width, DISTANCE_CHUNK) * 4 * 2  # the codes, their gaps
     if spec.decoder == "lantern":
         neighbours = ar.vocab_size * spec.lantern_k * 8
+    if spec.decoder == "zipar-sjd":  # every image row's carried drafts and their distributions
+        neighbours = batch * ar.grid[0] * (spec.window - 1) * ar.vocab_size * 4
     return int(kv_cache_bytes(ar, conditioning, batch, use_cfg, window) + drafter_cache + activations + distributions
                + clusters + neighbours)
 

@@ -21,7 +21,8 @@ def spec_from(args, decoder: str) -> DecoderSpec:
                        group=args.group, prob_threshold=args.prob_threshold, prob_filter=args.prob_filter,
                        distance_threshold=args.distance_threshold,
                        gamma=SPEC_DEFAULTS.gamma if args.gamma is None else args.gamma,
-                       lantern_k=args.lantern_k, lantern_delta=args.lantern_delta, flow_steps=args.flow_steps)
+                       lantern_k=args.lantern_k, lantern_delta=args.lantern_delta, flow_steps=args.flow_steps,
+                       zipar_lead=args.zipar_lead)
 
 
 def masked_settings_from(args) -> MaskedSettings:

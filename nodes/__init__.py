@@ -15,10 +15,11 @@ from .sampler_nodes import (
     SamplerLantern,
     SamplerSJD,
     SamplerSpeculative,
+    SamplerZipAR,
 )
 
 NODES = [LoadARModel, LoadVQ, LoadDrafter, ClassLabel, TextConditioning, SamplerAR, SamplerSJD, SamplerGSD,
-         SamplerSpeculative, SamplerLantern, SamplerCSpD, SamplerDD, VQDecode, AcceptanceMap, Stats]
+         SamplerSpeculative, SamplerLantern, SamplerZipAR, SamplerCSpD, SamplerDD, VQDecode, AcceptanceMap, Stats]
 
 
 class FastARExtension(ComfyExtension):

@@ -383,7 +383,7 @@ def working_memory(ar, rows, batch: int, use_cfg: bool, spec: DecoderSpec, draft
     """Bytes a decode of conditioning ``rows`` (one image's) needs beyond the weights, asked of ComfyUI before
     loading (memory.token_working_bytes, with the drafter's cache)."""
     drafted = drafter is not None
-    cache = drafter_cache_bytes(drafter, ar, rows, batch, use_cfg, decode_window(spec, drafted)) if drafted else 0
+    cache = drafter_cache_bytes(drafter, ar, rows, batch, use_cfg, decode_window(spec, drafted, ar.grid)) if drafted else 0
     return token_working_bytes(ar, rows, batch, use_cfg, spec, drafted=drafted, drafter_cache=cache)
 
 
@@ -520,6 +520,37 @@ class SamplerLantern(SamplerBase):
              window=SPEC.window, init=SPEC.init, coupling=SPEC.coupling) -> DecoderSpec:
         return DecoderSpec(decoder=cls.DECODER, lantern_k=lantern_k, lantern_delta=lantern_delta, gamma=gamma,
                            window=window, init=init, coupling=coupling)
+
+
+class SamplerZipAR(SamplerBase):
+    DECODER = "zipar"
+    NODE_ID = "FastARSamplerZipAR"
+    DISPLAY = "FastAR Sampler (ZipAR, relaxed)"
+    DESCRIPTION = ("ZipAR: a row starts once the row above has `lead` tokens, so each forward extends several rows "
+                   "side by side (about rows x lead + width forwards instead of rows x width). Each token sees the "
+                   "rows above only up to `lead` columns ahead of it, not their unfinished ends. Relaxed: trades "
+                   "fidelity for speed; a given seed gives a different image than AR. row_window 2 or more adds "
+                   "Jacobi drafts in every row, verified exactly within what ZipAR shows each token (the same "
+                   "distribution of images as row_window 1, in fewer forwards).")
+
+    @classmethod
+    def decoder_inputs(cls) -> list:
+        return [
+            io.Int.Input("lead", default=SPEC.zipar_lead, min=1, max=256, display_mode=io.NumberDisplay.slider,
+                         tooltip="The speed/quality slider: tokens of the row above fixed before a row starts. "
+                                 "Smaller is faster and each token sees less of the row above; the image's width in "
+                                 "tokens (or more) is plain AR."),
+            io.Int.Input("row_window", default=1, min=1, max=64,
+                         tooltip="1: one token per row and forward (ZipAR). 2 or more: the last fixed token plus "
+                                 "row_window-1 Jacobi drafts per row, kept when the model agrees (exact within "
+                                 "ZipAR's view; helps where rows run ahead of the lead)."),
+        ]
+
+    @classmethod
+    def spec(cls, lead=SPEC.zipar_lead, row_window=1) -> DecoderSpec:
+        drafted = row_window > 1
+        return DecoderSpec(decoder="zipar-sjd" if drafted else "zipar", zipar_lead=lead,
+                           window=row_window if drafted else SPEC.window)
 
 
 class SamplerCSpD(SamplerBase):

@@ -42,6 +42,14 @@ def zipar_context(rows: torch.Tensor, cols: torch.Tensor, grid: tuple[int, int],
     return ((kr < r) & (kc < c + (r - kr) * lead)) | ((kr == r) & (kc < c))
 
 
+def zipar_feeds(grid: tuple[int, int], lead: int, window: int) -> int:
+    """A bound on one forward's feeds: the rows that can be running at once (each at least ``lead`` behind the one
+    above), each with its window, and as many finished rows' flushes."""
+    h, w = grid
+    rows = min(h, -(-w // min(lead, w)) + 1)
+    return rows * (window + 1)
+
+
 @dataclass
 class _Feeds:
     """One forward's feeds, planned on the host: per batch row, M feeds (padded by repeating one)."""
@@ -98,11 +106,6 @@ class ZiparPlan:
         arr = np.array(padded, dtype=np.int64)  # [B, M, 4]
         return _Feeds(arr[..., 0], arr[..., 1], arr[..., 2], arr[..., 3].astype(bool), streams)
 
-    def max_feeds(self) -> int:
-        """A bound on one forward's feeds: the rows that can be running at once (each at least ``lead`` behind the
-        one above), each with its window, and as many finished rows' flushes."""
-        rows = min(self.h, -(-self.w // self.lead) + 1)
-        return rows * (self.window + 1)
 
 
 @torch.no_grad()
@@ -119,7 +122,7 @@ def zipar_decode(model, conditioning, sampling: SamplingSettings, *, generator, 
     plan = ZiparPlan(B, (h, w), lead, window)
     watch = watch or Stopwatch(dev)
     settings = {"lead": plan.lead, "window": window, "rule": rule.name}
-    session, p0, stats = begin(model, conditioning, sampling, plan.max_feeds(), name, settings)
+    session, p0, stats = begin(model, conditioning, sampling, zipar_feeds((h, w), lead, window), name, settings)
     if not hasattr(session, "forward_at"):
         raise FastARError(f"ZipAR needs a model whose attention can hide positions; {getattr(model, 'what', 'this model')} "
                           "cannot: use sjd, gsd or lantern with it")
@@ -161,7 +164,7 @@ def zipar_decode(model, conditioning, sampling: SamplingSettings, *, generator, 
         positions = (sr * w + sc).unsqueeze(1) + slots
         write = torch.where(slots < count.unsqueeze(1), positions, N)
         seq[sb.unsqueeze(1), write] = run
-        fixed_at[sb.unsqueeze(1), write] = iteration
+        fixed_at[sb.unsqueeze(1), write] = torch.full_like(write, iteration)
         if L:  # the window's later outputs become the next drafts of the row
             proposals = coupler.couple(p_stream, x, q, positions)
             keep = (count.unsqueeze(1) + slots[:L]).clamp(max=L)
@@ -170,7 +173,7 @@ def zipar_decode(model, conditioning, sampling: SamplingSettings, *, generator, 
             carried[sb, sr] = (room - count).clamp(min=0)
         per_row = torch.zeros(B, h, dtype=torch.long, device=dev).index_put_((sb, sr), count)
         fixed_counts.append(per_row.sum(1))
-        plan.fixed += per_row.cpu().numpy()  # the iteration's one host sync
+        plan.fixed += np.array(per_row.tolist())  # the iteration's one host sync
         watch.lap("verify")
         if on_iteration is not None:
             on_iteration(int(plan.fixed.sum(1).min()), N, seq[:, :N])

@@ -201,12 +201,12 @@ def test_bad_drafter_settings_give_a_clear_error(tmp_path, args, message):
 @needs_demo
 def test_bench_smoke_writes_json_and_markdown(tmp_path):
     """A smoke run: fewest samples, no sweeps (the statistics live in the exactness tests), 8-bit weights."""
-    r = fastar("bench", "--decoders", "ar,sjd,spec,lantern-jacobi", "--samples", 2, "--timing-runs", 1,
+    r = fastar("bench", "--decoders", "ar,sjd,spec,lantern-jacobi,zipar-sjd", "--samples", 2, "--timing-runs", 1,
                "--no-pareto", "--toy-rows", 500, "--threads", 1, "--weights", "int8", "--out", tmp_path / "b",
                cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "b" / "bench.json").read_text())
-    assert set(report["results"]) == {"ar", "sjd", "spec", "lantern-jacobi"} and "pareto" not in report
+    assert set(report["results"]) == {"ar", "sjd", "spec", "lantern-jacobi", "zipar-sjd"} and "pareto" not in report
     assert report["machine"].endswith(", 1 threads")  # --threads reaches PyTorch
     for result in report["results"].values():
         for key in ("step_compression", "latency_ratio", "class_accuracy", "frechet", "drafter_time_share"):
@@ -214,6 +214,9 @@ def test_bench_smoke_writes_json_and_markdown(tmp_path):
     assert report["results"]["spec"]["drafter_forwards_per_image"] > 0 < report["results"]["spec"]["drafter_time_share"]
     assert report["results"]["lantern-jacobi"]["drafter_forwards_per_image"] == 0
     assert report["toy_tv"]["rows"] == 500 and set(report["toy_tv"]["gsd_by_group"]) == {"1", "3", "5"}
+    assert set(report["toy_tv"]["zipar_by_lead"]) == {"1", "2", "3"}
+    assert report["results"]["zipar-sjd"]["step_compression"] > 2  # rows run side by side (lead 4: 3.4x without drafts)
+    assert "| zipar-sjd | no | - |" in (tmp_path / "b" / "bench.md").read_text()
     assert report["results"]["ar"]["step_compression"] == pytest.approx(256 / 255)
     assert report["results"]["ar"]["latency_ratio"] == pytest.approx(1.0)
     assert report["results"]["sjd"]["step_compression"] > 1.2

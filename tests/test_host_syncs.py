@@ -31,7 +31,8 @@ def counted(run):
 
 
 @pytest.mark.parametrize("spec", [DecoderSpec("sjd", window=4), DecoderSpec("gsd", window=4, group=5),
-                                  DecoderSpec("spec", gamma=3), DecoderSpec("lantern", gamma=3)],
+                                  DecoderSpec("spec", gamma=3), DecoderSpec("lantern", gamma=3),
+                                  DecoderSpec("zipar", zipar_lead=1), DecoderSpec("zipar-sjd", zipar_lead=1, window=3)],
                          ids=lambda s: s.decoder)
 def test_token_decoders_sync_once_per_iteration(spec):
     model = tiny_model(seed=3)

@@ -177,3 +177,20 @@ def test_hidden_positions_change_what_a_feed_predicts(family):
     ar, _ = greedy(model, conditioning, DecoderSpec("ar"))
     tokens, _ = greedy(model, conditioning, DecoderSpec("zipar", zipar_lead=1))
     assert not torch.equal(tokens, ar)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_the_demo_model_runs_zipar_in_half_precision_and_draws_the_class(dtype):
+    """What a GPU user's ``auto`` dtype gives (emulated on the CPU): codes in range and images the judge names."""
+    from fastar.commands.bench.classifier import classify, load_classifier
+    from fastar.model_loaders import load_ar_model, load_image_decoder
+    from fastar.model_loaders.shared.demo import DEMO_AR, DEMO_VQ
+    from fastar.pipeline import decode_images
+
+    model, vq = load_ar_model(DEMO_AR, dtype=dtype), load_image_decoder(DEMO_VQ, dtype=dtype)
+    labels = torch.arange(8)
+    for spec in (DecoderSpec("zipar", zipar_lead=4), DecoderSpec("zipar-sjd", zipar_lead=4, window=4)):
+        codes, _ = decode(model, ClassConditioning(labels), SamplingSettings(), spec, seed=0)
+        assert 0 <= int(codes.min()) and int(codes.max()) < model.vocab_size
+        predicted, _ = classify(load_classifier(), decode_images(vq, model.decoder_input(codes)))
+        assert (predicted == labels).float().mean() >= 0.5, (spec.decoder, predicted)

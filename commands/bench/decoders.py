@@ -37,6 +37,8 @@ SWEEP_WINDOWS = (4, 8, 16, 32)
 SWEEP_DELTAS = (0.0, 0.05, 0.1, 0.2, 0.4, 0.7)
 SWEEP_KS = (1, 4, 16, 64, 256, 1000)
 SWEEP_K_DELTA = 0.2
+SWEEP_LEADS = (1, 2, 4, 8)
+ROW_PARALLEL = ("zipar", "zipar-sjd")  # several rows per iteration: "kept its first draft" means nothing there
 RELAXED = tuple(d for d in DECODERS if not LOSSLESS[d])  # their distance to the exact target is measured on the toy
 TOY_DELTAS = (0.0, 0.05, 0.1, 0.2, 0.4)
 
@@ -57,7 +59,7 @@ def parse_entries(text: str, args) -> dict[str, Entry]:
     for label in (item.strip() for item in text.split(",")):
         if not label:
             continue
-        name, _, source = label.partition("-")
+        name, _, source = (label, "", "") if label in DECODERS else label.partition("-")
         if name not in DECODERS or source not in ("", "jacobi", "drafter"):
             raise FastARError(f"unknown bench decoder '{label}': use one of {', '.join(DECODERS)}, optionally "
                               "with -jacobi or -drafter (e.g. lantern-jacobi)")
@@ -166,21 +168,22 @@ def window_costs(model, cfg: bool, repeats: int = 20) -> dict:
 
 
 def toy_total_variation(base: DecoderSpec, rows: int = 20000) -> dict:
-    """Measured TV distance to the exact target on the enumerable toy (6 codes, 3 tokens) for GSD per
-    group size and LANTERN per delta, with a drafter toy and on Jacobi drafts. The exact decoders' TV
-    (G=1, delta=0) is the sampling-noise floor."""
+    """Measured TV distance to the exact target on enumerable toys for GSD per group size and LANTERN per delta,
+    with a drafter toy and on Jacobi drafts (6 codes, 3 tokens), and for ZipAR per lead (4 codes, 2 rows of 3: a lead
+    of 3 is plain AR). The exact settings' TV (G=1, delta=0, lead 3) is the sampling-noise floor."""
     from .toy_model import ToyModel
 
     toy = ToyModel(vocab=6, grid=(1, 3), num_classes=1, scale=1.5, seed=0)
+    rows_toy = ToyModel(vocab=4, grid=(2, 3), num_classes=1, scale=1.5, seed=2)
     drafter = SmallARDrafter(ToyModel(vocab=6, grid=(1, 3), num_classes=1, scale=1.5, seed=1))
     sampling = SamplingSettings(cfg_scale=2.0)
-    exact = toy.exact_joint(0, cfg_scale=2.0)
     cond = ClassConditioning(torch.zeros(rows, dtype=torch.long))
 
-    def tv(spec, with_drafter=False, seed=0):
-        codes, _ = decode(toy, cond, sampling, spec, seed=seed, drafter=drafter if with_drafter else None,
-                          codebook=toy.code_embeddings())
-        empirical = torch.bincount(toy.index_of(codes), minlength=len(exact)).double() / rows
+    def tv(spec, with_drafter=False, seed=0, model=toy):
+        codes, _ = decode(model, cond, sampling, spec, seed=seed, drafter=drafter if with_drafter else None,
+                          codebook=model.code_embeddings())
+        exact = model.exact_joint(0, cfg_scale=2.0)
+        empirical = torch.bincount(model.index_of(codes), minlength=len(exact)).double() / rows
         return float(0.5 * (empirical - exact).abs().sum())
 
     jacobi = replace(base, window=3, init="random")
@@ -190,7 +193,10 @@ def toy_total_variation(base: DecoderSpec, rows: int = 20000) -> dict:
         "gsd_by_group": {str(g): tv(replace(jacobi, decoder="gsd", group=g), seed=g) for g in (1, 3, 5)},
         "lantern_drafter_by_delta": {str(d): tv(replace(lantern, lantern_delta=d), True, seed=10) for d in TOY_DELTAS},
         "lantern_jacobi_by_delta": {str(d): tv(replace(lantern, lantern_delta=d), seed=20) for d in TOY_DELTAS},
+        "zipar_by_lead": {str(lead): tv(replace(jacobi, decoder="zipar", zipar_lead=lead), seed=30 + lead, model=rows_toy)
+                          for lead in (1, 2, 3)},
     }
+
 
 
 def sweep_configs(base: DecoderSpec, decoders: set[str], drafted: bool) -> list[tuple[str, str, DecoderSpec, bool]]:
@@ -202,6 +208,9 @@ def sweep_configs(base: DecoderSpec, decoders: set[str], drafted: bool) -> list[
     if "sjd" in decoders:
         configs += [(f"SJD {c} (window)", "window", replace(base, decoder="sjd", window=w, coupling=c), False)
                     for c in ("independent", "maximal") for w in SWEEP_WINDOWS]
+    for name, series in (("zipar", "ZipAR (lead)"), ("zipar-sjd", f"ZipAR+SJD {base.window} (lead)")):
+        if name in decoders:
+            configs += [(series, "zipar_lead", replace(base, decoder=name, zipar_lead=lead), False) for lead in SWEEP_LEADS]
     if "lantern" in decoders:
         configs += [("LANTERN (delta)", "lantern_delta", replace(base, decoder="lantern", lantern_delta=d), drafted)
                     for d in SWEEP_DELTAS]
@@ -319,7 +328,8 @@ def markdown(report: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in report["results"].items():
-        kept = "-" if name == "ar" else f"{100 * r['first_draft_acceptance']:.1f}%"
+        drafts = name != "ar" and r["spec"]["decoder"] not in ROW_PARALLEL
+        kept = f"{100 * r['first_draft_acceptance']:.1f}%" if drafts else "-"
         lines.append(
             f"| {name} | {'yes' if r['lossless'] else 'no'} | {r['drafter'] or '-'} | {r['step_compression']:.2f}x | "
             f"{r['mean_accepted']:.2f} | {kept} | {r['drafter_forwards_per_image']:.0f} | {r['latency_ratio']:.2f}x | "
@@ -335,11 +345,12 @@ def markdown(report: dict) -> str:
                   f"The benchmark took {report['bench_time_s'] / 60:.1f} min."]
     if "toy_tv" in report:
         tv = report["toy_tv"]
-        lines += ["", f"Total-variation distance to the exact target on the enumerable toy ({tv['rows']} rows; the "
-                      "exact settings G=1 and delta=0 show the sampling-noise floor):", ""]
+        lines += ["", f"Total-variation distance to the exact target on the enumerable toys ({tv['rows']} rows; the "
+                      "exact settings G=1, delta=0 and lead 3 show the sampling-noise floor):", ""]
         for key, title in (("gsd_by_group", "GSD, group G"),
                            ("lantern_drafter_by_delta", "LANTERN with a drafter, delta"),
-                           ("lantern_jacobi_by_delta", "LANTERN on Jacobi drafts, delta")):
+                           ("lantern_jacobi_by_delta", "LANTERN on Jacobi drafts, delta"),
+                           ("zipar_by_lead", "ZipAR (2 rows of 3), lead")):
             lines.append(f"- {title}: " + ", ".join(f"{k}: {v:.4f}" for k, v in tv[key].items()))
     if "pareto" in report:
         lines += ["", "| sweep point | step compression | mean accepted | class accuracy | Frechet (real) |",

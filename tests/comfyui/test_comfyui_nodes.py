@@ -23,6 +23,8 @@ NODES = {
                                  "batch", "gamma"],
     "FastARSamplerLANTERN": ["model", "conditioning", "vq", "seed", "cfg", "temperature", "top_k", "top_p", "batch",
                              "lantern_k", "lantern_delta", "gamma", "window", "init", "coupling"],
+    "FastARSamplerZipAR": ["model", "conditioning", "seed", "cfg", "temperature", "top_k", "top_p", "batch", "lead",
+                           "row_window"],
     "FastARSamplerCSpD": ["model", "conditioning", "drafter", "seed", "cfg", "temperature", "batch", "gamma", "prefill",
                           "verify", "num_iter", "diffusion_steps", "cfg_schedule"],
     "FastARSamplerDD": ["model", "conditioning", "vq", "seed", "batch", "steps", "t2", "split"],
@@ -36,6 +38,7 @@ OUTPUTS = {
     "FastARTextConditioning": ["FASTAR_CONDITIONING"], "FastARSamplerAR": ["FASTAR_TOKENS", "FASTAR_STATS"],
     "FastARSamplerSJD": ["FASTAR_TOKENS", "FASTAR_STATS"], "FastARSamplerGSD": ["FASTAR_TOKENS", "FASTAR_STATS"],
     "FastARSamplerSpeculative": ["FASTAR_TOKENS", "FASTAR_STATS"], "FastARSamplerLANTERN": ["FASTAR_TOKENS", "FASTAR_STATS"],
+    "FastARSamplerZipAR": ["FASTAR_TOKENS", "FASTAR_STATS"],
     "FastARSamplerCSpD": ["FASTAR_TOKENS", "FASTAR_STATS"], "FastARSamplerDD": ["FASTAR_TOKENS", "FASTAR_STATS"],
     "FastARVQDecode": ["IMAGE"], "FastARAcceptanceMap": ["IMAGE"], "FastARStats": ["STRING", "STRING"],
 }

@@ -62,6 +62,15 @@ def test_compare_workflow_measures_speedup_against_ar(comfy, object_info):
     assert all("speed-up vs AR (measured)" in t for t in texts[1:])
 
 
+def test_zipar_workflow_runs_rows_side_by_side(comfy, object_info):
+    entry = comfy.run(workflow_prompt("fastar_demo_zipar_compare", object_info))
+    assert entry["status"]["status_str"] == "success", harness.execution_error(entry)
+    texts = sorted(out["text"][0] for out in entry["outputs"].values() if "text" in out)
+    assert [t.split(" ")[0] for t in texts] == ["AR", "ZIPAR", "ZIPAR-SJD"]
+    assert "model forwards: 75" in texts[1]  # 16 x 16 tokens at lead 4: 15 x 4 + 16 - 1
+    assert all("speed-up vs AR (measured)" in t for t in texts[1:])
+
+
 def fresh_entry(comfy, prompt) -> dict:
     comfy.request("/free", {"free_memory": True})  # drops ComfyUI's output cache: the sampler runs again
     time.sleep(0.5)

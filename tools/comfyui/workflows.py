@@ -209,20 +209,37 @@ def demo_sjd(info) -> dict:
 
 
 def compare(info) -> dict:
+    return comparison(
+        info, "ring (demo 5)",
+        "AR vs SJD vs GSD on the same class and seed.\n\nAR is the exact baseline (one forward per "
+        "token). SJD is lossless (same distribution as AR, but a given seed gives a different image). "
+        "GSD is relaxed: it trades fidelity for speed; group 1 is exactly SJD.\n\nThe SJD and GSD "
+        "stats take the AR stats as baseline and show the measured speed-up.",
+        [("FastARSamplerSJD", "SJD (lossless)", [16, "random", "independent"]),
+         ("FastARSamplerGSD", "GSD (relaxed)", [16, "random", "independent", 10, 0.15, 0.5])])
+
+
+def demo_zipar_compare(info) -> dict:
+    return comparison(
+        info, "circle (demo 0)",
+        "AR vs ZipAR on the same class and seed.\n\nZipAR starts each row once the row above has `lead` "
+        "tokens, so every forward extends several rows: the acceptance maps show the rows running side by side. "
+        "It is relaxed: a token sees the rows above only `lead` columns ahead of it (lead = the image's width in "
+        "tokens is plain AR). row_window 2 or more adds Jacobi drafts inside each row, verified exactly within "
+        "what ZipAR shows each token.\n\nThe stats take the AR stats as baseline and show the measured speed-up.",
+        [("FastARSamplerZipAR", "ZipAR, lead 4", [4, 1]),
+         ("FastARSamplerZipAR", "ZipAR + Jacobi drafts, lead 4", [4, 4])])
+
+
+def comparison(info, label_name: str, note: str, rows: list) -> dict:
+    """Plain AR and each of ``rows`` (node kind, title, decoder widgets) on the demo model, same class and seed: the
+    image, the stats against AR's, the acceptance map."""
     g = Graph(info)
     ar, vq = loaders(g, "demo_c2i.safetensors", "demo_vq.safetensors")
-    label = fed_by_model(g, ar, "FastARClassLabel", below(vq), ["ring (demo 5)", -1])
-    g.note(below(label),
-           "AR vs SJD vs GSD on the same class and seed.\n\nAR is the exact baseline (one forward per "
-           "token). SJD is lossless (same distribution as AR, but a given seed gives a different image). "
-           "GSD is relaxed: it trades fidelity for speed; group 1 is exactly SJD.\n\nThe SJD and GSD "
-           "stats take the AR stats as baseline and show the measured speed-up.",
-           width=320, height=280)
-    rows = [("FastARSamplerAR", "AR (baseline)", []),
-            ("FastARSamplerSJD", "SJD (lossless)", [16, "random", "independent"]),
-            ("FastARSamplerGSD", "GSD (relaxed)", [16, "random", "independent", 10, 0.15, 0.5])]
+    label = fed_by_model(g, ar, "FastARClassLabel", below(vq), [label_name, -1])
+    g.note(below(label), note, width=320, height=280)
     ar_stats = None
-    for i, (kind, title, extra) in enumerate(rows):
+    for i, (kind, title, extra) in enumerate([("FastARSamplerAR", "AR (baseline)", [])] + rows):
         y = i * 720  # room for the sampler's live preview
         sampler = g.node(kind, (360, y), sampler_widgets(seed=3) + extra, title=f"Sampler: {title}")
         decode = g.node("FastARVQDecode", (720, y), [])
@@ -594,6 +611,7 @@ def janus_pro(info) -> dict:
 WORKFLOWS = {
     "fastar_demo_sjd": demo_sjd,
     "fastar_compare_ar_sjd_gsd": compare,
+    "fastar_demo_zipar_compare": demo_zipar_compare,
     "fastar_llamagen_c2i": llamagen_c2i,
     "fastar_llamagen_t2i": llamagen_t2i,
     "fastar_demo_lantern_compare": demo_lantern_compare,
