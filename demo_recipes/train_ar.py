@@ -63,7 +63,7 @@ def val_loss(model: LlamaGenGPT, tokens, labels) -> float:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=1500)
+    p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--images", type=int, default=8000, help="training images (tokenised once)")
     p.add_argument("--val-images", type=int, default=128)
@@ -71,10 +71,10 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--texture", type=float, default=TEXTURE_LEVELS,
                    help="the images' texture, its largest excursion in 8-bit levels (0: flat colours)")
-    p.add_argument("--flat-steps", type=int, default=0,
+    p.add_argument("--flat-steps", type=int, default=1000,
                    help="curriculum: over the first N steps a falling share of flat images (0: none)")
-    p.add_argument("--ema", type=float, default=0.0, help="save the weights' EMA with this decay (0: the weights)")
-    p.add_argument("--codebook-init", action="store_true",
+    p.add_argument("--ema", type=float, default=0.998, help="save the weights' EMA with this decay (0: the weights)")
+    p.add_argument("--codebook-init", action=argparse.BooleanOptionalAction, default=True,
                    help="start the token embeddings and output head from the VQ's code vectors")
     p.add_argument("--resume", action="store_true",
                    help="continue the run that was cut short (saved every 100 steps under .data/checkpoints/)")

@@ -6,9 +6,10 @@ complementary colour; colours, position, size and period vary within a class, an
 checkerboards turn. Squares, triangles and crosses stand upright and stripe/checker cells span at least
 two 8-pixel tokens: a small AR model trained for minutes on a CPU then draws them crisply.
 
-``texture``: fine luminance texture over both regions (``texture_field``), different in every image, the way
-photographs carry texture that many codes encode about equally well: it is what makes a real AR model's next
-token ambiguous (LANTERN's "token selection ambiguity"). 0 draws the flat images the first demo models were
+``texture``: luminance texture over both regions (``texture_field``: grain within a token and blotches across
+tokens), different in every image, the way photographs carry texture that many codes encode about equally well
+and that ties neighbouring codes together: it is what makes a real AR model's next token ambiguous (LANTERN's
+"token selection ambiguity") and hard for a small drafter to guess. 0 draws the flat images the first demo models were
 trained on (and draws nothing from the generator for it, so their data sets stay the same).
 """
 from __future__ import annotations
@@ -123,18 +124,29 @@ def caption(label: int, background_bits) -> str:
 
 TEXTURE_LEVELS = 20  # the texture's largest excursion in 8-bit levels: shapes and palettes stay unmistakable
 TEXTURE = TEXTURE_LEVELS / 255
-GRAIN_SCALES = (0.7, 2.5)  # pixels: the range of the texture's correlation length, from grain to blotches
+GRAIN_SCALES = (0.7, 1.5)  # pixels: the correlation length of the grain, drawn per image (within a token)
+BLOTCH_SCALES = (3.0, 8.0)  # pixels: that of the blotches, which span tokens: neighbouring codes depend on
+# each other the way a photograph's do, which a small drafter predicts far less well than the GPT
 SHADING = 8 / 255  # the largest excursion of the soft shading across the image
 
 
-def texture_field(rng, n: int, amplitude: float) -> np.ndarray:
-    """[n, SIZE, SIZE] luminance offsets within +-``amplitude``: Gaussian noise smoothed at a scale drawn per
-    image (``GRAIN_SCALES``), at a strength drawn per image, plus a soft linear shading in a random direction."""
-    scale = _col(rng.uniform(*GRAIN_SCALES, n))
+def _smoothed_noise(rng, n: int, scales) -> np.ndarray:
+    """[n, SIZE, SIZE] unit-variance Gaussian noise smoothed by a Gaussian of a width drawn per image from
+    ``scales`` (pixels)."""
+    scale = _col(rng.uniform(*scales, n))
     fy, fx = np.meshgrid(np.fft.fftfreq(SIZE), np.fft.fftfreq(SIZE), indexing="ij")
     smoothing = np.exp(-2 * np.pi ** 2 * scale ** 2 * (fx ** 2 + fy ** 2)[None])
     noise = np.fft.ifft2(np.fft.fft2(rng.standard_normal((n, SIZE, SIZE))) * smoothing).real
-    noise /= noise.std(axis=(1, 2), keepdims=True)
+    return noise / noise.std(axis=(1, 2), keepdims=True)
+
+
+def texture_field(rng, n: int, amplitude: float) -> np.ndarray:
+    """[n, SIZE, SIZE] luminance offsets within +-``amplitude``: fine grain (``GRAIN_SCALES``) and blotches
+    that span tokens (``BLOTCH_SCALES``) mixed in a proportion drawn per image, at a strength drawn per image,
+    plus a soft linear shading in a random direction."""
+    blotch_share = _col(rng.uniform(0.3, 0.8, n))  # of the noise's variance
+    noise = (np.sqrt(1 - blotch_share) * _smoothed_noise(rng, n, GRAIN_SCALES)
+             + np.sqrt(blotch_share) * _smoothed_noise(rng, n, BLOTCH_SCALES))
     strength = _col(rng.uniform(0.25, 0.5, n)) * amplitude  # the noise's standard deviation
     angle = rng.uniform(0, 2 * np.pi, n)
     ramp = (_col(np.cos(angle)) * (_X - SIZE / 2) + _col(np.sin(angle)) * (_Y - SIZE / 2)) / (SIZE / 2)
