@@ -72,6 +72,12 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     mar.add_argument("--cspd-verify", choices=VERIFY_MODES, default=CSPD_DEFAULTS.verify,
                      help="CSpD: 'steps' = exactly plain MAR at --num-iter (lossless); 'merged' = the paper's scheme, "
                      "exactly plain MAR with each round of drafted steps merged into one step")
+    mar.add_argument("--cspd-temperature", type=float,
+                     help="cspd-relaxed: the last step's density ratio with its exponents divided by this squared "
+                     "(the reference code's rule, default its 42; 1 with no --cspd-path-factor is exact cspd)")
+    mar.add_argument("--cspd-path-factor", action="store_true",
+                     help="cspd-relaxed: also multiply the ratio by the reference code's product of the intermediate "
+                     "steps' std ratios (target over draft)")
     p.add_argument("--lantern-k", type=int, default=SPEC_DEFAULTS.lantern_k,
                    help="LANTERN k: latent neighbours considered per draft (capped at the codebook size)")
     p.add_argument("--lantern-delta", type=float, default=SPEC_DEFAULTS.lantern_delta,

@@ -3,7 +3,7 @@ which shares them) mean, with their defaults and ranges, in one place below both
 from __future__ import annotations
 
 from .errors import FastARError
-from .samplers.cspd import CSpDSettings
+from .samplers.cspd import REFERENCE_TEMPERATURE, CSpDSettings
 from .samplers.decoders import DecoderSpec
 from .samplers.distilled import DDSettings
 from .samplers.masked import MaskedSettings
@@ -33,9 +33,14 @@ def masked_settings_from(args) -> MaskedSettings:
                           temperature=args.temperature, diffusion_steps=args.diffusion_steps)
 
 
-def cspd_from(args) -> CSpDSettings:
+def cspd_from(args, decoder: str = "cspd") -> CSpDSettings:
+    """CSpD's settings; ``cspd-relaxed`` takes the reference code's ratio temperature unless one is given."""
     gamma = CSPD_DEFAULTS.gamma if args.gamma is None else args.gamma
-    return CSpDSettings(gamma=gamma, prefill=args.prefill, verify=args.cspd_verify).validate()
+    temperature = args.cspd_temperature
+    if temperature is None:
+        temperature = REFERENCE_TEMPERATURE if decoder == "cspd-relaxed" else 1.0
+    return CSpDSettings(gamma=gamma, prefill=args.prefill, verify=args.cspd_verify, ratio_temperature=temperature,
+                        path_factor=args.cspd_path_factor).validate()
 
 
 def cfg_of(args) -> float:
@@ -62,6 +67,6 @@ def check_arguments(args) -> None:
     CSpD's and the batch. What depends on the model (its classes, token count, drafter) is checked after."""
     spec_from(args, getattr(args, "decoder", None) or SPEC_DEFAULTS.decoder).validate()
     sampling_from(args)
-    cspd_from(args)
+    cspd_from(args, getattr(args, "decoder", None) or "cspd")
     if getattr(args, "batch", 1) < 1:
         raise FastARError(f"--batch {args.batch}: generate at least 1 image")

@@ -124,9 +124,9 @@ def generate_masked(args, models, conditioning, progress):
     if args.tokens_out:
         raise FastARError("--tokens-out is for token models; a MAR model writes continuous latents: use --latents-out")
     tokens, stats = decode_masked(models.ar, conditioning, masked_settings_from(args), args.decoder, seed=args.seed,
-                                  cspd=cspd_from(args), drafter=models.drafter, on_iteration=progress)
+                                  cspd=cspd_from(args, args.decoder), drafter=models.drafter, on_iteration=progress)
     line = f"{stats.decoder}: {stats.num_tokens} tokens x {stats.batch} in {stats.target_forwards} target calls"
-    if stats.decoder == "cspd":
+    if stats.decoder.startswith("cspd"):
         line += (f" + {stats.drafter_forwards} draft calls ({stats.drafter_time_s:.2f} s), acceptance "
                  f"{stats.acceptance_rate or 0.0:.1%} of {stats.drafted_tokens} drafted tokens, "
                  f"{stats.resample_tries} residual proposals ({stats.resample_fallbacks} fell back)")

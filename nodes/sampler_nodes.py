@@ -326,9 +326,10 @@ def run_masked(node, model: ModelHandle, rows, seed: int, settings: MaskedSettin
     glue.load_checked(named, lambda images: masked_working_memory(ar, images, settings.cfg_scale != 1.0, contexts),
                       batch, ar.dtype)
     view = (lambda tokens, done: glue.partial_latents_image(shown, ar.decoder_input(tokens[:1]))) if shown else None
-    progress = glue.DecodeProgress(node.hidden.unique_id, ar.cfg.num_tokens, node.DECODER.upper(), view)
+    decoder = cspd.decoder if cspd is not None else node.DECODER
+    progress = glue.DecodeProgress(node.hidden.unique_id, ar.cfg.num_tokens, decoder.upper(), view)
     with glue.decoding():
-        tokens, stats = decode_masked(ar, rows, settings, node.DECODER, seed=seed, cspd=cspd or CSPD,
+        tokens, stats = decode_masked(ar, rows, settings, decoder, seed=seed, cspd=cspd or CSPD,
                                       drafter=drafter.drafter if drafter is not None else None, on_iteration=progress)
     return Latents(ar.decoder_input(tokens).float().cpu()), stats
 
@@ -556,10 +557,11 @@ class SamplerZipAR(SamplerBase):
 class SamplerCSpD(SamplerBase):
     DECODER = "cspd"
     NODE_ID = "FastARSamplerCSpD"
-    DISPLAY = "FastAR Sampler (CSpD, MAR, lossless)"
+    DISPLAY = "FastAR Sampler (CSpD, MAR)"
     DESCRIPTION = ("Continuous speculative decoding for MAR models: a smaller MAR (the drafter) drafts gamma steps, "
                    "the model checks every drafted token with the ratio of the two diffusion heads' densities and "
-                   "redraws the rejected ones from the exact residual. " + CSPD_NOTE)
+                   "redraws the rejected ones from the exact residual. " + CSPD_NOTE + " ratio_temperature above 1 "
+                   "or path_factor make it relaxed (the reference code's rule): it then trades fidelity for speed.")
 
     @classmethod
     def socket_inputs(cls) -> list:
@@ -594,11 +596,21 @@ class SamplerCSpD(SamplerBase):
                                    "calls, exactly a MAR run with each draft round merged into one step (fewer, "
                                    "larger steps than num_iter)."),
             *masked_inputs(optional=False),
+            io.Float.Input("ratio_temperature", default=1.0, min=1.0, max=100.0, step=0.5, optional=True,
+                           display_mode=io.NumberDisplay.slider,
+                           tooltip="1: the exact rule (lossless). Above 1: relaxed, the reference code's rule (it "
+                                   "uses 42): the density ratio's exponents are divided by its square, so nearly "
+                                   "every draft is kept; faster, less faithful (measured in the README)."),
+            io.Boolean.Input("path_factor", default=False, optional=True,
+                             tooltip="Relaxed: also multiply the ratio by the reference code's product of the "
+                                     "intermediate diffusion steps' std ratios (model over drafter). Off: exact."),
         ]
 
     @classmethod
-    def cspd_settings(cls, gamma=CSPD.gamma, prefill=CSPD.prefill, verify=CSPD.verify, **masked) -> CSpDSettings:
-        return CSpDSettings(gamma=gamma, prefill=prefill, verify=verify).validate()
+    def cspd_settings(cls, gamma=CSPD.gamma, prefill=CSPD.prefill, verify=CSPD.verify, ratio_temperature=1.0,
+                      path_factor=False, **masked) -> CSpDSettings:
+        return CSpDSettings(gamma=gamma, prefill=prefill, verify=verify, ratio_temperature=ratio_temperature,
+                            path_factor=path_factor).validate()
 
 
 class SamplerDD(io.ComfyNode):

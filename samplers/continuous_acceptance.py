@@ -10,8 +10,13 @@ no closed form; acceptance-rejection with p as proposal keeps a proposal y with 
 
 The paper also multiplies the ratio by prod_t sigma^q_t / sigma^p_t over the intermediate steps. That
 factor compares the densities of two different trajectories, not of the drafted token: with it the
-output is no longer the target's (tests/test_cspd.py measures the bias), so it is left out. All in log
-space: at 100 steps the last step's std is about 0.006, where densities overflow.
+output is no longer the target's (tests/test_cspd.py measures the bias), so the exact rule leaves it out. All in
+log space: at 100 steps the last step's std is about 0.006, where densities overflow.
+
+``Relaxation`` is the reference code's rule (MarkXCloud/CSpD), a relaxed decoder like GSD and LANTERN: the
+squared distances in the last step's exponents divided by temperature^2 (42 there; 1 = exact), and optionally its
+intermediate factor, prod_t sigma^p_t / sigma^q_t (the paper's, the other way up). Rejected tokens still come
+from the exact residual.
 """
 from __future__ import annotations
 
@@ -22,20 +27,41 @@ import torch
 from ..model_loaders.mar.diffusion import ReverseStep
 
 
-def log_density(x: torch.Tensor, gaussian: ReverseStep) -> torch.Tensor:
-    """log N(x; mean, std^2) summed over channels, without the constant (it cancels in every ratio): [N]."""
-    return (-torch.log(gaussian.std) - 0.5 * ((x - gaussian.mean) / gaussian.std) ** 2).sum(-1)
+@dataclass(frozen=True)
+class Relaxation:
+    """The reference code's acceptance (see the module doc); the defaults are the exact rule."""
+
+    temperature: float = 1.0
+    path_factor: bool = False
+
+    @property
+    def exact(self) -> bool:
+        return self.temperature == 1.0 and not self.path_factor
 
 
-def log_acceptance_ratio(x: torch.Tensor, target: ReverseStep, draft: ReverseStep) -> torch.Tensor:
-    """log p(x) / q(x) of drafted tokens ``x`` [N, C]: [N]."""
-    return log_density(x, target) - log_density(x, draft)
+EXACT = Relaxation()
 
 
-def accept(x: torch.Tensor, target: ReverseStep, draft: ReverseStep, generator) -> torch.Tensor:
-    """[N] bool: U < min(1, p(x) / q(x))."""
+def log_density(x: torch.Tensor, gaussian: ReverseStep, temperature: float = 1.0) -> torch.Tensor:
+    """log N(x; mean, std^2) summed over channels, without the constant (it cancels in every ratio), its
+    exponent divided by ``temperature``^2 (1: the density itself): [N]."""
+    return (-torch.log(gaussian.std) - 0.5 * ((x - gaussian.mean) / (gaussian.std * temperature)) ** 2).sum(-1)
+
+
+def log_acceptance_ratio(x: torch.Tensor, target: ReverseStep, draft: ReverseStep,
+                         relaxation: Relaxation = EXACT) -> torch.Tensor:
+    """log p(x) / q(x) of drafted tokens ``x`` [N, C]: [N]; relaxed as ``relaxation`` says."""
+    log_ratio = log_density(x, target, relaxation.temperature) - log_density(x, draft, relaxation.temperature)
+    if relaxation.path_factor:
+        log_ratio = log_ratio + target.path_log_std - draft.path_log_std
+    return log_ratio
+
+
+def accept(x: torch.Tensor, target: ReverseStep, draft: ReverseStep, generator,
+           relaxation: Relaxation = EXACT) -> torch.Tensor:
+    """[N] bool: U < min(1, p(x) / q(x)) (relaxed as ``relaxation`` says)."""
     u = torch.rand(x.shape[0], generator=generator, device=x.device)
-    return torch.log(u) < log_acceptance_ratio(x, target, draft)
+    return torch.log(u) < log_acceptance_ratio(x, target, draft, relaxation)
 
 
 @dataclass

@@ -30,12 +30,13 @@ import torch
 from ..errors import FastARError, check_choice
 from ..model_loaders.mar.diffusion import ReverseStep
 from ..model_loaders.mar.loader import check_mar_draft
-from .continuous_acceptance import accept, sample_residual
+from .continuous_acceptance import Relaxation, accept, sample_residual
 from .masked import Canvas, Guide, MaskedSettings, Plan, at, mask_schedule, reverse_process, row_index
 from .stats import DecodeStats, Stopwatch
 from .verifier import ProgressFn, finish
 
 VERIFY_MODES = ("steps", "merged")
+REFERENCE_TEMPERATURE = 42.0  # MarkXCloud/CSpD's inner temperature
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,17 @@ class CSpDSettings:
     prefill: float = 0.05  # fraction of the steps the target does alone first
     verify: str = "steps"
     max_tries: int = 32  # residual proposals per rejected token before a plain target sample
+    ratio_temperature: float = 1.0  # relaxed: the last step's exponents over its square (1 = exact; reference: 42)
+    path_factor: bool = False  # relaxed: the reference code's intermediate std factor
+
+    @property
+    def relaxation(self) -> Relaxation:
+        return Relaxation(self.ratio_temperature, self.path_factor)
+
+    @property
+    def decoder(self) -> str:
+        """"cspd" (exact) or "cspd-relaxed" (the reference code's rule, or part of it)."""
+        return "cspd" if self.relaxation.exact else "cspd-relaxed"
 
     def validate(self) -> "CSpDSettings":
         if self.gamma < 1:
@@ -53,6 +65,9 @@ class CSpDSettings:
                               "(0.05 = the paper's 5%)")
         if self.max_tries < 1:
             raise FastARError(f"max tries {self.max_tries}: allow at least 1 residual proposal")
+        if self.ratio_temperature < 1.0:
+            raise FastARError(f"CSpD ratio temperature {self.ratio_temperature}: use 1 (exact) or more (relaxed; the "
+                              f"reference code's {REFERENCE_TEMPERATURE:g})")
         check_choice("CSpD verify mode", self.verify, VERIFY_MODES)
         return self
 
@@ -76,7 +91,7 @@ class CSpDRun:
         self.plan = Plan.draw(target, settings, B, generator)
         self.target, self.draft = Guide(target, conditioning, settings), Guide(draft, conditioning, settings)
         self.canvas = Canvas(target, B)
-        self.stats = DecodeStats(decoder="cspd", grid=tuple(target.grid), batch=B,
+        self.stats = DecodeStats(decoder=cspd.decoder, grid=tuple(target.grid), batch=B,
                                  settings={"model_kind": target.kind, **asdict(settings), **asdict(cspd)})
         self.counts: list[torch.Tensor] = []
         self.accepted = torch.zeros((), dtype=torch.long, device=target.device)
@@ -138,14 +153,15 @@ class CSpDRun:
                                self.settings.temperature, torch.cat(starts), torch.cat(noises, dim=1))
         sizes = [d.values.shape[0] for d in drafted]
         self.watch.lap("forward")
-        return [ReverseStep(m, s) for m, s in zip(last.mean.split(sizes), last.std.split(sizes))]
+        return [ReverseStep(*parts) for parts in zip(last.mean.split(sizes), last.std.split(sizes),
+                                                     last.path_log_std.split(sizes))]
 
     def verify(self, drafted: list[Drafted], scored: list[ReverseStep]) -> int:
         """Accept or replace drafted tokens and fix them; returns the number of steps kept."""
         kept_steps = len(drafted)
         decisions = []
         for j, (d, p) in enumerate(zip(drafted, scored)):
-            ok = accept(d.values, p, d.gaussian, self.generator)
+            ok = accept(d.values, p, d.gaussian, self.generator, self.cspd.relaxation)
             all_kept = bool(ok.all())  # the one host sync of a drafted step
             decisions.append((ok, all_kept))
             if self.cspd.verify == "steps" and not all_kept:

@@ -53,6 +53,7 @@ DECODER_TABLE = (
     Decoder("zipar-sjd", (TOKEN_AR,), lossless=False, drafter="no"),
     Decoder("lantern", (TOKEN_AR,), lossless=False, drafter="optional", codebook="to find latent neighbours"),
     Decoder("cspd", (MASKED_AR,), lossless=True, drafter="required"),
+    Decoder("cspd-relaxed", (MASKED_AR,), lossless=False, drafter="required"),
     Decoder("fm", (TOKEN_AR, NEXT_SCALE), lossless=True, drafter="no", codebook="to map noise to codes"),
     Decoder("dd", (FEW_STEP,), lossless=False, drafter="no", codebook="to turn logits into code vectors"),
 )
@@ -219,12 +220,18 @@ def fm_decode(model, conditioning, sampling: SamplingSettings, noise: torch.Tens
 
 def decode_masked(model, conditioning, settings: MaskedSettings, decoder: str = "ar", *, seed: int,
                   cspd: CSpDSettings = CSpDSettings(), drafter=None, on_iteration: ProgressFn | None = None):
-    """Generate MAR tokens ``[B, L, C]`` and their DecodeStats: ``ar`` (MAR's own sampler) or ``cspd``
-    (``drafter``: a smaller MAR). Same seed, settings and device give the same tokens."""
+    """Generate MAR tokens ``[B, L, C]`` and their DecodeStats: ``ar`` (MAR's own sampler), ``cspd`` or
+    ``cspd-relaxed`` (``drafter``: a smaller MAR; ``cspd`` says which rule). Same seed, settings and device give the
+    same tokens."""
     check_decoder(decoder, model, drafter)
     generator = make_generator(seed, model.device)
     watch = Stopwatch(model.device)
-    if decoder == "cspd":
+    if decoder.startswith("cspd"):
+        if cspd.decoder != decoder:
+            raise FastARError("cspd is exact: its ratio temperature is 1 and it has no path factor; use cspd-relaxed "
+                              "for the reference code's rule" if decoder == "cspd" else
+                              "cspd-relaxed needs a ratio temperature above 1 or the path factor (the reference "
+                              "code: temperature 42); at 1 without it, it is cspd")
         return cspd_decode(model, drafter, conditioning, settings, cspd, generator=generator,
                            on_iteration=on_iteration, watch=watch)
     return masked_decode(model, conditioning, settings, generator=generator, on_iteration=on_iteration, watch=watch)

@@ -139,20 +139,23 @@ class Plan:
 def reverse_process(head, diffusion, z_cond, z_uncond, cfg_scale, temperature: float,
                     start: torch.Tensor, noise: torch.Tensor) -> ReverseStep:
     """Run the reverse process from x_T ``start`` [N, C] along ``noise`` for conditions ``[N, D]`` and return
-    the last step's Gaussian (its std scaled by the temperature). The official sampler takes its mean.
+    the last step's Gaussian (its std scaled by the temperature, and the earlier steps' log std summed: relaxed
+    CSpD's path factor). The official sampler takes its mean.
     ``cfg_scale``: a float, or ``[N, 1]`` per token. In the head's precision (fp32) throughout."""
     dtype = head.input_proj.weight.dtype  # fp32 as loaded (fp64 in the exactness tests)
     x = start.to(dtype)
     z_cond = z_cond.to(dtype)
     z_uncond = None if z_uncond is None else z_uncond.to(dtype)
+    path_log_std = torch.zeros(x.shape[0], dtype=dtype, device=x.device)
     for index in reversed(range(diffusion.num_steps)):
         check_interrupt()  # Cancel need not wait for the rest of a MAR step's head calls (seconds at large batches)
         t = torch.full((x.shape[0],), diffusion.model_timestep(index), device=x.device, dtype=torch.long)
         eps, variance = head.guided(x, t, z_cond, z_uncond, cfg_scale)
         step = diffusion.reverse_step(x, index, eps, variance)
         if index == 0:
-            return ReverseStep(step.mean, step.std * temperature)
+            return ReverseStep(step.mean, step.std * temperature, path_log_std)
         x = step.mean + step.std * noise[index] * temperature
+        path_log_std = path_log_std + torch.log(step.std * temperature).sum(-1)
     raise AssertionError("a diffusion has at least one step")
 
 

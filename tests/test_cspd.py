@@ -16,7 +16,7 @@ from fastar.errors import FastARError
 from fastar.model_loaders.mar.diffusion import ReverseStep
 from fastar.model_loaders.shared.protocol import ClassConditioning
 from fastar.samplers import continuous_acceptance as rule
-from fastar.samplers.cspd import CSpDSettings, cspd_decode, merged_schedule
+from fastar.samplers.cspd import REFERENCE_TEMPERATURE, CSpDSettings, cspd_decode, merged_schedule
 from fastar.samplers.masked import MaskedSettings, mask_schedule, masked_decode
 from fastar.tests.test_mar import tiny_mar
 
@@ -136,3 +136,67 @@ def test_refusals_say_what_to_do():
 
     with pytest.raises(FastARError, match="CSpD drafts with a smaller MAR model; the drafter given is a toy token model"):
         cspd_decode(TARGET, ToyModel(), rows, MaskedSettings(num_iter=4), CSpDSettings(), generator=torch.Generator())
+
+
+# -- the relaxed rule (cspd-relaxed): the reference code's, labelled relaxed, measured in the MAR bench ------------
+def gaussians(n=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    target = ReverseStep(torch.randn(n, 3, generator=g), torch.rand(n, 3, generator=g) + 0.2,
+                         torch.randn(n, generator=g))
+    draft = ReverseStep(torch.randn(n, 3, generator=g), torch.rand(n, 3, generator=g) + 0.2,
+                        torch.randn(n, generator=g))
+    return target, draft, torch.randn(n, 3, generator=g)
+
+
+def test_the_relaxation_is_the_reference_formula():
+    target, draft, x = gaussians()
+    assert torch.equal(rule.log_acceptance_ratio(x, target, draft, rule.Relaxation()),
+                       rule.log_acceptance_ratio(x, target, draft))  # the defaults are the exact rule
+    T = 42.0
+    exponent = lambda g: -0.5 * (((x - g.mean) / g.std) ** 2).sum(-1) / T ** 2
+    normaliser = torch.log(draft.std).sum(-1) - torch.log(target.std).sum(-1)  # the last step's, not tempered
+    relaxed = rule.log_acceptance_ratio(x, target, draft, rule.Relaxation(T))
+    assert torch.allclose(relaxed, exponent(target) - exponent(draft) + normaliser, atol=1e-6)
+    with_path = rule.log_acceptance_ratio(x, target, draft, rule.Relaxation(T, path_factor=True))
+    assert torch.allclose(with_path - relaxed, target.path_log_std - draft.path_log_std)  # sigma_p / sigma_q
+
+
+def test_the_relaxed_rule_accepts_more_and_is_not_the_target():
+    relaxed = lambda x, p, q: rule.log_acceptance_ratio(x, p, q, rule.Relaxation(REFERENCE_TEMPERATURE))
+    p_exact, exact_acceptance = speculate()
+    p_relaxed, relaxed_acceptance = speculate(log_ratio=relaxed)
+    assert relaxed_acceptance > exact_acceptance + 0.1 and p_relaxed < 1e-6 < p_exact
+
+
+def test_the_path_factor_sums_the_earlier_steps_log_stds():
+    from fastar.samplers.masked import Guide, Plan
+
+    rows = ClassConditioning(torch.tensor([0, 2]))
+    settings = MaskedSettings(num_iter=4, diffusion_steps=3)
+    plan = Plan.draw(TARGET, settings, 2, torch.Generator().manual_seed(0))
+    guide = Guide(TARGET, rows, settings)
+    positions = plan.positions(0)
+    z = guide.conditions(torch.zeros(2, TARGET.cfg.num_tokens, TARGET.cfg.token_dim),
+                         torch.zeros(2, TARGET.cfg.num_tokens, dtype=torch.bool))
+    last = guide.last_step(*z, positions, plan, 1.0)
+    assert last.path_log_std.shape == (positions.numel(),) and torch.isfinite(last.path_log_std).all()
+    one_step = Guide(TARGET, rows, MaskedSettings(num_iter=4, diffusion_steps=1)).last_step(*z, positions, plan, 1.0)
+    assert torch.equal(one_step.path_log_std, torch.zeros_like(one_step.path_log_std))  # no earlier step
+    assert bool((last.path_log_std != 0).all())
+
+
+def test_cspd_relaxed_runs_labelled_relaxed_and_cspd_stays_exact():
+    from fastar.samplers.decoders import LOSSLESS, decode_masked
+
+    rows = ClassConditioning(torch.tensor([0, 1]))
+    settings = MaskedSettings(num_iter=6, diffusion_steps=4, cfg_scale=2.0)
+    reference = CSpDSettings(gamma=3, ratio_temperature=42.0, path_factor=True, verify="merged")
+    _, exact = decode_masked(TARGET, rows, settings, "cspd", seed=0, cspd=CSpDSettings(gamma=3, verify="merged"),
+                             drafter=DRAFT)
+    _, relaxed = decode_masked(TARGET, rows, settings, "cspd-relaxed", seed=0, cspd=reference, drafter=DRAFT)
+    assert relaxed.decoder == "cspd-relaxed" and not LOSSLESS["cspd-relaxed"] and LOSSLESS["cspd"]
+    assert relaxed.acceptance_rate >= exact.acceptance_rate and relaxed.settings["ratio_temperature"] == 42.0
+    with pytest.raises(FastARError, match="cspd-relaxed"):
+        decode_masked(TARGET, rows, settings, "cspd", seed=0, cspd=reference, drafter=DRAFT)
+    with pytest.raises(FastARError, match="at 1 without it, it is cspd"):
+        decode_masked(TARGET, rows, settings, "cspd-relaxed", seed=0, cspd=CSpDSettings(), drafter=DRAFT)

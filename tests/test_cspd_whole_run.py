@@ -112,7 +112,7 @@ def test_merged_verification_is_mar_on_the_merged_schedule(models):
 
 
 def broken_accept(log_ratio):
-    def accept(x, target, draft, generator):
+    def accept(x, target, draft, generator, relaxation=None):
         u = torch.rand(x.shape[0], generator=generator, device=x.device)
         return torch.log(u) < log_ratio(x, target, draft)
     return accept

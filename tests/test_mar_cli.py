@@ -124,9 +124,13 @@ def test_bench_mar_compares_cspd_with_the_mar_sampler_at_several_step_counts(tmp
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "bench" / "bench_mar.json").read_text())
     rows = report["results"]
-    assert list(rows) == ["mar", "mar@64", "mar@32", "mar@16", "cspd-steps", "cspd-merged"]
+    assert list(rows) == ["mar", "mar@64", "mar@32", "mar@16", "cspd-steps", "cspd-merged", "cspd-relaxed-steps",
+                          "cspd-relaxed-merged"]
     assert rows["mar"]["target_calls"] == 4 and rows["mar@32"]["target_calls"] == 32
     assert rows["mar"]["frechet_vs_mar"] < 1e-6 and rows["mar"]["latency_ratio"] == 1.0
     assert all(0 <= row["class_accuracy"] <= 1 and row["frechet"] > 0 for row in rows.values())
     assert rows["cspd-steps"]["draft_calls"] > 0
     assert "| cspd-merged |" in (tmp_path / "bench" / "bench_mar.md").read_text()
+    relaxed = rows["cspd-relaxed-merged"]  # the reference code's rule: its temperature and path factor
+    assert relaxed["decoder"] == "cspd-relaxed" and relaxed["cspd"]["ratio_temperature"] == 42.0
+    assert relaxed["cspd"]["path_factor"] and relaxed["acceptance_rate"] is not None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
@@ -44,6 +45,7 @@ class ReverseStep:
 
     mean: torch.Tensor
     std: torch.Tensor  # the model's; the official sampler adds no noise at the last step (index 0)
+    path_log_std: Optional[torch.Tensor] = None  # [N]: log std summed over the earlier steps and the channels
 
 
 class SpacedDiffusion:

@@ -408,8 +408,10 @@ def mar_widgets(num_iter=64, diffusion_steps=100, cfg_schedule="linear"):
     return [num_iter, diffusion_steps, cfg_schedule]
 
 
-def cspd_widgets(seed=7, cfg=3.0, temperature=1.0, batch=1, gamma=8, prefill=0.05, verify="steps", **mar):
-    return [seed, "fixed", cfg, temperature, batch, gamma, prefill, verify, *mar_widgets(**mar)]
+def cspd_widgets(seed=7, cfg=3.0, temperature=1.0, batch=1, gamma=8, prefill=0.05, verify="steps", ratio_temperature=1.0,
+                 path_factor=False, **mar):
+    return [seed, "fixed", cfg, temperature, batch, gamma, prefill, verify, *mar_widgets(**mar), ratio_temperature,
+            path_factor]
 
 
 DEMO_MAR_SETTINGS = dict(num_iter=32, diffusion_steps=50)
