@@ -1,0 +1,58 @@
+"""The bundled demo model behaves like a real AR image model (issue 34), so a retrain cannot silently make it
+confident again: its next token is ambiguous (LANTERN's "token selection ambiguity": a spread, low top-1
+probability), exact drafting from its drafter keeps few first drafts, and the relaxations pay over exact
+drafting (GSD over SJD, LANTERN over spec), as the papers measure on LlamaGen, Anole and Lumina-mGPT.
+
+Bands are wide enough for 16 samples (the bench measures 64+ and the README reports it); they hold the
+properties, not the numbers. Skipped until the textured demo (a 4096-code VQ) is the bundled one.
+"""
+import pytest
+import torch
+
+from fastar.commands.bench.ambiguity import first_draft_acceptance, next_token_ambiguity
+from fastar.model_loaders.shared.protocol import ClassConditioning
+from fastar.pipeline import load_models
+from fastar.samplers.decoders import DecoderSpec, decode
+from fastar.samplers.processing import SamplingSettings
+
+SAMPLES = 16
+DEFAULTS = SamplingSettings()  # the demo defaults: cfg 2, temperature 1, no top-k
+
+
+@pytest.fixture(scope="module")
+def models():
+    loaded = load_models(None, None, "cpu", "fp32", drafter_path="demo")
+    if loaded.ar.vocab_size < 4096:
+        pytest.skip("the bundled demo is still the flat one (512 codes): its textured successor is being trained")
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def runs(models):
+    """Forwards and first-draft shares of each decoder over the same classes, and plain AR's codes."""
+    labels = ClassConditioning(torch.arange(SAMPLES) % models.ar.cfg.num_classes)
+    out = {}
+    for name, drafted in (("ar", False), ("sjd", False), ("gsd", False), ("spec", True), ("lantern", True)):
+        codes, stats = decode(models.ar, labels, DEFAULTS, DecoderSpec(name), seed=0, codebook=models.codebook(),
+                              drafter=models.drafter if drafted else None)
+        accepted = [c for it in stats.accepted_per_iteration for c in it if c > 0]
+        out[name] = {"codes": codes, "compression": stats.num_tokens / (sum(stats.row_forwards) / SAMPLES),
+                     "first_draft": first_draft_acceptance(accepted)}
+    out["labels"] = labels
+    return out
+
+
+def test_the_next_token_is_ambiguous(models, runs):
+    ambiguity = next_token_ambiguity(models.ar, runs["labels"], DEFAULTS, runs["ar"]["codes"])
+    top1 = sum(ambiguity["top1_probability"]) / SAMPLES
+    entropy = sum(ambiguity["entropy_nats"]) / SAMPLES
+    assert top1 <= 0.35 and entropy >= 2.0, (top1, entropy)  # the flat demo: top-1 about 0.8
+
+
+def test_exact_drafting_keeps_few_first_drafts(runs):
+    assert runs["spec"]["first_draft"] <= 0.35, runs["spec"]["first_draft"]
+
+
+def test_the_relaxations_pay_over_exact_decoding(runs):
+    assert runs["gsd"]["compression"] > 1.2 * runs["sjd"]["compression"], (runs["gsd"], runs["sjd"])
+    assert runs["lantern"]["first_draft"] >= 2 * runs["spec"]["first_draft"], (runs["lantern"], runs["spec"])
