@@ -56,7 +56,7 @@ class _Feeds:
 
     row: np.ndarray  # [B, M] image row of the token each feed predicts
     col: np.ndarray  # [B, M] its column: 0..w (w: none, the feed only writes the row's last token to the cache)
-    token_from: np.ndarray  # [B, M] where the fed token comes from: a raster position, or -1 - slot for a draft
+    token_from: np.ndarray  # [B, M] where the fed token comes from: a raster position, or -j for the row's draft j-1
     row_start: np.ndarray  # [B, M] bool
     streams: list  # (b, image row, first target column, window width, index of the first feed)
 
