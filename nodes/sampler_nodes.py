@@ -527,9 +527,10 @@ class SamplerZipAR(SamplerBase):
     DECODER = "zipar"
     NODE_ID = "FastARSamplerZipAR"
     DISPLAY = "FastAR Sampler (ZipAR, relaxed)"
-    DESCRIPTION = ("ZipAR: a row starts once the row above has `lead` tokens, so each forward extends several rows "
-                   "side by side (about rows x lead + width forwards instead of rows x width). Each token sees the "
-                   "rows above only up to `lead` columns ahead of it, not their unfinished ends. Relaxed: trades "
+    DESCRIPTION = ("ZipAR: after the first two rows, a row starts once the row above has `lead` tokens, so each "
+                   "forward extends several rows side by side (2 x width + (rows - 2) x lead forwards instead of rows "
+                   "x width). Each token sees the rows above (but the first) only up to `lead` columns ahead of it, "
+                   "not their unfinished ends. Relaxed: trades "
                    "fidelity for speed; a given seed gives a different image than AR. row_window 2 or more adds "
                    "Jacobi drafts in every row, verified exactly within what ZipAR shows each token (the same "
                    "distribution of images as row_window 1, in fewer forwards).")

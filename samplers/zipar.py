@@ -1,18 +1,21 @@
 """ZipAR: spatially parallel decoding of token models (He et al., ICML 2025), alone or with Jacobi drafts per row.
 
-Raster AR fixes one token per forward. ZipAR starts a row once the row above has ``lead`` tokens fixed, so every
-forward extends several rows at once: about ``h * lead + w`` forwards instead of ``h * w``.
+Raster AR fixes one token per forward. ZipAR, as its reference code (ThisisBillhe/ZipAR) runs it: the first row
+is sampled as usual, the second starts once the first is complete, and every later row starts once the row above
+has ``lead`` tokens (the reference's window), so from then on each forward extends every running row by one
+token: 2w - 1 + (h - 2) * lead forwards instead of h * w - 1 (16 x 16 at lead 4: 87 instead of 255).
 
 What it samples (a relaxation, unlike SJD): token (r, c) is drawn from the model's distribution given its *ZipAR
-context* K(r, c): the earlier tokens of row r and, in each row r' above, the columns c' < c + (r - r') * lead,
-what plain ZipAR has fixed when it draws (r, c). The rest of the raster prefix (the unfinished end of the rows
-above) is hidden from it (masked out of attention); ``lead`` >= the grid's width hides nothing: plain AR. A row's
-first token is predicted from a stand-in at the end of the row above (its token ``lead - 1``, as the reference
-code feeds; models with row-end tokens feed their row end, which is known in advance).
+context* K(r, c), the tokens before it in raster order that plain ZipAR has fixed when it draws (r, c): the
+first row, the earlier tokens of row r, and in each row r' >= 1 above, the columns c' < c + (r - r') * lead. The
+rest of the raster prefix (the unfinished ends of the rows above) is masked out of its attention; the reference
+code leaves those cache slots as zeros, which the attention still weighs. ``lead`` >= the width hides nothing:
+plain AR. A row's first token is predicted from a stand-in in the last slot of the row above, as the reference
+feeds: the newest token of the row two above (models with row-end tokens feed their row end, which is known).
 
 ``window`` > 1 adds Jacobi drafts inside each row: a row's window [last fixed token, drafts...] is verified by the
 shared verifier against p(. | K), never reaching a token whose context is not yet fixed. With the exact rule this
-samples exactly plain ZipAR's distribution (tests/test_zipar.py), in fewer forwards.
+samples exactly plain ZipAR's distribution (tests/test_zipar.py), in as many forwards or fewer.
 
 One host sync per iteration: the rows' progress, which plans the next forward's feeds.
 """
@@ -32,14 +35,22 @@ from .stats import Stopwatch
 from .verifier import ProgressFn, begin, finish, verify_run
 
 
+def fixing_time(rows: torch.Tensor, cols: torch.Tensor, width: int, lead: int) -> torch.Tensor:
+    """The iteration at which plain ZipAR fixes token (row, col) (iteration 0: the prefill's first token): the
+    first row one token per iteration, the second after it, each later one ``lead`` iterations after the row
+    above. A column may equal the width: one after the row's last token."""
+    return torch.where(rows == 0, cols, width + (rows - 1) * min(lead, width) + cols)
+
+
 def zipar_context(rows: torch.Tensor, cols: torch.Tensor, grid: tuple[int, int], lead: int) -> torch.Tensor:
-    """K(r, c) as a mask ``[..., N]`` over image positions, for targets at ``rows``, ``cols`` [...]; a column may
-    equal the width: the whole row, what the feed of a row's last token sees."""
+    """K(r, c) as a mask ``[..., N]`` over image positions, for targets at ``rows``, ``cols`` [...]: the positions
+    before it in raster order that plain ZipAR fixes before it. A column may equal the width: the whole row, what
+    the feed of a row's last token sees."""
     h, w = grid
     key = torch.arange(h * w, device=rows.device)
-    kr, kc = key // w, key % w
     r, c = rows.unsqueeze(-1), cols.unsqueeze(-1)
-    return ((kr < r) & (kc < c + (r - kr) * lead)) | ((kr == r) & (kc < c))
+    earlier = fixing_time(key // w, key % w, w, lead) < fixing_time(r, c, w, lead)
+    return earlier & (key < r * w + c)
 
 
 def zipar_feeds(grid: tuple[int, int], lead: int, window: int) -> int:
@@ -72,14 +83,24 @@ class ZiparPlan:
         self.flushed = np.zeros((batch, self.h), dtype=bool)  # a finished row's last token is in the cache
 
     def room(self, b: int, r: int) -> int:
-        """How many tokens row r may fix now: the window, the row's end, and the row above's lead."""
+        """How many tokens row r may fix now: the window, the row's end, and what the row above has fixed (all of
+        it for the second row, ``lead`` tokens past the last one drawn for the others)."""
         c = self.fixed[b, r]
         if c == self.w:
             return 0
         room = min(self.window, self.w - c)
         if r > 0 and self.fixed[b, r - 1] < self.w:
-            room = min(room, self.fixed[b, r - 1] - self.lead - c + 1)
+            room = 0 if r == 1 else min(room, self.fixed[b, r - 1] - self.lead - c + 1)
         return max(room, 0)
+
+    def row_start_source(self, r: int) -> int:
+        """The token fed to predict row r's first token, in the last slot of row r - 1: that token itself where
+        K(r, 0) holds it (the second row, or a lead of the whole width), else the reference's stand-in, the newest
+        token of row r - 2 that K(r, 0) holds."""
+        if r == 1 or self.lead == self.w:
+            return r * self.w - 1
+        newest = self.w if r == 2 else min(self.w, 2 * self.lead)  # row r - 2's tokens in K(r, 0)
+        return (r - 2) * self.w + newest - 1
 
     def done(self) -> bool:
         return bool((self.fixed == self.w).all())
@@ -92,7 +113,7 @@ class ZiparPlan:
                 c, room = self.fixed[b, r], self.room(b, r)
                 if room:
                     streams.append((b, r, c, room, len(feeds)))
-                    source = (r - 1) * self.w + self.lead - 1 if c == 0 else r * self.w + c - 1
+                    source = self.row_start_source(r) if c == 0 else r * self.w + c - 1
                     feeds.append((r, c, source, c == 0))
                     feeds += [(r, c + j, -j, False) for j in range(1, room)]  # -j: the row's draft j - 1
                 elif c == self.w and not self.flushed[b, r]:

@@ -1,10 +1,12 @@
 """ZipAR: what it samples, proven on enumerable toys; its feeds on the real families' attention.
 
-ZipAR draws token (r, c) from the model given its ZipAR context K(r, c) (samplers/zipar.py): the row's earlier
-tokens and, in each row r' above, the columns c' < c + (r - r') * lead; a row's first token is predicted from a
-stand-in, the row above's token lead - 1. The toy reads a hidden position as code 0, so the exact law of ZipAR
-is computable by enumeration; it is written here from that definition, not from the sampler's code. With the
-exact rule, Jacobi drafts inside the rows (zipar-sjd) must sample that same law; lead >= width is plain AR.
+ZipAR (samplers/zipar.py, as the reference code schedules it) samples the first row, then the second, then starts
+each later row once the row above has ``lead`` tokens, one token per running row and forward. Token (r, c) is drawn
+from the model given what that schedule has fixed before it (in raster order); a row's first token is predicted
+from a stand-in in the last slot of the row above: the newest token of the row two above. The toy reads a hidden
+position as code 0, so the exact law of ZipAR is computable by enumeration; it is written here from that
+definition, not from the sampler's code. With the exact rule, Jacobi drafts inside the rows (zipar-sjd) must
+sample that same law; lead >= width is plain AR.
 """
 import pytest
 import torch
@@ -25,18 +27,30 @@ OTHERS = {"T0.7-topk2": SamplingSettings(cfg_scale=2.0, temperature=0.7, top_k=2
           "T1.3-topp0.8": SamplingSettings(cfg_scale=1.5, temperature=1.3, top_p=0.8)}
 
 
+def schedule_time(pos, w, lead):
+    """The iteration at which plain ZipAR fixes raster position ``pos``."""
+    r, c = divmod(pos, w)
+    return c if r == 0 else w + (r - 1) * min(lead, w) + c
+
+
+def forwards(grid, lead):
+    h, w = grid
+    return schedule_time(h * w - 1, w, lead)
+
+
 def zipar_view(grid, lead):
     """What position ``pos`` is drawn from under ZipAR, for the toy: hidden positions read 0, and a row's first
-    token sees the stand-in in the last slot of the row above."""
-    h, w = grid
+    token (from the third row on, with a lead below the width) sees the stand-in in the last slot of the row
+    above."""
+    w = grid[1]
     lead = min(lead, w)
 
     def view(seq, pos):
+        seen = [seq[j] if schedule_time(j, w, lead) < schedule_time(pos, w, lead) else 0 for j in range(pos)]
         r, c = divmod(pos, w)
-        seen = [seq[j] if (j // w == r and j % w < c) or (j // w < r and j % w < c + (r - j // w) * lead) else 0
-                for j in range(pos)]
-        if c == 0 and r > 0:
-            seen[pos - 1] = seq[(r - 1) * w + lead - 1]
+        if c == 0 and r >= 2 and lead < w:
+            newest = w if r == 2 else min(w, 2 * lead)
+            seen[pos - 1] = seq[(r - 2) * w + newest - 1]
         return seen
 
     return view
@@ -56,8 +70,7 @@ def exact_zipar(model, settings, lead):
 def test_zipar_samples_its_context_law(grid, lead):
     model = TOYS[grid]
     tokens, stats = draw(model, GUIDED, lead=lead)
-    h, w = grid
-    assert stats.target_forwards == (h - 1) * lead + w - 1  # one token per running row per forward
+    assert stats.target_forwards == forwards(grid, lead)  # one token per running row per forward
     assert chi_square_p_value(tokens, exact_zipar(model, GUIDED, lead), model) > ALPHA
     # it is a relaxation: plain AR's law is another one
     assert chi_square_p_value(tokens, model.exact_joint(1, cfg_scale=2.0), model) < ALPHA
@@ -75,8 +88,7 @@ def test_a_lead_of_the_whole_row_is_plain_ar():
 def test_jacobi_drafts_inside_rows_keep_zipar_law(lead, window, coupling):
     model = TOYS[(3, 3)]
     tokens, stats = draw(model, GUIDED, lead=lead, window=window, coupling=coupling)
-    plain_forwards = 2 * lead + 2
-    assert stats.target_forwards <= plain_forwards
+    assert stats.target_forwards <= forwards((3, 3), lead)
     assert chi_square_p_value(tokens, exact_zipar(model, GUIDED, lead), model) > ALPHA
 
 
@@ -114,7 +126,8 @@ def test_context_mask_matches_its_definition():
     rows, cols = torch.tensor([2, 3, 1]), torch.tensor([1, 0, 5])
     mask = zipar_context(rows, cols, grid, lead)
     for i, (r, c) in enumerate(zip(rows.tolist(), cols.tolist())):
-        expected = {(rr, cc) for rr in range(r) for cc in range(min(5, c + (r - rr) * lead))} | {(r, cc) for cc in range(c)}
+        expected = ({(0, cc) for cc in range(5)} if r else set()) | {(r, cc) for cc in range(c)} | \
+            {(rr, cc) for rr in range(1, r) for cc in range(min(5, c + (r - rr) * lead))}  # the first row: whole
         assert {divmod(j, 5) for j in mask[i].nonzero().flatten().tolist()} == expected
 
 
@@ -167,7 +180,7 @@ def test_drafts_inside_rows_reproduce_zipar_tokens(family, lead):
     assert torch.equal(drafted, plain)
     assert stats.target_forwards <= plain_stats.target_forwards
     h, w = model.grid
-    assert plain_stats.target_forwards == (h - 1) * lead + w - 1
+    assert plain_stats.target_forwards == forwards((h, w), lead)
     assert 0 <= int(plain.min()) and int(plain.max()) < model.vocab_size
 
 

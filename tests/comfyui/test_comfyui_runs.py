@@ -67,7 +67,7 @@ def test_zipar_workflow_runs_rows_side_by_side(comfy, object_info):
     assert entry["status"]["status_str"] == "success", harness.execution_error(entry)
     texts = sorted(out["text"][0] for out in entry["outputs"].values() if "text" in out)
     assert [t.split(" ")[0] for t in texts] == ["AR", "ZIPAR", "ZIPAR-SJD"]
-    assert "model forwards: 75" in texts[1]  # 16 x 16 tokens at lead 4: 15 x 4 + 16 - 1
+    assert "model forwards: 87" in texts[1]  # 16 x 16 tokens at lead 4: 2 x 16 - 1 + 14 x 4
     assert all("speed-up vs AR (measured)" in t for t in texts[1:])
 
 

@@ -222,9 +222,9 @@ def compare(info) -> dict:
 def demo_zipar_compare(info) -> dict:
     return comparison(
         info, "circle (demo 0)",
-        "AR vs ZipAR on the same class and seed.\n\nZipAR starts each row once the row above has `lead` "
-        "tokens, so every forward extends several rows: the acceptance maps show the rows running side by side. "
-        "It is relaxed: a token sees the rows above only `lead` columns ahead of it (lead = the image's width in "
+        "AR vs ZipAR on the same class and seed.\n\nAfter the first two rows, ZipAR starts each row once the row "
+        "above has `lead` tokens, so every forward extends several rows: the acceptance maps show the rows running "
+        "side by side. It is relaxed: a token sees the rows above only `lead` columns ahead of it (lead = the image's width in "
         "tokens is plain AR). row_window 2 or more adds Jacobi drafts inside each row, verified exactly within "
         "what ZipAR shows each token.\n\nThe stats take the AR stats as baseline and show the measured speed-up.",
         [("FastARSamplerZipAR", "ZipAR, lead 4", [4, 1]),
