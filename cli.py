@@ -17,6 +17,7 @@ from .samplers.decoders import DECODERS
 from .samplers.drafts import COUPLINGS, INIT_STRATEGIES
 from .samplers.masked import CFG_SCHEDULES
 from .samplers.next_scale import VAR_SAMPLING
+from .samplers.zipar import ATTENTIONS as ZIPAR_ATTENTIONS
 from .settings import CSPD_DEFAULTS, DD_DEFAULTS, MASKED_DEFAULTS, SAMPLING_DEFAULTS, SPEC_DEFAULTS, check_arguments
 from .commands.distill_dd import add_arguments as add_distill_args
 from .commands.train_drafter import add_arguments as add_drafter_training_args
@@ -85,6 +86,9 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--zipar-lead", type=int, default=SPEC_DEFAULTS.zipar_lead,
                    help="ZipAR: tokens of the row above fixed before a row starts (smaller: fewer forwards, each token "
                    "sees less of the row above; the grid's width: plain AR). zipar-sjd also drafts --window per row")
+    p.add_argument("--zipar-attention", choices=ZIPAR_ATTENTIONS, default=SPEC_DEFAULTS.zipar_attention,
+                   help="ZipAR: masked (a token attends to what the schedule fixed before it) or reference (as the "
+                   "reference code: every earlier slot, the unfinished ones as the zeros the cache holds)")
     p.add_argument("--compile", nargs="?", const="on", default="off", choices=SWITCH,
                    help="token models: every decoding step through torch.compile (same tokens as eager). The first "
                    "image of each batch and window compiles (3-20 s on a CPU), later ones run up to 1.7x faster, so "

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..errors import FastARError, FastARWarning
+from ..errors import FastARError, FastARWarning, check_choice
 from ..model_loaders.shared.compiled import COMPILE_CLOCK
 from .acceptance import ExactRule, GroupedRule, LanternRule
 from .jacobi import ar_decode, jacobi_decode
@@ -28,7 +28,7 @@ from .next_scale import next_scale_decode
 from .speculative import speculative_decode
 from .stats import Stopwatch
 from .verifier import ProgressFn
-from .zipar import zipar_decode
+from .zipar import ATTENTIONS as ZIPAR_ATTENTIONS, zipar_decode
 
 TOKEN_AR, MASKED_AR, FEW_STEP, NEXT_SCALE = "token-ar", "masked-ar", "few-step", "next-scale"
 KIND_NAMES = {TOKEN_AR: "a token model (LlamaGen)", MASKED_AR: "a MAR model", FEW_STEP: "a Distilled Decoding student",
@@ -105,6 +105,7 @@ class DecoderSpec:
     lantern_delta: float = 0.1  # LANTERN: total-variation budget per token (0 = exact)
     flow_steps: int = FlowMapSettings.steps  # fm: solver steps of the flow-matching map
     zipar_lead: int = 4  # ZipAR: tokens of the row above fixed before a row starts (>= the width: plain AR)
+    zipar_attention: str = "masked"  # ZipAR: "masked" (what the schedule fixed) or "reference" (zero-filled slots)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -125,6 +126,7 @@ class DecoderSpec:
         if not 0.0 <= self.lantern_delta <= 1.0:
             raise FastARError(f"LANTERN delta {self.lantern_delta} is out of range: use 0..1 (0 = exact "
                               "speculative decoding)")
+        check_choice("ZipAR attention", self.zipar_attention, ZIPAR_ATTENTIONS)
         if self.zipar_lead < 1:
             raise FastARError(f"ZipAR lead {self.zipar_lead} is too small: a row starts once the row above has at "
                               "least 1 token (the grid's width or more: plain AR)")
@@ -199,7 +201,7 @@ def run_decoder(model, conditioning, sampling, spec, generator, on_iteration, dr
     if spec.decoder in ("zipar", "zipar-sjd"):
         return zipar_decode(model, conditioning, sampling, generator=generator, lead=spec.zipar_lead,
                             window=spec.window if spec.decoder == "zipar-sjd" else 1, coupling=spec.coupling, rule=rule,
-                            name=spec.decoder, on_iteration=on_iteration, watch=watch)
+                            attention=spec.zipar_attention, name=spec.decoder, on_iteration=on_iteration, watch=watch)
     if drafter is not None:
         return speculative_decode(model, drafter, conditioning, sampling, generator=generator, gamma=spec.gamma,
                                   rule=rule, name=spec.decoder, on_iteration=on_iteration, watch=watch)

@@ -8,9 +8,10 @@ token: 2w - 1 + (h - 2) * lead forwards instead of h * w - 1 (16 x 16 at lead 4:
 What it samples (a relaxation, unlike SJD): token (r, c) is drawn from the model's distribution given its *ZipAR
 context* K(r, c), the tokens before it in raster order that plain ZipAR has fixed when it draws (r, c): the
 first row, the earlier tokens of row r, and in each row r' >= 1 above, the columns c' < c + (r - r') * lead. The
-rest of the raster prefix (the unfinished ends of the rows above) is masked out of its attention; the reference
-code leaves those cache slots as zeros, which the attention still weighs. ``lead`` >= the width hides nothing:
-plain AR. A row's first token is predicted from a stand-in in the last slot of the row above, as the reference
+rest of the raster prefix (the unfinished ends of the rows above) is masked out of its attention. ``attention=
+"reference"`` runs it as the reference code does instead: every earlier slot attended, the unfinished ones as the
+zeros the cache holds there, and the stand-in left in its slot until the real token replaces it (its greedy codes
+and schedule are the official sampler's: tests/conformance). ``lead`` >= the width hides nothing: plain AR. A row's first token is predicted from a stand-in in the last slot of the row above, as the reference
 feeds: the newest token of the row two above (models with row-end tokens feed their row end, which is known).
 
 ``window`` > 1 adds Jacobi drafts inside each row: a row's window [last fixed token, drafts...] is verified by the
@@ -27,7 +28,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..errors import FastARError
+from ..errors import FastARError, check_choice
 from .acceptance import ExactRule
 from .drafts import DraftSource
 from .processing import SamplingSettings, probabilities, sample
@@ -51,6 +52,14 @@ def zipar_context(rows: torch.Tensor, cols: torch.Tensor, grid: tuple[int, int],
     r, c = rows.unsqueeze(-1), cols.unsqueeze(-1)
     earlier = fixing_time(key // w, key % w, w, lead) < fixing_time(r, c, w, lead)
     return earlier & (key < r * w + c)
+
+
+ATTENTIONS = ("masked", "reference")
+
+
+def raster_context(positions: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """The reference code's view ``[..., N]``: every slot up to the fed position's own, whatever it holds."""
+    return torch.arange(num_tokens, device=positions.device) <= positions.unsqueeze(-1)
 
 
 def zipar_feeds(grid: tuple[int, int], lead: int, window: int) -> int:
@@ -131,18 +140,23 @@ class ZiparPlan:
 
 @torch.no_grad()
 def zipar_decode(model, conditioning, sampling: SamplingSettings, *, generator, lead: int = 4, window: int = 1,
-                 rule=None, coupling: str = "independent", name: str = "zipar",
+                 rule=None, coupling: str = "independent", attention: str = "masked", name: str = "zipar",
                  on_iteration: Optional[ProgressFn] = None, watch: Optional[Stopwatch] = None):
     """ZipAR (``window`` 1) or ZipAR with Jacobi drafts in each row (``window`` > 1: last fixed token + drafts);
-    drafts start random and carry the last forward's samples (``coupling``). Returns (tokens [B, N], stats)."""
+    drafts start random and carry the last forward's samples (``coupling``). ``attention``: "masked" (K(r, c)) or
+    "reference" (the reference code's zero-filled view; plain ZipAR only). Returns (tokens [B, N], stats)."""
     if lead < 1:
         raise FastARError(f"ZipAR lead {lead} is too small: a row starts once the row above has at least 1 token")
+    check_choice("ZipAR attention", attention, ATTENTIONS)
+    if attention == "reference" and window > 1:
+        raise FastARError("ZipAR's reference attention sees unfinished slots, where drafts would leave stale "
+                          "values: use it with plain zipar, or the masked attention with zipar-sjd")
     rule = rule or ExactRule()
     (h, w), V, B, dev = model.grid, model.vocab_size, conditioning.batch, model.device
     N, L = h * w, window - 1
     plan = ZiparPlan(B, (h, w), lead, window)
     watch = watch or Stopwatch(dev)
-    settings = {"lead": plan.lead, "window": window, "rule": rule.name}
+    settings = {"lead": plan.lead, "window": window, "rule": rule.name, "attention": attention}
     session, p0, stats = begin(model, conditioning, sampling, zipar_feeds((h, w), lead, window), name, settings)
     if not hasattr(session, "forward_at"):
         raise FastARError(f"ZipAR needs a model whose attention can hide positions; {getattr(model, 'what', 'this model')} "
@@ -169,7 +183,8 @@ def zipar_decode(model, conditioning, sampling: SamplingSettings, *, generator, 
             drafts = torch.where(fresh, torch.randint(V, drafts.shape, generator=generator, device=dev), drafts)
             q_drafts = torch.where(fresh.unsqueeze(-1), 1.0 / V, q_drafts)
             tokens = torch.where(source < 0, drafts[batch_index, row, (-source - 1).clamp(min=0)], tokens)
-        visible = zipar_context(row, col, (h, w), plan.lead)
+        visible = zipar_context(row, col, (h, w), plan.lead) if attention == "masked" else \
+            raster_context(row * w + col - 1, N)
         out = session.forward_at(tokens, row * w + col - 1, visible, row_start)
         p = probabilities(out, sampling)  # feed m's target distribution
         stats.target_forwards += 1

@@ -207,3 +207,18 @@ def test_the_demo_model_runs_zipar_in_half_precision_and_draws_the_class(dtype):
         assert 0 <= int(codes.min()) and int(codes.max()) < model.vocab_size
         predicted, _ = classify(load_classifier(), decode_images(vq, model.decoder_input(codes)))
         assert (predicted == labels).float().mean() >= 0.5, (spec.decoder, predicted)
+
+
+def test_the_reference_attention_is_plain_zipar_only_and_a_whole_row_lead_is_still_ar(family):
+    """The reference code's view (zero-filled unfinished slots, proven against its sampler in tests/conformance):
+    with a lead of the whole width nothing is unfinished, so it is plain AR too; drafts would leave stale slots in
+    its view, so zipar-sjd refuses it."""
+    from fastar.errors import FastARError
+
+    model, conditioning = family
+    ar, _ = greedy(model, conditioning, DecoderSpec("ar"))
+    tokens, _ = greedy(model, conditioning, DecoderSpec("zipar", zipar_lead=model.grid[1], zipar_attention="reference"))
+    assert torch.equal(tokens, ar)
+    with pytest.raises(FastARError, match="plain zipar"):
+        greedy(model, conditioning, DecoderSpec("zipar-sjd", window=3, zipar_attention="reference"))
+

@@ -38,7 +38,7 @@ class ToySession:
         """ZipAR's feeds: a position the feed does not see reads as code 0; the fed token (or a row start's
         stand-in) stands at its own position."""
         rows = torch.arange(tokens.shape[0]).unsqueeze(1).expand_as(positions)
-        own = ~row_start
+        own = ~row_start | visible.cpu().gather(2, positions.unsqueeze(-1)).squeeze(-1)  # a seen stand-in stays
         self.cache[rows[own], positions[own]] = tokens[own]
         seen = torch.where(visible.cpu(), self.cache[:, None, :], 0)
         seen.scatter_(2, positions.unsqueeze(-1), tokens.unsqueeze(-1))

@@ -145,3 +145,20 @@ def test_lantern_t2i_greedy_spec_gives_the_official_codes_and_acceptance(tmp_pat
     folder = fixture(LANTERN_T2I)
     assert_spec_run(LANTERN_T2I, ["--model", folder / "LlamaGen-T2I", "--t5", fixture("llamagen_t2i") / "t5"],
                     tmp_path)
+
+
+def test_zipar_reference_attention_gives_the_official_codes_and_schedule(tmp_path):
+    """ZipAR (ThisisBillhe/ZipAR's LlamaGen and sampler) at two windows: FastAR's zipar with the reference's
+    attention gives its greedy codes exactly, in as many forwards (its schedule and its row-start stand-in)."""
+    import json
+
+    case = "llamagen_zipar"
+    for run in expected(case)["runs"]:
+        tag = run["name"].replace(" ", "_")
+        tokens, stats = tmp_path / f"{tag}.json", tmp_path / f"{tag}_stats.json"
+        r = fastar("generate", "--model", fixture(case) / "gpt.pt", "--vq", shared_vq(), *run["args"], "--quiet",
+                   "--tokens-out", tokens, "--stats-out", stats, cwd=tmp_path)
+        assert r.returncode == 0, f"{run['name']}: {r.stderr}"
+        assert generated_codes(tokens) == run["codes"], f"{run['name']}: codes differ from the official sampler's"
+        assert json.loads(stats.read_text())["target_forwards"] == run["forwards"]
+

@@ -6,8 +6,9 @@
     python tests/conformance/build/llamagen.py lantern --official CHECKOUT_OF_jadohu/LANTERN
                                                        --llamagen CHECKOUT_OF_FoundationVision/LlamaGen
     python tests/conformance/build/llamagen.py lantern_t2i --official CHECKOUT_OF_jadohu/LANTERN
+    python tests/conformance/build/llamagen.py zipar   --official CHECKOUT_OF_ThisisBillhe/ZipAR
 
-c2i and dd need only torch (FastAR's venv will do). t2i, lantern and lantern_t2i need the official code's transformers
+c2i, dd and zipar need only torch (FastAR's venv will do). t2i, lantern and lantern_t2i need the official code's transformers
 (4.45.2; transformers 5 changes the configs LANTERN reads) plus, for t2i, T5Embedder's ftfy, beautifulsoup4 and
 accelerate: a throwaway venv outside the repository, e.g. torch from FastAR's venv through a .pth file and
 `pip install transformers==4.45.2 ftfy beautifulsoup4 accelerate==1.1.1`. lantern_t2i runs LANTERN's own LlamaGen
@@ -896,9 +897,84 @@ def build_lantern_t2i(checkout: Path, t5_folder: Path) -> None:
          "drafter_logit_rows": rows}])
 
 
+# -- case 6: ZipAR's parallel rows -----------------------------------------------------------------------
+
+ZIPAR_WINDOWS = (2, 4)  # the reference's zipar_window_size (FastAR's --zipar-lead) on a 6-wide grid
+
+
+class ForwardRecorder:
+    """Counts the model forwards after the prefill and records the positions each one feeds."""
+
+    def __init__(self, model):
+        self.model, self.original, self.positions = model, model.forward, []
+
+    def __enter__(self):
+        def forward(idx, cond_idx, input_pos=None, *args, **kwargs):
+            if idx is not None:  # the prefill feeds the class alone (idx None)
+                self.positions.append([int(p) for p in input_pos])
+            return self.original(idx, cond_idx, input_pos, *args, **kwargs)
+        self.model.forward = forward
+        return self
+
+    def __exit__(self, *exc):
+        del self.model.forward
+
+
+def build_zipar(checkout: Path) -> None:
+    """ZipAR's own LlamaGen (LlamaGen-ZipAR/autoregressive/models/gpt.py, LlamaGen's Transformer with ZipAR's row
+    bookkeeping) and its sampler (generate_zipar.generate) at two windows, greedy."""
+    official_path(checkout / "LlamaGen-ZipAR")
+    from autoregressive.models import generate_zipar as generate_module
+    from autoregressive.models import gpt
+
+    folder = FIXTURES / "llamagen_zipar"
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def make(seed):
+        return tiny_gpt(gpt, seed, num_classes=NUM_CLASSES, cls_token_num=1, model_type="c2i")
+
+    def run(model, window):
+        model.reset_zipar()
+        model.zipar_window_size = window
+        with ForwardRecorder(model) as forwards:
+            codes = official_greedy(generate_module, model, torch.tensor(CLASSES))
+        return codes, forwards.positions
+
+    seed = first_good_seed(make, lambda model: [run(model, w) for w in ZIPAR_WINDOWS])
+    model = make(seed)
+    args = train_c2i_args(gpt_model="GPT-tiny", vocab_size=VOCAB, image_size=GRID * DOWNSAMPLE,
+                          downsample_size=DOWNSAMPLE, num_classes=NUM_CLASSES)
+    torch.save({"model": model.state_dict(), "optimizer": {}, "steps": 0, "args": args}, folder / "gpt.pt")
+    (folder / "gpt.json").write_text(json.dumps({"num_attention_heads": HEADS}) + "\n")
+    reloaded = make(seed + 1000)
+    reloaded.load_state_dict(torch.load(folder / "gpt.pt", map_location="cpu", weights_only=False)["model"],
+                             strict=False)
+    classes = ",".join(map(str, CLASSES))
+    runs = []
+    for window in ZIPAR_WINDOWS:
+        codes, positions = run(reloaded, window)
+        runs.append({"name": f"greedy zipar window {window} cfg {CFG}",
+                     "args": ["--classes", classes, "--cfg", CFG, "--top-k", 1, "--decoder", "zipar",
+                              "--zipar-lead", window, "--zipar-attention", "reference"],
+                     "codes": codes.tolist(), "images": [], "forwards": len(positions),
+                     "fed_positions": positions})
+        print(f"zipar window {window}: {len(positions)} forwards, codes {codes.tolist()}")
+    write_expected(folder, {
+        "repository": "ThisisBillhe/ZipAR", "commit": commit_of(checkout), "packages": packages("torch"),
+        "builder": "tests/conformance/build/llamagen.py zipar",
+        "made_with": "LlamaGen-ZipAR/autoregressive/models/gpt.Transformer with the c2i case's tiny ModelArgs and "
+                     "re-initialisation (the first weight seed whose greedy codes vary at both windows), saved as "
+                     "train_c2i.py saves it + gpt.json; codes from LlamaGen-ZipAR/autoregressive/models/"
+                     "generate_zipar.generate(cfg_scale=4.0, top_k=1) on the reloaded file with zipar_window_size "
+                     f"{' and '.join(map(str, ZIPAR_WINDOWS))} (reset_zipar() between runs); fed_positions: the "
+                     "input_pos of every model forward after the prefill (the class token is slot 0, image token p "
+                     "slot p + 1)",
+    }, runs)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("case", choices=["c2i", "t2i", "dd", "lantern", "lantern_t2i"])
+    parser.add_argument("case", choices=["c2i", "t2i", "dd", "lantern", "lantern_t2i", "zipar"])
     parser.add_argument("--official", required=True, type=Path, help="checkout of the case's official repository")
     parser.add_argument("--llamagen", type=Path, help="lantern: checkout of FoundationVision/LlamaGen")
     parser.add_argument("--commit", help="the --official checkout's commit, where it is no git work tree")
@@ -916,7 +992,7 @@ def main():
     elif args.case == "lantern_t2i":
         build_lantern_t2i(args.official.resolve(), (FIXTURES / "llamagen_t2i" / "t5").resolve())
     else:
-        {"c2i": build_c2i, "t2i": build_t2i, "dd": build_dd}[args.case](args.official.resolve())
+        {"c2i": build_c2i, "t2i": build_t2i, "dd": build_dd, "zipar": build_zipar}[args.case](args.official.resolve())
 
 
 if __name__ == "__main__":
