@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 from fastar.tests.conformance.common import (assert_image_close, assert_spec_run, expected, fastar, fixture,
                                              generated_codes, session_drafts)
 
