@@ -228,7 +228,7 @@ def demo_zipar_compare(info) -> dict:
         "tokens is plain AR). row_window 2 or more adds Jacobi drafts inside each row, verified exactly within "
         "what ZipAR shows each token.\n\nThe stats take the AR stats as baseline and show the measured speed-up.",
         [("FastARSamplerZipAR", "ZipAR, lead 4", [4, 1]),
-         ("FastARSamplerZipAR", "ZipAR + Jacobi drafts, lead 4", [4, 4])])
+         ("FastARSamplerZipAR", "ZipAR + drafts, lead 4", [4, 4])])
 
 
 def comparison(info, label_name: str, note: str, rows: list) -> dict:
