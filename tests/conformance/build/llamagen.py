@@ -178,6 +178,20 @@ def first_good_seed(make, run, tries=20) -> int:
     raise SystemExit("no seed gave varied greedy codes")
 
 
+def save_c2i_and_reload(make, seed: int, folder: Path):
+    """The tiny c2i GPT of weight seed ``seed`` saved as train_c2i.py saves it (gpt.pt, plus gpt.json: no official
+    size has these shapes, so the head count goes where FastAR reads it for a custom size), and the same file
+    loaded into a fresh model, as sample_c2i.py loads it, for the official sampler to run on."""
+    args = train_c2i_args(gpt_model="GPT-tiny", vocab_size=VOCAB, image_size=GRID * DOWNSAMPLE,
+                          downsample_size=DOWNSAMPLE, num_classes=NUM_CLASSES)
+    torch.save({"model": make(seed).state_dict(), "optimizer": {}, "steps": 0, "args": args}, folder / "gpt.pt")
+    (folder / "gpt.json").write_text(json.dumps({"num_attention_heads": HEADS}) + "\n")
+    reloaded = make(seed + 1000)
+    reloaded.load_state_dict(torch.load(folder / "gpt.pt", map_location="cpu", weights_only=False)["model"],
+                             strict=False)
+    return reloaded
+
+
 def build_c2i(checkout: Path) -> None:
     official_path(checkout)
     from autoregressive.models import generate as generate_module
@@ -193,17 +207,7 @@ def build_c2i(checkout: Path) -> None:
         return tiny_gpt(gpt, seed, num_classes=NUM_CLASSES, cls_token_num=1, model_type="c2i")
 
     seed = first_good_seed(make, lambda model: official_greedy(generate_module, model, torch.tensor(CLASSES)))
-    model = make(seed)
-    args = train_c2i_args(gpt_model="GPT-tiny", vocab_size=VOCAB, image_size=GRID * DOWNSAMPLE,
-                          downsample_size=DOWNSAMPLE, num_classes=NUM_CLASSES)
-    torch.save({"model": model.state_dict(), "optimizer": {}, "steps": 0, "args": args}, folder / "gpt.pt")
-    # no official size has these shapes, so the head count goes where FastAR reads it for a custom size
-    (folder / "gpt.json").write_text(json.dumps({"num_attention_heads": HEADS}) + "\n")
-
-    # the official sampler on the reloaded file, as sample_c2i.py loads it
-    reloaded = make(seed + 1000)
-    reloaded.load_state_dict(torch.load(folder / "gpt.pt", map_location="cpu", weights_only=False)["model"],
-                             strict=False)
+    reloaded = save_c2i_and_reload(make, seed, folder)
     codes = official_greedy(generate_module, reloaded, torch.tensor(CLASSES))
     images = official_decode(vq, codes, folder, "c2i")
     classes = ",".join(map(str, CLASSES))
@@ -941,14 +945,7 @@ def build_zipar(checkout: Path) -> None:
         return codes, forwards.positions
 
     seed = first_good_seed(make, lambda model: [run(model, w) for w in ZIPAR_WINDOWS])
-    model = make(seed)
-    args = train_c2i_args(gpt_model="GPT-tiny", vocab_size=VOCAB, image_size=GRID * DOWNSAMPLE,
-                          downsample_size=DOWNSAMPLE, num_classes=NUM_CLASSES)
-    torch.save({"model": model.state_dict(), "optimizer": {}, "steps": 0, "args": args}, folder / "gpt.pt")
-    (folder / "gpt.json").write_text(json.dumps({"num_attention_heads": HEADS}) + "\n")
-    reloaded = make(seed + 1000)
-    reloaded.load_state_dict(torch.load(folder / "gpt.pt", map_location="cpu", weights_only=False)["model"],
-                             strict=False)
+    reloaded = save_c2i_and_reload(make, seed, folder)
     classes = ",".join(map(str, CLASSES))
     runs = []
     for window in ZIPAR_WINDOWS:
