@@ -18,6 +18,7 @@ from ..model_loaders.shared.quantized import weight_format
 from ..pipeline import CONDITIONING_NAMES, check_image_decoder, class_conditioning, conditioning_type
 from ..samplers.acceptance import PROB_FILTERS
 from ..samplers.cspd import VERIFY_MODES, CSpDSettings
+from ..samplers.zipar import ATTENTIONS as ZIPAR_ATTENTIONS
 from ..samplers.decoders import (
     MASKED_AR,
     NEXT_SCALE,
@@ -193,7 +194,7 @@ class SamplerBase(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, top_p=SAMPLING.top_p, init=None, coupling=None, prob_filter=None, cfg_schedule=None,
-                        verify=None):
+                        verify=None, attention=None):
         """Before the run, what ComfyUI's own checks do not cover: top_p must be above 0 (the slider starts at
         0), and the choices (ComfyUI 0.3.75 does not check V3 combo values; newer versions do). Inputs named
         here skip ComfyUI's checks, so the other widgets keep its range and type checks."""
@@ -211,6 +212,8 @@ class SamplerBase(io.ComfyNode):
                 check_choice("CFG schedule", cfg_schedule, CFG_SCHEDULES)
             if verify is not None:
                 check_choice("CSpD verify mode", verify, VERIFY_MODES)
+            if attention is not None:
+                check_choice("ZipAR attention", attention, ZIPAR_ATTENTIONS)
         except FastARError as e:
             return str(e)
         return True
@@ -546,12 +549,16 @@ class SamplerZipAR(SamplerBase):
                          tooltip="1: one token per row and forward (ZipAR). 2 or more: the last fixed token plus "
                                  "row_window-1 Jacobi drafts per row, kept when the model agrees (exact within "
                                  "ZipAR's view; helps where rows run ahead of the lead)."),
+            io.Combo.Input("attention", options=list(ZIPAR_ATTENTIONS), default=SPEC.zipar_attention, optional=True,
+                           tooltip="masked: a token attends only to what ZipAR has fixed before it. reference: as "
+                                   "ZipAR's released code, every earlier slot, the unfinished ones as zeros (its "
+                                   "images exactly; row_window 1 only)."),
         ]
 
     @classmethod
-    def spec(cls, lead=SPEC.zipar_lead, row_window=1) -> DecoderSpec:
+    def spec(cls, lead=SPEC.zipar_lead, row_window=1, attention=SPEC.zipar_attention) -> DecoderSpec:
         drafted = row_window > 1
-        return DecoderSpec(decoder="zipar-sjd" if drafted else "zipar", zipar_lead=lead,
+        return DecoderSpec(decoder="zipar-sjd" if drafted else "zipar", zipar_lead=lead, zipar_attention=attention,
                            window=row_window if drafted else SPEC.window)
 
 
