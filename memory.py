@@ -74,16 +74,16 @@ def token_working_bytes(ar, conditioning, batch: int, use_cfg: bool, spec, *, dr
     rows = cache_rows(batch, use_cfg)
     activations = rows * longest * (cfg.dim * 4 + cfg.ffn_hidden * 3) * element_bytes(ar.dtype) * 2
     distributions = 8 * batch * window * ar.vocab_size * 4  # p, q, residuals, noise
-    clusters = neighbours = 0
+    clusters = neighbours = row_drafts = 0
     if spec.decoder == "gsd" and spec.group > 1:
         width = ar.code_embeddings().shape[-1]
         clusters = min(batch * window * (spec.group + 1) * width, DISTANCE_CHUNK) * 4 * 2  # the codes, their gaps
     if spec.decoder == "lantern":
         neighbours = ar.vocab_size * spec.lantern_k * 8
     if spec.decoder == "zipar-sjd":  # every image row's carried drafts and their distributions
-        neighbours = batch * ar.grid[0] * (spec.window - 1) * ar.vocab_size * 4
+        row_drafts = batch * ar.grid[0] * (spec.window - 1) * ar.vocab_size * 4
     return int(kv_cache_bytes(ar, conditioning, batch, use_cfg, window) + drafter_cache + activations + distributions
-               + clusters + neighbours)
+               + clusters + neighbours + row_drafts)
 
 
 # ------------------------------------------------------------------------------------------------ the check

@@ -22,8 +22,12 @@ class ToySession:
 
     def _outputs(self, positions):
         """Logits predicting ``positions`` [B, W] from the cached prefix of each row."""
-        cond = self.model.logits_at(self.cache, positions, self.labels)
-        uncond = self.model.logits_at(self.cache, positions, torch.full_like(self.labels, self.model.num_classes))
+        return self._outputs_seeing(self.cache[:, None, :].expand(-1, positions.shape[1], -1), positions)
+
+    def _outputs_seeing(self, seen, positions):
+        """Logits predicting ``positions`` [B, W], each from the tokens its feed sees (``seen`` [B, W, N])."""
+        cond = self.model.logits_at(seen, positions, self.labels)
+        uncond = self.model.logits_at(seen, positions, torch.full_like(self.labels, self.model.num_classes))
         return ModelOutput(cond=cond, uncond=uncond if self.cfg else None)
 
     def forward(self, tokens: torch.Tensor, start: torch.Tensor) -> ModelOutput:
@@ -42,19 +46,7 @@ class ToySession:
         self.cache[rows[own], positions[own]] = tokens[own]
         seen = torch.where(visible.cpu(), self.cache[:, None, :], 0)
         seen.scatter_(2, positions.unsqueeze(-1), tokens.unsqueeze(-1))
-        targets = positions + 1
-
-        def logits(labels):
-            out = torch.randn(*targets.shape, self.model.vocab_size)  # targets past the last token: scratch
-            for pos in range(1, self.model.num_tokens):
-                hit = targets == pos
-                if hit.any():
-                    prefix = self.model.prefix_index(seen[hit][:, :pos])
-                    out[hit] = self.model.tables[pos][labels.unsqueeze(1).expand_as(targets)[hit], prefix]
-            return out
-
-        null = torch.full_like(self.labels, self.model.num_classes)
-        return ModelOutput(cond=logits(self.labels), uncond=logits(null) if self.cfg else None)
+        return self._outputs_seeing(seen, positions + 1)
 
 
 class ToyModel:
@@ -85,15 +77,16 @@ class ToyModel:
     def start(self, conditioning: ClassConditioning, *, cfg: bool, max_window: int) -> ToySession:
         return ToySession(self, conditioning.labels.cpu(), cfg)
 
-    def logits_at(self, cache, positions, labels):
+    def logits_at(self, seen, positions, labels):
+        """Logits predicting ``positions`` [B, W] from the tokens each slot sees (``seen`` [B, W, N]: a position's
+        prefix is read from its first entries)."""
         B, W = positions.shape
         out = torch.randn(B, W, self.vocab_size)  # scratch past the last token: must be ignored
         rows = labels.unsqueeze(1).expand(B, W)
         for pos in range(self.num_tokens):
             hit = positions == pos
             if hit.any():
-                prefix = self.prefix_index(cache[:, :pos]).unsqueeze(1).expand(B, W)
-                out[hit] = self.tables[pos][rows[hit], prefix[hit]]
+                out[hit] = self.tables[pos][rows[hit], self.prefix_index(seen[hit][:, :pos])]
         return out
 
     def prefix_index(self, tokens: torch.Tensor) -> torch.Tensor:
