@@ -23,6 +23,8 @@ import torch
 from ..errors import FastARError, check_choice
 from ..interrupts import check_interrupt
 from ..model_loaders.mar.diffusion import ReverseStep
+from ..model_loaders.mar.lazy import LazyFeatures
+from .feature_reuse import FeatureReuse
 from .stats import DecodeStats, Stopwatch
 from .verifier import ProgressFn, finish
 
@@ -38,6 +40,7 @@ class MaskedSettings:
     cfg_schedule: str = "linear"
     temperature: float = 1.0
     diffusion_steps: int = 100
+    reuse: FeatureReuse | None = None  # LazyMAR-style feature reuse (relaxed); None: every step in full
 
     def validate(self, num_tokens: int) -> "MaskedSettings":
         if not 1 <= self.num_iter <= num_tokens:
@@ -49,6 +52,8 @@ class MaskedSettings:
             raise FastARError(f"temperature {self.temperature}: MAR's diffusion head needs a positive temperature "
                               "(it scales the noise of each reverse step; 1 = as trained)")
         check_choice("CFG schedule", self.cfg_schedule, CFG_SCHEDULES)
+        if self.reuse is not None:
+            self.reuse.validate()
         return self
 
 
@@ -167,6 +172,30 @@ class Guide:
         self.diffusion = model.diffusion(settings.diffusion_steps)
         self.cond = model.class_vectors(conditioning, uncond=False)
         self.uncond = model.class_vectors(conditioning, uncond=True) if settings.cfg_scale != 1.0 else None
+        self.lazy = None if settings.reuse is None else LazyFeatures(model)
+        self.work: list[tuple[int, int]] = []  # per step under feature reuse: transformer work done, a plain step's
+
+    def step_conditions(self, canvas: "Canvas", plan: Plan, step: int, fresh: torch.Tensor | None):
+        """Condition vectors ``(z_cond, z_uncond)`` for step ``step`` of MAR's sampler: plain, or under feature
+        reuse a full step that refills the cache or one that reuses it (``fresh``: the positions fixed at the
+        step before; None at the first). A reusing step's vectors are valid at the step's positions only."""
+        known = plan.known_before(step)
+        if self.lazy is None:
+            return self.conditions(canvas.tokens, canvas.known, known)
+        plain = self.lazy.full_work(known, 1 if self.uncond is None else 2)
+        if fresh is None or self.settings.reuse.full_steps(plan.num_steps)[step]:
+            self.work.append((plain, plain))
+            return self.lazy.refresh(canvas.tokens, canvas.known, self.cond, self.uncond, known)
+        needed = plan.positions(step)
+        keep = self.settings.reuse.keep(self.lazy.slots, needed.shape[1] + fresh.shape[1])
+        self.work.append((self.lazy.reused_work(fresh.shape[1], keep), plain))
+        return self.lazy.reuse(canvas.tokens, self.cond, fresh, needed, keep)
+
+    def record_work(self, stats: DecodeStats) -> None:
+        """Feature reuse's transformer work, per step and over the generation, into ``stats``."""
+        if self.work:
+            stats.recomputed_share = [done / plain for done, plain in self.work]
+            stats.transformer_work = sum(done for done, _ in self.work) / sum(plain for _, plain in self.work)
 
     def conditions(self, tokens: torch.Tensor, known: torch.Tensor, known_count: int | None = None):
         """The transformer's condition vectors for cond rows, and uncond rows under CFG (one call). ``tokens``
@@ -227,12 +256,13 @@ def masked_decode(model, conditioning, settings: MaskedSettings, *, generator,
     guide = Guide(model, conditioning, settings)
     stats = DecodeStats(decoder="ar", grid=tuple(model.grid), batch=B, settings={"model_kind": model.kind, **asdict(settings)})
     canvas = Canvas(model, B)
-    counts = []
+    counts, fresh = [], None
     for step in range(plan.num_steps):
         positions = plan.positions(step)
         if positions.shape[1] == 0:
             continue  # a clamped schedule can leave a step nothing to predict: no call needed
-        z_cond, z_uncond = guide.conditions(canvas.tokens, canvas.known, plan.known_before(step))
+        z_cond, z_uncond = guide.step_conditions(canvas, plan, step, fresh)
+        fresh = positions
         stats.target_forwards += 1
         last = guide.last_step(z_cond, z_uncond, positions, plan, plan.cfg(settings, step))
         sampled = last.mean + last.std * plan.last_noise(positions) if gaussian_last_step else last.mean
@@ -241,5 +271,6 @@ def masked_decode(model, conditioning, settings: MaskedSettings, *, generator,
         watch.lap("forward")  # the transformer and the head: the model's own work
         if on_iteration is not None:
             on_iteration(L - plan.masked[step + 1], L, canvas.tokens)
+    guide.record_work(stats)
     finish(stats, watch, counts, canvas.fixed_at, L)
     return canvas.tokens, stats

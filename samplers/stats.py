@@ -27,6 +27,9 @@ class DecodeStats:
     verify_time_s: float = 0.0
     drafter_time_s: float = 0.0
     compile_time_s: float = 0.0  # compiling steps of shapes met for the first time (part of wall_time_s)
+    # MAR with feature reuse: per step, the share of a plain step's transformer work done; over the generation
+    recomputed_share: list[float] = field(default_factory=list)
+    transformer_work: float | None = None
     settings: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # quality warnings about this run's settings
 
@@ -86,6 +89,8 @@ class DecodeStats:
             "forward_time_s": self.forward_time_s,
             "verify_time_s": self.verify_time_s,
             "drafter_time_s": self.drafter_time_s,
+            "recomputed_share": self.recomputed_share,
+            "transformer_work": self.transformer_work,
             "settings": self.settings,
             "warnings": self.warnings,
         }

@@ -67,10 +67,28 @@ class Attention(nn.Module):
 
     def forward(self, x, keys=None):
         """``keys`` [B, n] bool: the positions each row may attend to (None = all)."""
+        return self.mix(*self.project(x), keys)
+
+    def project(self, x):
+        """Queries, keys and values ``[B, heads, n, head_dim]`` of ``x`` [B, n, dim]."""
         b, n, d = x.shape
-        q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        return self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+
+    def mix(self, q, k, v, keys=None):
+        """Attention of the queries over the keys (``keys`` [B, m] bool: those each row may see), projected."""
         mask = None if keys is None else keys[:, None, None, :]
-        return self.proj(F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b, n, d))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.proj(out.transpose(1, 2).flatten(2))
+
+
+@dataclass
+class Trace:
+    """What one call of ``MAR.conditions`` computed on the way, for LazyMAR-style reuse (``lazy.py``)."""
+
+    kept: torch.Tensor | None = None  # [B, n]: the slots the encoder saw (buffer, then the known tokens)
+    encoder: list = field(default_factory=list)  # per encoder block: keys and values of those slots
+    decoder_input: torch.Tensor | None = None  # [B, slots, decoder_dim]
+    decoder: list = field(default_factory=list)  # per decoder block: keys and values of every slot
 
 
 class Mlp(nn.Module):
@@ -91,8 +109,12 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(dim, eps=LN_EPS)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
 
-    def forward(self, x, keys=None):
-        x = x + self.attn(self.norm1(x), keys)
+    def forward(self, x, keys=None, trace: list | None = None):
+        """``trace``: receives this block's keys and values (LazyMAR-style reuse keeps them)."""
+        q, k, v = self.attn.project(self.norm1(x))
+        if trace is not None:
+            trace.append((k, v))
+        x = x + self.attn.mix(q, k, v, keys)
         return x + self.mlp(self.norm2(x))
 
 
@@ -242,34 +264,57 @@ class MAR(nn.Module):
         return self.class_emb(conditioning.labels.to(self.device))
 
     def conditions(self, tokens: torch.Tensor, known: torch.Tensor, class_vectors: torch.Tensor,
-                   known_count: int | None = None) -> torch.Tensor:
+                   known_count: int | None = None, trace: Trace | None = None) -> torch.Tensor:
         """Condition vectors ``[B, L, decoder_dim]`` for every position, from ``tokens`` [B, L, C] of which
         only the ``known`` [B, L] ones are seen. ``known_count``: how many tokens every row knows, where the
         caller's schedule says they all know as many: the official path, unknown tokens dropped. None: rows
         may differ (CSpD scores several contexts in one call), and the encoder masks the unknown ones out of
         attention instead of dropping them, which gives the same vectors. Neither reads the mask back to the
-        host (a sync per call on a GPU)."""
+        host (a sync per call on a GPU). ``trace`` (with ``known_count`` only) receives what the call computed on
+        the way."""
         B, L, _ = tokens.shape
         buffer = self.cfg.buffer
-        x = self.z_proj(tokens.to(self.z_proj.weight.dtype))
-        x = torch.cat([class_vectors.to(x.dtype).unsqueeze(1).expand(B, buffer, -1), x], dim=1)
-        x = self.z_proj_ln(x + self.encoder_pos_embed_learned)
+        x = self.encoder_input(tokens, class_vectors)
         keep = torch.cat([torch.ones(B, buffer, dtype=torch.bool, device=known.device), known], dim=1)
         mask = self.mask_token.to(x.dtype)
         if known_count is None:
+            assert trace is None, "a trace needs the known count (the dropped path)"
             x = torch.where(keep.unsqueeze(-1), self.encode(x, keep), mask)
         else:  # the kept slots in order: a stable sort puts them first
             kept = torch.sort((~keep).to(torch.uint8), dim=1, stable=True).indices[:, :buffer + known_count]
-            kept = kept.unsqueeze(-1)
-            encoded = self.encode(x.gather(1, kept.expand(-1, -1, x.shape[-1])), None)
-            x = mask.expand(B, buffer + L, -1).scatter(1, kept.expand(-1, -1, encoded.shape[-1]), encoded)
+            encoded = self.encode(gather_slots(x, kept), None, None if trace is None else trace.encoder)
+            x = mask.expand(B, buffer + L, -1).scatter(1, kept.unsqueeze(-1).expand(-1, -1, encoded.shape[-1]), encoded)
+            if trace is not None:
+                trace.kept = kept
         x = x + self.decoder_pos_embed_learned
+        if trace is not None:
+            trace.decoder_input = x
         for block in self.decoder_blocks:
-            x = block(x)
-        return self.decoder_norm(x)[:, buffer:] + self.diffusion_pos_embed_learned
+            x = block(x, trace=None if trace is None else trace.decoder)
+        return self.conditions_out(x)
 
-    def encode(self, x: torch.Tensor, keys) -> torch.Tensor:
+    def encoder_input(self, tokens: torch.Tensor, class_vectors: torch.Tensor) -> torch.Tensor:
+        """``[B, slots, dim]``: the buffer slots holding the class vectors, then every token, embedded."""
+        B = tokens.shape[0]
+        x = self.z_proj(tokens.to(self.z_proj.weight.dtype))
+        x = torch.cat([class_vectors.to(x.dtype).unsqueeze(1).expand(B, self.cfg.buffer, -1), x], dim=1)
+        return self.z_proj_ln(x + self.encoder_pos_embed_learned)
+
+    def encode(self, x: torch.Tensor, keys, trace: list | None = None) -> torch.Tensor:
         """The encoder blocks and the projection to the decoder's width."""
         for block in self.encoder_blocks:
-            x = block(x, keys)
+            x = block(x, keys, trace)
+        return self.encoded_out(x)
+
+    def encoded_out(self, x: torch.Tensor) -> torch.Tensor:
+        """The encoder's last hidden states projected to the decoder's width."""
         return self.decoder_embed(self.encoder_norm(x))
+
+    def conditions_out(self, x: torch.Tensor) -> torch.Tensor:
+        """The decoder's last hidden states ``[B, slots, D]`` -> condition vectors ``[B, L, D]``."""
+        return self.decoder_norm(x)[:, self.cfg.buffer:] + self.diffusion_pos_embed_learned
+
+
+def gather_slots(x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """``x`` [B, S, D] at ``slots`` [B, n]: ``[B, n, D]``."""
+    return x.gather(1, slots.unsqueeze(-1).expand(-1, -1, x.shape[-1]))

@@ -1,0 +1,169 @@
+"""LazyMAR-style feature reuse for MAR's sampler: the cache gives the plain vectors back where nothing moved, the
+fixed tokens reach it, the schedule and the work count say what runs, and on the demo MAR the samples keep
+their class."""
+import pytest
+import torch
+
+from fastar.errors import FastARError
+from fastar.model_loaders.mar.lazy import LazyFeatures, prune_block
+from fastar.model_loaders.mar.model import MAR, MARConfig, Trace
+from fastar.model_loaders.shared.protocol import ClassConditioning
+from fastar.samplers.feature_reuse import FeatureReuse
+from fastar.samplers.masked import MaskedSettings, Plan, masked_decode
+
+ROWS = ClassConditioning(torch.tensor([1, 3]))
+
+
+def deep_mar(seed=0, dtype=torch.float32, scale=0.2, encoder_depth=2):
+    """Deep enough that pruning happens inside the decoder (after block 1 of 6)."""
+    torch.manual_seed(seed)
+    cfg = MARConfig(dim=32, encoder_depth=encoder_depth, encoder_heads=2, decoder_dim=32, decoder_depth=6, decoder_heads=2,
+                    head_width=32, head_depth=2, token_dim=4, grid=(4, 4), buffer=2, num_classes=4)
+    model = MAR(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, scale)
+    model.to(dtype).diffloss.float()  # as the loader keeps it: the head in fp32
+    return model
+
+
+def context(model, known_count, seed=0):
+    """Tokens ``[2, L, C]`` of which the first ``known_count`` of a random order are known."""
+    gen = torch.Generator().manual_seed(seed)
+    L = model.cfg.num_tokens
+    order = torch.stack([torch.randperm(L, generator=gen) for _ in range(2)])
+    tokens = torch.randn(2, L, model.cfg.token_dim, generator=gen)
+    known = torch.zeros(2, L, dtype=torch.bool).scatter_(1, order[:, :known_count], True)
+    return tokens, known, order
+
+
+def plain(model, tokens, known, count):
+    cond, uncond = (model.class_vectors(ROWS, uncond=flag) for flag in (False, True))
+    return (model.conditions(tokens, known, cond, count), model.conditions(tokens, known, uncond, count))
+
+
+def at(z, positions):
+    return z[torch.arange(2)[:, None], positions]
+
+
+def test_prune_block_follows_the_reference_depths():
+    assert [prune_block(d) for d in (1, 3, 6, 12, 16, 20)] == [0, 1, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("keep", [16 + 2, 6])  # every slot, or the needed ones and a few
+def test_reuse_right_after_a_refresh_with_nothing_new_gives_the_plain_vectors(keep):
+    model = deep_mar()
+    tokens, known, order = context(model, 7)
+    cond, uncond = (model.class_vectors(ROWS, uncond=flag) for flag in (False, True))
+    lazy = LazyFeatures(model)
+    with torch.no_grad():
+        z_cond, z_uncond = lazy.refresh(tokens, known, cond, uncond, 7)
+        expected = plain(model, tokens, known, 7)
+        assert torch.allclose(z_cond, expected[0], atol=1e-5) and torch.allclose(z_uncond, expected[1], atol=1e-5)
+        needed = order[:, 7:10]
+        reused = lazy.reuse(tokens, cond, order[:, :0], needed, keep)
+    for got, want in zip(reused, expected):
+        assert torch.allclose(at(got, needed), at(want, needed), atol=1e-5)
+
+
+def test_the_tokens_fixed_since_the_refresh_reach_the_reused_vectors():
+    model = deep_mar()
+    tokens, known, order = context(model, 6)
+    cond, uncond = (model.class_vectors(ROWS, uncond=flag) for flag in (False, True))
+    fresh, needed = order[:, 6:9], order[:, 9:12]
+    now_known = known.clone().scatter_(1, fresh, True)
+    expected = plain(model, tokens, now_known, 9)
+    errors = []
+    with torch.no_grad():
+        for told in (fresh, fresh[:, :0]):  # the fixed tokens given to the cache, or not
+            lazy = LazyFeatures(model)
+            lazy.refresh(tokens, known, cond, uncond, 6)
+            z_cond, _ = lazy.reuse(tokens, cond, told, needed, 18)
+            errors.append((at(z_cond, needed) - at(expected[0], needed)).norm())
+    assert errors[0] < 0.6 * errors[1], errors  # stale features cost something, but far less than ignoring the news
+
+
+def test_the_fixed_tokens_are_encoded_as_plain_mar_would_with_one_encoder_block():
+    # one block: every known token's keys and values depend on its input alone, so the cache holds exactly what
+    # a plain call computes, and the buffer and the fresh tokens (the only ones a reusing step encodes) come
+    # out as plain MAR's; the older tokens' encodings are the stale ones (they never see the fresh tokens)
+    model = deep_mar(encoder_depth=1)
+    tokens, known, order = context(model, 6)
+    cond = model.class_vectors(ROWS, uncond=False)
+    fresh = order[:, 6:9]
+    trace = Trace()
+    with torch.no_grad():
+        model.conditions(tokens, known.clone().scatter_(1, fresh, True), cond, 9, trace)
+        lazy = LazyFeatures(model)
+        lazy.refresh(tokens, known, cond, None, 6)
+        lazy.reuse(tokens, cond, fresh, order[:, 9:11], 18)
+    slots = torch.cat([torch.arange(2).expand(2, -1), fresh + 2], dim=1)
+    assert torch.allclose(at(lazy.decoder_input, slots), at(trace.decoder_input, slots), atol=1e-5)
+    older = order[:, :6] + 2
+    assert not torch.allclose(at(lazy.decoder_input, older), at(trace.decoder_input, older), atol=1e-3)
+
+
+def test_pruned_slots_skip_the_later_blocks_but_the_needed_ones_never_do():
+    model = deep_mar()
+    tokens, known, order = context(model, 6)
+    cond, uncond = (model.class_vectors(ROWS, uncond=flag) for flag in (False, True))
+    fresh, needed = order[:, 6:8], order[:, 8:10]
+    results = []
+    with torch.no_grad():
+        for keep in (18, 4):
+            lazy = LazyFeatures(model)
+            lazy.refresh(tokens, known, cond, uncond, 6)
+            results.append(lazy.reuse(tokens, cond, fresh, needed, keep)[0])
+    everything, pruned = results
+    assert torch.isfinite(at(pruned, needed)).all() and at(pruned, needed).abs().sum() > 0
+    assert not torch.allclose(at(pruned, needed), at(everything, needed), atol=1e-6)  # the others' keys are stale
+    assert torch.allclose(at(pruned, needed), at(everything, needed), atol=0.5)
+
+
+def test_the_schedule_refreshes_as_told_and_keeps_what_is_needed():
+    reuse = FeatureReuse(start_percent=0.25, end_percent=0.75, refresh_every=3)
+    assert reuse.full_steps(8) == [True, True, True, False, False, True, True, True]
+    assert FeatureReuse(start_percent=0.0, refresh_every=2).full_steps(5) == [True, False, True, False, True]
+    assert FeatureReuse(token_reuse=0.75).keep(80, 10) == 10 + 18 and FeatureReuse(token_reuse=0.0).keep(80, 10) == 80
+    for bad in (dict(start_percent=0.5, end_percent=0.5), dict(end_percent=1.5), dict(refresh_every=1),
+                dict(token_reuse=1.0), dict(token_reuse=-0.1)):
+        with pytest.raises(FastARError):
+            FeatureReuse(**bad).validate()
+
+
+def decode(model, reuse, cfg_scale=2.0, seed=0):
+    settings = MaskedSettings(num_iter=8, cfg_scale=cfg_scale, diffusion_steps=4, reuse=reuse)
+    return masked_decode(model, ROWS, settings, generator=torch.Generator().manual_seed(seed))
+
+
+def test_without_a_reusing_step_the_sampler_is_plain_mar():
+    model = deep_mar()
+    plain_tokens, plain_stats = decode(model, None)
+    tokens, stats = decode(model, FeatureReuse(start_percent=0.99))  # every step before the start: full
+    assert torch.equal(tokens, plain_tokens) and plain_stats.transformer_work is None
+    assert stats.recomputed_share == [1.0] * 8 and stats.transformer_work == 1.0
+
+
+@pytest.mark.parametrize("cfg_scale", [1.0, 3.0])
+def test_reusing_steps_do_less_work_and_say_how_much(cfg_scale):
+    model = deep_mar()
+    plain_tokens, _ = decode(model, None, cfg_scale)
+    tokens, stats = decode(model, FeatureReuse(start_percent=0.25, refresh_every=3, token_reuse=0.8), cfg_scale)
+    full = FeatureReuse(start_percent=0.25, refresh_every=3).full_steps(8)
+    assert [share == 1.0 for share in stats.recomputed_share] == full
+    assert all(0 < share < (0.5 if cfg_scale > 1 else 1.0) for share, f in zip(stats.recomputed_share, full) if not f)
+    assert stats.transformer_work < 0.8
+    assert torch.isfinite(tokens).all() and not torch.equal(tokens, plain_tokens)
+    # the full steps before the first reused one are plain MAR's: the tokens they fixed agree
+    plan = Plan.draw(model, MaskedSettings(num_iter=8, diffusion_steps=4), 2, torch.Generator().manual_seed(0))
+    first = plan.order[:, plan.masked[3]:]
+    assert torch.allclose(at(tokens, first), at(plain_tokens, first), atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reuse_runs_in_half_precision(dtype):
+    model = deep_mar(dtype=dtype, scale=0.05)  # weights that plain MAR runs in fp16 without overflowing
+    tokens, stats = decode(model, FeatureReuse(start_percent=0.25, refresh_every=3))
+    reference, _ = decode(deep_mar(scale=0.05), FeatureReuse(start_percent=0.25, refresh_every=3))
+    assert torch.isfinite(tokens).all() and stats.transformer_work < 1.0
+    assert torch.allclose(tokens, reference, atol=0.05 * reference.abs().max())
