@@ -18,7 +18,8 @@ from .samplers.drafts import COUPLINGS, INIT_STRATEGIES
 from .samplers.masked import CFG_SCHEDULES
 from .samplers.next_scale import VAR_SAMPLING
 from .samplers.zipar import ATTENTIONS as ZIPAR_ATTENTIONS
-from .settings import CSPD_DEFAULTS, DD_DEFAULTS, MASKED_DEFAULTS, SAMPLING_DEFAULTS, SPEC_DEFAULTS, check_arguments
+from .settings import (CSPD_DEFAULTS, DD_DEFAULTS, MASKED_DEFAULTS, REUSE_DEFAULTS, SAMPLING_DEFAULTS, SPEC_DEFAULTS,
+                       check_arguments)
 from .commands.distill_dd import add_arguments as add_distill_args
 from .commands.train_drafter import add_arguments as add_drafter_training_args
 
@@ -79,6 +80,19 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     mar.add_argument("--cspd-path-factor", action="store_true",
                      help="cspd-relaxed: also multiply the ratio by the reference code's product of the intermediate "
                      "steps' std ratios (target over draft)")
+    mar.add_argument("--reuse", action="store_true",
+                     help="MAR (ar): LazyMAR-style feature reuse: between full steps, compute the conditional branch "
+                     "only, encode only the newly fixed tokens and recompute the later decoder blocks only for the "
+                     "tokens that changed most (relaxed: faster, not exactly plain MAR)")
+    mar.add_argument("--reuse-start", type=float, default=REUSE_DEFAULTS.start_percent,
+                     help="--reuse: the fraction of the steps computed in full first")
+    mar.add_argument("--reuse-end", type=float, default=REUSE_DEFAULTS.end_percent,
+                     help="--reuse: the fraction of the steps after which every step is computed in full again")
+    mar.add_argument("--refresh-every", type=int, default=REUSE_DEFAULTS.refresh_every,
+                     help="--reuse: one full step (refilling the cache) every this many steps")
+    mar.add_argument("--token-reuse", type=float, default=REUSE_DEFAULTS.token_reuse,
+                     help="--reuse: the share of the other tokens whose later decoder features a reusing step takes "
+                     "from the cache (0: recompute all; the steps' own tokens are always recomputed)")
     p.add_argument("--lantern-k", type=int, default=SPEC_DEFAULTS.lantern_k,
                    help="LANTERN k: latent neighbours considered per draft (capped at the codebook size)")
     p.add_argument("--lantern-delta", type=float, default=SPEC_DEFAULTS.lantern_delta,

@@ -6,6 +6,7 @@ from .errors import FastARError
 from .samplers.cspd import REFERENCE_TEMPERATURE, CSpDSettings
 from .samplers.decoders import DecoderSpec
 from .samplers.distilled import DDSettings
+from .samplers.feature_reuse import FeatureReuse
 from .samplers.masked import MaskedSettings
 from .samplers.processing import SamplingSettings
 
@@ -13,6 +14,7 @@ SPEC_DEFAULTS = DecoderSpec()
 SAMPLING_DEFAULTS = SamplingSettings()
 MASKED_DEFAULTS = MaskedSettings()
 CSPD_DEFAULTS = CSpDSettings()
+REUSE_DEFAULTS = FeatureReuse()
 DD_DEFAULTS = DDSettings()
 
 
@@ -30,7 +32,15 @@ def masked_settings_from(args) -> MaskedSettings:
         raise FastARError("--top-k and --top-p act on token probabilities; a MAR model samples continuous tokens: "
                           "leave them out (--temperature and --cfg apply)")
     return MaskedSettings(num_iter=args.num_iter, cfg_scale=cfg_of(args), cfg_schedule=args.cfg_schedule,
-                          temperature=args.temperature, diffusion_steps=args.diffusion_steps)
+                          temperature=args.temperature, diffusion_steps=args.diffusion_steps, reuse=reuse_from(args))
+
+
+def reuse_from(args) -> FeatureReuse | None:
+    """--reuse's settings (None without it)."""
+    if not args.reuse:
+        return None
+    return FeatureReuse(start_percent=args.reuse_start, end_percent=args.reuse_end, refresh_every=args.refresh_every,
+                        token_reuse=args.token_reuse).validate()
 
 
 def cspd_from(args, decoder: str = "cspd") -> CSpDSettings:
@@ -68,5 +78,6 @@ def check_arguments(args) -> None:
     spec_from(args, getattr(args, "decoder", None) or SPEC_DEFAULTS.decoder).validate()
     sampling_from(args)
     cspd_from(args, getattr(args, "decoder", None) or "cspd")
+    reuse_from(args)
     if getattr(args, "batch", 1) < 1:
         raise FastARError(f"--batch {args.batch}: generate at least 1 image")

@@ -78,6 +78,9 @@ def command_generate(args) -> int:
                          image_size=args.image_size, compile_switch=args.compile, gpu_weights=args.gpu_weights,
                          weights=args.weights)
     args.decoder = args.decoder or DEFAULT_DECODER[models.ar.kind]
+    if args.reuse and models.ar.kind != "masked-ar":
+        raise FastARError(f"--reuse reuses a MAR model's features between its steps; {args.model or 'the demo model'} "
+                          f"is {models.ar.what}: leave --reuse out")
     if not any(getattr(args, name, None) for name in OUTPUTS):  # said where when written
         args.out = str(DEFAULT_OUT / f"{Path(args.model or 'demo').stem}_{args.decoder}_seed{args.seed}.png")
     kept = kept_output(args, models)
@@ -87,7 +90,8 @@ def command_generate(args) -> int:
     classes = args.classes.split(",") if args.classes else [args.class_] if args.class_ else None
     conditioning = conditioning_for(models.ar, classes=classes, batch=args.batch, prompts=args.prompt,
                                     t5_folder=args.t5)
-    kind = "lossless" if LOSSLESS[args.decoder] else "relaxed: trades fidelity for speed"
+    lossless = LOSSLESS[args.decoder] and not getattr(args, "reuse", False)
+    kind = "lossless" if lossless else "relaxed: trades fidelity for speed"
     progress = ProgressLine(f"{args.decoder}, {kind}", enabled=not args.quiet, batch=conditioning.batch)
     token_maps = None
     if models.ar.kind == "masked-ar":
@@ -130,6 +134,10 @@ def generate_masked(args, models, conditioning, progress):
         line += (f" + {stats.drafter_forwards} draft calls ({stats.drafter_time_s:.2f} s), acceptance "
                  f"{stats.acceptance_rate or 0.0:.1%} of {stats.drafted_tokens} drafted tokens, "
                  f"{stats.resample_tries} residual proposals ({stats.resample_fallbacks} fell back)")
+    if stats.transformer_work is not None:
+        reused = sum(share < 1.0 for share in stats.recomputed_share)
+        line += (f", feature reuse: {reused} of {len(stats.recomputed_share)} steps reused the cache, "
+                 f"{stats.transformer_work:.0%} of plain MAR's transformer work")
     print(f"{line}, {stats.wall_time_s:.2f} s")
     return tokens, stats
 

@@ -12,6 +12,7 @@ from .sampler_nodes import (
     SamplerCSpD,
     SamplerDD,
     SamplerGSD,
+    SamplerLazyMAR,
     SamplerLantern,
     SamplerSJD,
     SamplerSpeculative,
@@ -19,7 +20,8 @@ from .sampler_nodes import (
 )
 
 NODES = [LoadARModel, LoadVQ, LoadDrafter, ClassLabel, TextConditioning, SamplerAR, SamplerSJD, SamplerGSD,
-         SamplerSpeculative, SamplerLantern, SamplerZipAR, SamplerCSpD, SamplerDD, VQDecode, AcceptanceMap, Stats]
+         SamplerSpeculative, SamplerLantern, SamplerZipAR, SamplerCSpD, SamplerLazyMAR, SamplerDD, VQDecode,
+         AcceptanceMap, Stats]
 
 
 class FastARExtension(ComfyExtension):

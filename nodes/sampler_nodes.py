@@ -32,6 +32,7 @@ from ..samplers.decoders import (
 )
 from ..samplers.distilled import DDSettings
 from ..samplers.drafts import COUPLINGS, INIT_STRATEGIES
+from ..samplers.feature_reuse import FeatureReuse
 from ..samplers.masked import CFG_SCHEDULES, MaskedSettings
 from ..samplers.processing import SamplingSettings
 from . import comfy_glue as glue
@@ -45,6 +46,7 @@ SPEC = DecoderSpec()
 SAMPLING = SamplingSettings()
 MASKED = MaskedSettings()
 CSPD = CSpDSettings()
+REUSE = FeatureReuse()
 DD = DDSettings()
 SEED_MAX = 0xFFFFFFFFFFFFFFFF
 
@@ -127,6 +129,7 @@ class SamplerBase(io.ComfyNode):
 
     DECODER = "ar"
     NODE_ID = DISPLAY = DESCRIPTION = ""
+    MAR_ONLY = False
 
     @classmethod
     def socket_inputs(cls) -> list:
@@ -233,6 +236,9 @@ class SamplerBase(io.ComfyNode):
             raise FastARError(f"the drafter {drafter.name} was loaded for another model than {model.name}: connect "
                               "the model that goes into this sampler to FastAR Load Drafter as well")
         check_decoder(cls.DECODER, ar, drafter.drafter if drafter is not None else None)
+        if cls.MAR_ONLY and ar.kind != MASKED_AR:
+            raise FastARError(f"{cls.DISPLAY} reuses the features of a MAR model between its steps; {model.name} is "
+                              f"{ar.what}: use it with a MAR model, or another FastAR sampler for this one")
         check_fits(ar, conditioning.rows)
         rows = repeat_rows(conditioning.rows, batch)
         settings = {"seed": seed, "cfg": cfg, "temperature": temperature, "conditioning": conditioning.label,
@@ -249,7 +255,8 @@ class SamplerBase(io.ComfyNode):
                 raise FastARError(f"top_k {top_k} / top_p {top_p}: {model.name} is a MAR model, which samples "
                                   "continuous tokens with a diffusion head; top-k and top-p filter token codes: set "
                                   "top_k to 0 and top_p to 1.0")
-            masked = MaskedSettings(cfg_scale=cfg, temperature=temperature, **masked_widgets(decoder_widgets))
+            masked = MaskedSettings(cfg_scale=cfg, temperature=temperature, reuse=cls.reuse(**decoder_widgets),
+                                    **masked_widgets(decoder_widgets))
             latents, stats = run_masked(cls, model, rows, seed, masked.validate(ar.cfg.num_tokens),
                                         cls.cspd_settings(**decoder_widgets), preview_vq, drafter)
             stats.settings = {**stats.settings, **settings}
@@ -283,6 +290,11 @@ class SamplerBase(io.ComfyNode):
 
     @classmethod
     def cspd_settings(cls, **decoder_widgets) -> CSpDSettings | None:
+        return None
+
+    @classmethod
+    def reuse(cls, **decoder_widgets) -> FeatureReuse | None:
+        """MAR's feature reuse (the LazyMAR sampler's widgets); None: every step in full."""
         return None
 
 
@@ -326,8 +338,8 @@ def run_masked(node, model: ModelHandle, rows, seed: int, settings: MaskedSettin
     named = [(model.name, model.patcher), *([(drafter.name, drafter.patcher)] if drafter is not None else []),
              *([(preview.name, preview.patcher)] if shown is not None else [])]
     contexts = cspd.gamma if cspd is not None and cspd.verify == "steps" else 1
-    glue.load_checked(named, lambda images: masked_working_memory(ar, images, settings.cfg_scale != 1.0, contexts),
-                      batch, ar.dtype)
+    glue.load_checked(named, lambda images: masked_working_memory(ar, images, settings.cfg_scale != 1.0, contexts,
+                                                                  settings.reuse is not None), batch, ar.dtype)
     view = (lambda tokens, done: glue.partial_latents_image(shown, ar.decoder_input(tokens[:1]))) if shown else None
     decoder = cspd.decoder if cspd is not None else node.DECODER
     progress = glue.DecodeProgress(node.hidden.unique_id, ar.cfg.num_tokens, decoder.upper(), view)
@@ -337,9 +349,11 @@ def run_masked(node, model: ModelHandle, rows, seed: int, settings: MaskedSettin
     return Latents(ar.decoder_input(tokens).float().cpu()), stats
 
 
-def masked_working_memory(ar, batch: int, use_cfg: bool, contexts: int) -> int:
-    """Bytes a MAR step needs beyond the weights (MAR keeps no cache): the encoder and decoder activations
-    and attention scores for every row and scored context, and the diffusion head's batch of tokens (fp32)."""
+def masked_working_memory(ar, batch: int, use_cfg: bool, contexts: int, reuse: bool = False) -> int:
+    """Bytes a MAR step needs beyond the weights (MAR keeps no cache, but feature reuse does): the encoder and
+    decoder activations and attention scores for every row and scored context, the diffusion head's batch of
+    tokens (fp32), and with ``reuse`` the conditional rows' keys and values of every block, the decoder's input and
+    the guidance gap."""
     cfg = ar.cfg
     rows = cache_rows(batch, use_cfg) * contexts
     slots = cfg.buffer + cfg.num_tokens
@@ -348,7 +362,9 @@ def masked_working_memory(ar, batch: int, use_cfg: bool, contexts: int) -> int:
     activations = rows * slots * width * (4 + 2 * cfg.mlp_ratio) * element * 2
     scores = rows * max(cfg.encoder_heads, cfg.decoder_heads) * slots * slots * 4
     head = rows * cfg.num_tokens * cfg.head_width * 8 * 4
-    return int(activations + scores + head)
+    kept = 2 * (cfg.encoder_depth * cfg.dim + cfg.decoder_depth * cfg.decoder_dim) + 2 * cfg.decoder_dim
+    cache = batch * slots * kept * element if reuse else 0
+    return int(activations + scores + head + cache)
 
 
 def check_fits(ar, rows) -> None:
@@ -619,6 +635,45 @@ class SamplerCSpD(SamplerBase):
                       path_factor=False, **masked) -> CSpDSettings:
         return CSpDSettings(gamma=gamma, prefill=prefill, verify=verify, ratio_temperature=ratio_temperature,
                             path_factor=path_factor).validate()
+
+
+class SamplerLazyMAR(SamplerBase):
+    NODE_ID = "FastARSamplerLazyMAR"
+    DISPLAY = "FastAR Sampler (LazyMAR, relaxed)"
+    DESCRIPTION = ("MAR's own sampler with LazyMAR-style feature reuse: between full steps, a step computes the "
+                   "class-guided branch only (the unguided one is taken as the guided one plus the gap measured at "
+                   "the last full step), encodes only the tokens fixed since the step before, and recomputes the "
+                   "later decoder blocks only for the tokens whose features moved most. Relaxed: trades fidelity "
+                   "for speed (stale features, not exactly plain MAR); the Stats node shows the share of the "
+                   "transformer's work done. MAR models only.")
+    MAR_ONLY = True
+
+    @classmethod
+    def sampling_inputs(cls) -> list:
+        return SamplerCSpD.sampling_inputs()
+
+    @classmethod
+    def decoder_inputs(cls) -> list:
+        return [
+            *masked_inputs(optional=False),
+            slider("start_percent", REUSE.start_percent, 0.0, 0.99, 0.01,
+                   "The share of the steps computed in full before reuse starts (the first steps shape the image)."),
+            slider("end_percent", REUSE.end_percent, 0.01, 1.0, 0.01,
+                   "Reuse stops after this share of the steps; the rest are computed in full (1.0: reuse to the "
+                   "end)."),
+            io.Int.Input("refresh_every", default=REUSE.refresh_every, min=2, max=64,
+                         tooltip="One full step, refilling the cache, every this many steps. Smaller is closer to "
+                                 "plain MAR and slower."),
+            slider("token_reuse", REUSE.token_reuse, 0.0, 0.99, 0.01,
+                   "The share of the other tokens whose later decoder features a reusing step takes from the cache "
+                   "(the step's own tokens are always recomputed). Higher is faster and less faithful."),
+        ]
+
+    @classmethod
+    def reuse(cls, start_percent=REUSE.start_percent, end_percent=REUSE.end_percent,
+              refresh_every=REUSE.refresh_every, token_reuse=REUSE.token_reuse, **masked) -> FeatureReuse:
+        return FeatureReuse(start_percent=start_percent, end_percent=end_percent, refresh_every=refresh_every,
+                            token_reuse=token_reuse).validate()
 
 
 class SamplerDD(io.ComfyNode):

@@ -254,7 +254,8 @@ def masked_decode(model, conditioning, settings: MaskedSettings, *, generator,
     settings.validate(L)
     plan = Plan.draw(model, settings, B, generator, schedule)
     guide = Guide(model, conditioning, settings)
-    stats = DecodeStats(decoder="ar", grid=tuple(model.grid), batch=B, settings={"model_kind": model.kind, **asdict(settings)})
+    name = "ar" if settings.reuse is None else "ar+reuse"  # reuse is relaxed: never shown as lossless
+    stats = DecodeStats(decoder=name, grid=tuple(model.grid), batch=B, settings={"model_kind": model.kind, **asdict(settings)})
     canvas = Canvas(model, B)
     counts, fresh = [], None
     for step in range(plan.num_steps):

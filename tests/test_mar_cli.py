@@ -69,6 +69,13 @@ def test_generate_ar_and_cspd_write_images_latents_and_stats(files, tmp_path):
                    "--cspd-verify", verify, "--stats-out", tmp_path / f"{verify}.json", cwd=tmp_path)
         assert r.returncode == 0, r.stderr
         assert "target calls" in r.stdout and "draft calls" in r.stdout and "acceptance" in r.stdout
+    r = fastar(*common, "--reuse", "--reuse-start", 0.25, "--refresh-every", 2, "--stats-out", tmp_path / "lazy.json",
+               cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "feature reuse: 1 of 4 steps reused the cache" in r.stdout, r.stdout
+    stats = json.loads((tmp_path / "lazy.json").read_text())
+    assert stats["decoder"] == "ar+reuse" and stats["recomputed_share"][:2] == [1.0, 1.0]
+    assert 0 < stats["transformer_work"] < 1 and stats["settings"]["reuse"]["refresh_every"] == 2
     r = fastar("decode", "--vae", files / "kl16.ckpt", "--latents-in", tmp_path / "ar.npy", "--out", tmp_path / "back.png",
                cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -84,6 +91,10 @@ def test_generate_ar_and_cspd_write_images_latents_and_stats(files, tmp_path):
     (("--vq", DEMO_VQ), "a MAR model writes continuous latents: its image decoder is a KL autoencoder"),
     (("--top-k", 5), "--top-k and --top-p act on token probabilities"),
     (("--decoder", "cspd", "--drafter", "DRAFT", "--cspd-verify", "merged", "--prefill", 1.5), "pre-fill 1.5"),
+    (("--decoder", "cspd", "--drafter", "DRAFT", "--reuse"), r"feature reuse \(LazyMAR-style\) runs in MAR's own sampler"),
+    (("--reuse", "--refresh-every", 1), "refresh every 1: use 2 or more"),
+    (("--reuse", "--reuse-start", 0.8, "--reuse-end", 0.5), "give 0 <= start percent < end percent <= 1"),
+    (("--reuse", "--model", DEMO_AR), "--reuse reuses a MAR model's features between its steps"),
 ])
 def test_refusals_say_what_to_do(files, tmp_path, extra, message):
     args = ["generate", "--model", files / "mar_target.pth", "--vae", files / "kl16.ckpt", "--quiet", *extra]
@@ -125,7 +136,10 @@ def test_bench_mar_compares_cspd_with_the_mar_sampler_at_several_step_counts(tmp
     report = json.loads((tmp_path / "bench" / "bench_mar.json").read_text())
     rows = report["results"]
     assert list(rows) == ["mar", "mar@64", "mar@32", "mar@16", "cspd-steps", "cspd-merged", "cspd-relaxed-steps",
-                          "cspd-relaxed-merged"]
+                          "cspd-relaxed-merged", "lazy", "lazy-reuse0.5", "lazy-reuse0.9", "lazy-refresh3",
+                          "lazy-refresh8", "lazy-start0.1"]
+    assert rows["mar"]["transformer_work"] == 1.0 and rows["mar"]["settings"]["reuse"] is None
+    assert rows["lazy"]["transformer_work"] < 1.0 and rows["lazy"]["settings"]["reuse"]["token_reuse"] == 0.75
     assert rows["mar"]["target_calls"] == 4 and rows["mar@32"]["target_calls"] == 32
     assert rows["mar"]["frechet_vs_mar"] < 1e-6 and rows["mar"]["latency_ratio"] == 1.0
     assert all(0 <= row["class_accuracy"] <= 1 and row["frechet"] > 0 for row in rows.values())

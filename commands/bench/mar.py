@@ -1,7 +1,9 @@
 """``python -m fastar bench --mar``: MAR's own sampler at several step counts against CSpD (both verify
-modes) on one MAR model, same classes and seeds (bench.md).
+modes, exact and relaxed) and LazyMAR-style feature reuse (a sweep of its knobs) on one MAR model, same classes
+and seeds (bench.md).
 
-Per row: target and draft calls per image, CSpD's acceptance rate and residual redraws, latency ratio
+Per row: target and draft calls per image, CSpD's acceptance rate and residual redraws, the share of plain MAR's
+transformer work done (feature reuse), latency ratio
 against plain MAR at ``--num-iter`` (batch 1 with CFG, interleaved runs, medians, image decode excluded),
 class accuracy and Frechet distances in the demo classifier's feature space (against real procedural
 images and against plain MAR at ``--num-iter``); one Pareto plot of quality against latency ratio.
@@ -23,6 +25,7 @@ from ...model_loaders.shared.demo import DEMO_KL, DEMO_MAR
 from ...pipeline import class_conditioning, load_models
 from ...samplers.cspd import REFERENCE_TEMPERATURE, CSpDSettings
 from ...samplers.decoders import decode_masked
+from ...samplers.feature_reuse import FeatureReuse
 from ...samplers.masked import MaskedSettings
 from .common import (CHUNK, frechet_against, latency_note, quality, quality_panels, real_features, require_matplotlib,
                     save_panels)
@@ -36,7 +39,7 @@ class Row:
 
 
 def rows_for(args, num_tokens: int) -> list[Row]:
-    base, cspd = masked_settings_from(args), cspd_from(args)
+    base, cspd = replace(masked_settings_from(args), reuse=None), cspd_from(args)
     rows = [Row("mar", "ar", base, cspd)]  # the baseline first: every ratio is against it
     steps = [int(k) for k in args.mar_steps.split(",") if k.strip()]
     rows += [Row(f"mar@{k}", "ar", replace(base, num_iter=k), cspd)
@@ -47,6 +50,29 @@ def rows_for(args, num_tokens: int) -> list[Row]:
     reference = replace(cspd, ratio_temperature=args.cspd_temperature or REFERENCE_TEMPERATURE, path_factor=True)
     rows += [Row(f"cspd-relaxed-{mode}", "cspd-relaxed", base, replace(reference, verify=mode))
              for mode in ("steps", "merged")]
+    return rows + reuse_rows(base, cspd, reuse_of(args), steps)
+
+
+def reuse_of(args) -> FeatureReuse:
+    """The reuse settings the lazy rows start from: --reuse-start and friends (their defaults without them)."""
+    return FeatureReuse(start_percent=args.reuse_start, end_percent=args.reuse_end, refresh_every=args.refresh_every,
+                        token_reuse=args.token_reuse).validate()
+
+
+def reuse_rows(base: MaskedSettings, cspd: CSpDSettings, reuse: FeatureReuse, steps: list[int]) -> list[Row]:
+    """LazyMAR-style reuse at the base steps (and a sweep of each knob around it, for the Pareto), and at the
+    most steps below the base (does reuse beat simply taking fewer steps?)."""
+    variants = {"lazy": reuse}
+    for share in (0.5, 0.9):
+        variants[f"lazy-reuse{share:g}"] = replace(reuse, token_reuse=share)
+    for every in (3, 8):
+        variants[f"lazy-refresh{every}"] = replace(reuse, refresh_every=every)
+    variants["lazy-start0.1"] = replace(reuse, start_percent=0.1)
+    rows = [Row(label, "ar", replace(base, reuse=variant), cspd) for label, variant in variants.items()
+            if label == "lazy" or variant != reuse]
+    fewer = sorted(k for k in steps if k < base.num_iter)
+    if len(fewer) > 1:  # against the plain row below it
+        rows.append(Row(f"lazy@{fewer[-1]}", "ar", replace(base, num_iter=fewer[-1], reuse=reuse), cspd))
     return rows
 
 
@@ -58,7 +84,7 @@ def run_row(models, labels: list[int], row: Row, seed: int):
 
 def sample_many(models, row: Row, labels: list[int], seed: int):
     """Tokens for every label (chunks of CHUNK rows, one seed per chunk) and the summed counters."""
-    tokens, totals = [], {"target": 0, "draft": 0, "drafted": 0, "accepted": 0, "tries": 0, "fallbacks": 0}
+    tokens, totals = [], {"target": 0, "draft": 0, "drafted": 0, "accepted": 0, "tries": 0, "fallbacks": 0, "work": []}
     for start in range(0, len(labels), CHUNK):
         out, stats = run_row(models, labels[start : start + CHUNK], row, seed + start)
         tokens.append(out.cpu())
@@ -68,6 +94,7 @@ def sample_many(models, row: Row, labels: list[int], seed: int):
         totals["accepted"] += stats.accepted_tokens
         totals["tries"] += stats.resample_tries
         totals["fallbacks"] += stats.resample_fallbacks
+        totals["work"].append(1.0 if stats.transformer_work is None else stats.transformer_work)
     return torch.cat(tokens), totals
 
 
@@ -117,6 +144,7 @@ def run_mar_bench(args) -> dict:
             "acceptance_rate": totals["accepted"] / totals["drafted"] if totals["drafted"] else None,
             "residual_tries_per_image": totals["tries"] / len(labels),
             "fallbacks_per_image": totals["fallbacks"] / len(labels),
+            "transformer_work": statistics.mean(totals["work"]),
             **quality(models, judge, tokens, labels, reference_feats)}
         r = results[row.label]
         print(f"[bench] {row.label}: {r['target_calls']:.1f} target + {r['draft_calls']:.1f} draft calls, class "
@@ -150,14 +178,15 @@ def markdown(report: dict) -> str:
         f"{base['diffusion_steps']} diffusion steps)",
         "",
         "| row | steps | target calls / image | draft calls / image | acceptance | residual redraws / image "
-        "| latency ratio | class accuracy | Frechet (real) | Frechet (vs mar) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| transformer work | latency ratio | class accuracy | Frechet (real) | Frechet (vs mar) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, r in report["results"].items():
         acceptance = "-" if r["acceptance_rate"] is None else f"{100 * r['acceptance_rate']:.1f}%"
         lines.append(
             f"| {label} | {r['settings']['num_iter']} | {r['target_calls']:.1f} | {r['draft_calls']:.1f} | "
-            f"{acceptance} | {r['residual_tries_per_image']:.1f} | {r['latency_ratio']:.2f}x | "
+            f"{acceptance} | {r['residual_tries_per_image']:.1f} | {100 * r['transformer_work']:.0f}% | "
+            f"{r['latency_ratio']:.2f}x | "
             f"{100 * r['class_accuracy']:.1f}% | {r['frechet']:.2f} | {r['frechet_vs_mar']:.2f} |")
     lines += ["", latency_note(report)]
     return "\n".join(lines) + "\n"
@@ -165,7 +194,8 @@ def markdown(report: dict) -> str:
 
 def plot_pareto(results: dict, path: Path) -> None:
     fig, axes = quality_panels()
-    plain = sorted((r for r in results.values() if r["decoder"] == "ar"), key=lambda r: r["latency_ratio"])
+    plain = sorted((r for r in results.values() if r["decoder"] == "ar" and r["settings"]["reuse"] is None),
+                   key=lambda r: r["latency_ratio"])
     for ax, metric, title in ((axes[0], "class_accuracy", "class accuracy"),
                               (axes[1], "frechet", "Frechet distance to real images (lower is better)")):
         ax.plot([r["latency_ratio"] for r in plain], [r[metric] for r in plain], "o-", color="k",
@@ -174,9 +204,10 @@ def plot_pareto(results: dict, path: Path) -> None:
             ax.annotate(str(r["settings"]["num_iter"]), (r["latency_ratio"], r[metric]), textcoords="offset points",
                         xytext=(3, 3), fontsize=7)
         for label, r in results.items():
-            if r["decoder"] != "ar":
-                ax.plot([r["latency_ratio"]], [r[metric]], "s", markersize=8, label=label)
+            if r not in plain:
+                marker = "^" if r["settings"]["reuse"] else "s"
+                ax.plot([r["latency_ratio"]], [r[metric]], marker, markersize=8, label=label)
         ax.set_xlabel("speed-up over plain MAR at the default steps (latency ratio)")
         ax.set_ylabel(title)
         ax.grid(alpha=0.3)
-    save_panels(fig, axes, "FastAR on MAR: fewer steps vs continuous speculative decoding", path)
+    save_panels(fig, axes, "FastAR on MAR: fewer steps vs speculative decoding (CSpD) and feature reuse", path)

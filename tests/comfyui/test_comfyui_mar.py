@@ -2,7 +2,8 @@
 MAR's own sampler and the CSpD sampler speculates with a draft MAR (both verify modes), with progress and
 live previews; Decode Image takes latents; Stats counts draft calls and acceptance; and every mix-up (a VQ
 for latents, a KL for codes, a token decoder on MAR, CSpD on a token model, an EAGLE drafter for a MAR,
-top-k on MAR, too many steps) is refused with FastAR's message."""
+top-k on MAR, too many steps) is refused with FastAR's message. The LazyMAR sampler reuses features and says how
+much of the transformer's work it did."""
 import time
 
 import numpy as np
@@ -168,3 +169,24 @@ def test_bad_cspd_widgets_are_rejected_before_the_run(comfy, object_info, field,
         if node["class_type"] == "FastARSamplerCSpD":
             node["inputs"][field] = value
     assert message in rejected(comfy, prompt)
+
+
+def test_lazymar_reuses_features_says_how_much_and_refuses_a_token_model(comfy, object_info):
+    entry = comfy.run(workflow_prompt("fastar_demo_mar_lazy", object_info))
+    succeeded(entry)
+    texts = sorted(out["text"][0] for out in entry["outputs"].values() if "text" in out)
+    assert [t.split(" ")[0] for t in texts] == ["AR", "AR+REUSE"] and "relaxed" in texts[1].split("\n")[0]
+    assert "feature reuse:" in texts[1] and "of plain MAR's transformer work done" in texts[1]
+    assert "speed-up vs AR (measured)" in texts[1]
+
+    prompt = without(workflow_prompt("fastar_demo_mar_lazy", object_info), "FastARSamplerAR")
+    node_of(prompt, "FastARLoadModel")["inputs"]["model_name"] = "demo_c2i.safetensors"
+    node_of(prompt, "FastARLoadVQ")["inputs"]["vq_name"] = "demo_vq.safetensors"
+    error = failed(comfy, prompt)
+    assert error["node_type"] == "FastARSamplerLazyMAR"
+    assert "reuses the features of a MAR model between its steps" in error["exception_message"]
+
+    prompt = without(workflow_prompt("fastar_demo_mar_lazy", object_info), "FastARSamplerAR")
+    node_of(prompt, "FastARSamplerLazyMAR")["inputs"].update(start_percent=0.9, end_percent=0.5)
+    error = failed(comfy, prompt)
+    assert "give 0 <= start percent < end percent <= 1" in error["exception_message"]

@@ -27,6 +27,9 @@ NODES = {
                            "row_window"],
     "FastARSamplerCSpD": ["model", "conditioning", "drafter", "seed", "cfg", "temperature", "batch", "gamma", "prefill",
                           "verify", "num_iter", "diffusion_steps", "cfg_schedule"],
+    "FastARSamplerLazyMAR": ["model", "conditioning", "seed", "cfg", "temperature", "batch", "num_iter",
+                             "diffusion_steps", "cfg_schedule", "start_percent", "end_percent", "refresh_every",
+                             "token_reuse"],
     "FastARSamplerDD": ["model", "conditioning", "vq", "seed", "batch", "steps", "t2", "split"],
     "FastARVQDecode": ["vq", "tokens"],
     "FastARAcceptanceMap": ["stats", "scale"],
@@ -40,6 +43,7 @@ OUTPUTS = {
     "FastARSamplerSpeculative": ["FASTAR_TOKENS", "FASTAR_STATS"], "FastARSamplerLANTERN": ["FASTAR_TOKENS", "FASTAR_STATS"],
     "FastARSamplerZipAR": ["FASTAR_TOKENS", "FASTAR_STATS"],
     "FastARSamplerCSpD": ["FASTAR_TOKENS", "FASTAR_STATS"], "FastARSamplerDD": ["FASTAR_TOKENS", "FASTAR_STATS"],
+    "FastARSamplerLazyMAR": ["FASTAR_TOKENS", "FASTAR_STATS"],
     "FastARVQDecode": ["IMAGE"], "FastARAcceptanceMap": ["IMAGE"], "FastARStats": ["STRING", "STRING"],
 }
 

@@ -440,6 +440,30 @@ def demo_mar_cspd(info) -> dict:
     return g.to_json()
 
 
+def lazymar_widgets(seed=3, cfg=3.0, temperature=1.0, batch=1, start_percent=0.2, end_percent=1.0, refresh_every=4,
+                    token_reuse=0.75, **mar):
+    return [seed, "fixed", cfg, temperature, batch, *mar_widgets(**mar), start_percent, end_percent, refresh_every,
+            token_reuse]
+
+
+def demo_mar_lazy(info) -> dict:
+    g = Graph(info)
+    ar, vae = loaders(g, DEMO_MAR, DEMO_KL)
+    label = fed_by_model(g, ar, "FastARClassLabel", below(vae), ["square (demo 1)", -1])
+    g.note(below(label),
+           "Plain MAR against LazyMAR-style feature reuse on the bundled demo MAR, same class and seed.\n\nBetween "
+           "full steps (one every refresh_every, after the first start_percent of the steps), a step computes the "
+           "class-guided branch only, encodes only the tokens fixed since the step before and recomputes the later "
+           "decoder blocks only for the tokens that changed most (token_reuse: the share taken from the cache). "
+           "Relaxed: the image differs from plain MAR's at the same seed, by design.\n\nThe Stats node takes the "
+           "MAR stats as baseline: measured speed-up and the share of the transformer's work done.",
+           width=320, height=380)
+    columns = [("FastARSamplerAR", "MAR (baseline)", sampler_widgets(seed=3, cfg=3.0) + mar_widgets(**DEMO_MAR_SETTINGS)),
+               ("FastARSamplerLazyMAR", "LazyMAR (relaxed)", lazymar_widgets(**DEMO_MAR_SETTINGS))]
+    drafter_columns(g, ar, vae, label, None, columns, decode_y=720)
+    return g.to_json()
+
+
 def mar_official(info) -> dict:
     g = Graph(info)
     ar, vae = loaders(g, MAR_HUGE, MAR_KL16)
@@ -619,6 +643,7 @@ WORKFLOWS = {
     "fastar_demo_lantern_compare": demo_lantern_compare,
     "fastar_llamagen_t2i_lantern": llamagen_t2i_lantern,
     "fastar_demo_mar_cspd": demo_mar_cspd,
+    "fastar_demo_mar_lazy": demo_mar_lazy,
     "fastar_mar_cspd": mar_official,
     "fastar_llamagen_dd": llamagen_dd,
     "fastar_demo_dd_compare": demo_dd_compare,
