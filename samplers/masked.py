@@ -149,13 +149,14 @@ def reverse_process(head, diffusion, z_cond, z_uncond, cfg_scale, temperature: f
     ``cfg_scale``: a float, or ``[N, 1]`` per token. In the head's precision (fp32) throughout."""
     dtype = head.input_proj.weight.dtype  # fp32 as loaded (fp64 in the exactness tests)
     x = start.to(dtype)
-    z_cond = z_cond.to(dtype)
-    z_uncond = None if z_uncond is None else z_uncond.to(dtype)
+    z = z_cond if z_uncond is None else torch.cat([z_cond, z_uncond])
+    condition = head.cond_embed(z.to(dtype))  # the same at every reverse step: embedded once
+    timesteps = torch.tensor([diffusion.model_timestep(i) for i in range(diffusion.num_steps)], device=x.device)
+    times = head.time_embed(timesteps)  # [S, width]: every step's timestep, in one call
     path_log_std = torch.zeros(x.shape[0], dtype=dtype, device=x.device)
     for index in reversed(range(diffusion.num_steps)):
         check_interrupt()  # Cancel need not wait for the rest of a MAR step's head calls (seconds at large batches)
-        t = torch.full((x.shape[0],), diffusion.model_timestep(index), device=x.device, dtype=torch.long)
-        eps, variance = head.guided(x, t, z_cond, z_uncond, cfg_scale)
+        eps, variance = head.guided(x, condition + times[index], cfg_scale)
         step = diffusion.reverse_step(x, index, eps, variance)
         if index == 0:
             return ReverseStep(step.mean, step.std * temperature, path_log_std)

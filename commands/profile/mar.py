@@ -100,8 +100,8 @@ def mar_batch(model: MAR, draft, timing: Timing, batch: int, bytes_per_s: float,
     head = model.head
     x = torch.randn(per_step, cfg.token_dim, device=model.device)
     z = torch.randn(per_step, cfg.decoder_dim, device=model.device)
-    t = torch.full((per_step,), 500, dtype=torch.long, device=model.device)
-    head_step_s = timing.median_s(lambda: head.guided(x, t, z, z, settings.cfg_scale))
+    y = head.cond_embed(torch.cat([z, z])) + head.time_embed(torch.tensor([500], device=model.device))
+    head_step_s = timing.median_s(lambda: head.guided(x, y, settings.cfg_scale))  # as a reverse step calls it
     entry = {"floor_ms": floor_ms, "forward_ms": forward_s * 1e3, "forward_over_floor": forward_s * 1e3 / floor_ms,
              "forward_gflop": transformer_gflop(model, rows, L // 2), "head_step_ms": head_step_s * 1e3,
              "head_ms": head_step_s * 1e3 * settings.diffusion_steps, "mar_steps": settings.num_iter}

@@ -176,19 +176,24 @@ class DiffusionHead(nn.Module):
         self.final_layer = FinalLayer(width, 2 * token_dim)
 
     def forward(self, x, t, z):
-        y = self.time_embed(t) + self.cond_embed(z)
+        return self.denoise(x, self.time_embed(t) + self.cond_embed(z))
+
+    def denoise(self, x, y):
+        """(eps, variance values) of x_t given each row's embedded timestep and condition ``y`` [N, width]."""
         h = self.input_proj(x)
         for block in self.res_blocks:
             h = block(h, y)
         out = self.final_layer(h, y)
         return out[:, : self.token_dim], out[:, self.token_dim:]
 
-    def guided(self, x, t, z_cond, z_uncond=None, cfg_scale: float = 1.0):
+    def guided(self, x, y, cfg_scale: float = 1.0):
         """eps with classifier-free guidance on eps (uncond + s * (cond - uncond)), and the conditional
-        branch's variance values; both branches see the same x_t, in one batched call."""
-        if z_uncond is None:
-            return self.forward(x, t, z_cond)
-        eps, variance = self.forward(torch.cat([x, x]), torch.cat([t, t]), torch.cat([z_cond, z_uncond]))
+        branch's variance values. ``y``: the embedded timestep and condition of the N rows of ``x``, or under
+        CFG of 2N rows (conditional, then unconditional): both branches see the same x_t, in one batched call.
+        A reverse process embeds its conditions once and its timesteps once (they repeat every step)."""
+        if y.shape[0] == x.shape[0]:
+            return self.denoise(x, y)
+        eps, variance = self.denoise(torch.cat([x, x]), y)
         cond, uncond = eps.chunk(2)
         return uncond + cfg_scale * (cond - uncond), variance[: x.shape[0]]
 
