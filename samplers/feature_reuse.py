@@ -3,7 +3,9 @@
 A generation's steps before ``start_percent`` of them and from ``end_percent`` on are full steps; between
 them, one step in ``refresh_every`` is a full step that refills the cache and the others reuse it: the
 conditional rows only, the encoder on the newly fixed tokens only, and the decoder's later blocks on the
-needed slots plus a ``1 - token_reuse`` share of the others (those whose features moved most). The names
+needed slots plus a ``1 - token_reuse`` share of the others (those whose features moved most). Inside the
+diffusion head (every MAR step), one reverse step in ``head_refresh_every`` is a full call; the others compute
+the conditional rows only, take each block's MLP output and the guidance gap from it. The names
 follow ComfyUI's own caching nodes (start and end percent); the reference's own schedule refreshes every 9th
 step after the first 5 of 64 and prunes up to 95% of the slots late in a generation.
 
@@ -24,6 +26,7 @@ class FeatureReuse:
     end_percent: float = 1.0
     refresh_every: int = 4
     token_reuse: float = 0.75
+    head_refresh_every: int = 7  # the diffusion head: a full call every N reverse steps (0: every call in full)
 
     def validate(self) -> "FeatureReuse":
         if not 0.0 <= self.start_percent < self.end_percent <= 1.0:
@@ -36,6 +39,9 @@ class FeatureReuse:
         if not 0.0 <= self.token_reuse < 1.0:
             raise FastARError(f"token reuse {self.token_reuse:g}: give the share of slots whose later decoder features "
                               "a reusing step keeps from the cache, in [0, 1) (0: recompute them all)")
+        if self.head_refresh_every == 1 or self.head_refresh_every < 0:
+            raise FastARError(f"head refresh every {self.head_refresh_every}: use 0 (the diffusion head computes every "
+                              "reverse step in full) or 2 or more (a full head call every N reverse steps; LazyMAR's 7)")
         return self
 
     def full_steps(self, num_steps: int) -> list[bool]:

@@ -24,6 +24,7 @@ from ..errors import FastARError, check_choice
 from ..interrupts import check_interrupt
 from ..model_loaders.mar.diffusion import ReverseStep
 from ..model_loaders.mar.lazy import LazyFeatures
+from ..model_loaders.mar.model import HeadCache
 from .feature_reuse import FeatureReuse
 from .stats import DecodeStats, Stopwatch
 from .verifier import ProgressFn, finish
@@ -142,11 +143,13 @@ class Plan:
 
 
 def reverse_process(head, diffusion, z_cond, z_uncond, cfg_scale, temperature: float,
-                    start: torch.Tensor, noise: torch.Tensor) -> ReverseStep:
+                    start: torch.Tensor, noise: torch.Tensor, head_refresh: int = 0) -> ReverseStep:
     """Run the reverse process from x_T ``start`` [N, C] along ``noise`` for conditions ``[N, D]`` and return
     the last step's Gaussian (its std scaled by the temperature, and the earlier steps' log std summed: relaxed
     CSpD's path factor). The official sampler takes its mean.
-    ``cfg_scale``: a float, or ``[N, 1]`` per token. In the head's precision (fp32) throughout."""
+    ``cfg_scale``: a float, or ``[N, 1]`` per token. In the head's precision (fp32) throughout.
+    ``head_refresh`` > 0: LazyMAR-style reuse, a full head call at the first reverse step and every
+    ``head_refresh``-th after it, reusing calls (``DiffusionHead.guided_reusing``) between them."""
     dtype = head.input_proj.weight.dtype  # fp32 as loaded (fp64 in the exactness tests)
     x = start.to(dtype)
     z = z_cond if z_uncond is None else torch.cat([z_cond, z_uncond])
@@ -154,9 +157,14 @@ def reverse_process(head, diffusion, z_cond, z_uncond, cfg_scale, temperature: f
     timesteps = torch.tensor([diffusion.model_timestep(i) for i in range(diffusion.num_steps)], device=x.device)
     times = head.time_embed(timesteps)  # [S, width]: every step's timestep, in one call
     path_log_std = torch.zeros(x.shape[0], dtype=dtype, device=x.device)
+    kept = HeadCache() if head_refresh else None
     for index in reversed(range(diffusion.num_steps)):
         check_interrupt()  # Cancel need not wait for the rest of a MAR step's head calls (seconds at large batches)
-        eps, variance = head.guided(x, condition + times[index], cfg_scale)
+        y = condition + times[index]
+        if kept is None or (diffusion.num_steps - 1 - index) % head_refresh == 0:
+            eps, variance = head.guided(x, y, cfg_scale, kept)
+        else:
+            eps, variance = head.guided_reusing(x, y[: x.shape[0]], cfg_scale, kept)
         step = diffusion.reverse_step(x, index, eps, variance)
         if index == 0:
             return ReverseStep(step.mean, step.std * temperature, path_log_std)
@@ -214,8 +222,9 @@ class Guide:
         """The last reverse step's Gaussian for ``positions`` [B, n] from conditions ``[B, L, D]``,
         flattened to ``[B * n, C]``."""
         start, noise = plan.trajectory(positions)
+        head_refresh = 0 if self.settings.reuse is None else self.settings.reuse.head_refresh_every
         return reverse_process(self.model.head, self.diffusion, at(z_cond, positions), at(z_uncond, positions),
-                               cfg_scale, self.settings.temperature, start, noise)
+                               cfg_scale, self.settings.temperature, start, noise, head_refresh)
 
 
 class Canvas:

@@ -5,7 +5,9 @@ import pytest
 import torch
 
 from fastar.errors import FastARError
+from fastar.model_loaders import load_ar_model
 from fastar.model_loaders.mar.lazy import LazyFeatures, prune_block
+from fastar.model_loaders.shared.demo import DEMO_MAR
 from fastar.model_loaders.mar.model import MAR, MARConfig, Trace
 from fastar.model_loaders.shared.protocol import ClassConditioning
 from fastar.samplers.feature_reuse import FeatureReuse
@@ -139,7 +141,7 @@ def decode(model, reuse, cfg_scale=2.0, seed=0):
 def test_without_a_reusing_step_the_sampler_is_plain_mar():
     model = deep_mar()
     plain_tokens, plain_stats = decode(model, None)
-    tokens, stats = decode(model, FeatureReuse(start_percent=0.99))  # every step before the start: full
+    tokens, stats = decode(model, FeatureReuse(start_percent=0.99, head_refresh_every=0))  # every step in full
     assert torch.equal(tokens, plain_tokens) and plain_stats.transformer_work is None
     assert stats.recomputed_share == [1.0] * 8 and stats.transformer_work == 1.0
 
@@ -148,7 +150,8 @@ def test_without_a_reusing_step_the_sampler_is_plain_mar():
 def test_reusing_steps_do_less_work_and_say_how_much(cfg_scale):
     model = deep_mar()
     plain_tokens, _ = decode(model, None, cfg_scale)
-    tokens, stats = decode(model, FeatureReuse(start_percent=0.25, refresh_every=3, token_reuse=0.8), cfg_scale)
+    tokens, stats = decode(model, FeatureReuse(start_percent=0.25, refresh_every=3, token_reuse=0.8, head_refresh_every=0),
+                           cfg_scale)
     full = FeatureReuse(start_percent=0.25, refresh_every=3).full_steps(8)
     assert [share == 1.0 for share in stats.recomputed_share] == full
     assert all(0 < share < (0.5 if cfg_scale > 1 else 1.0) for share, f in zip(stats.recomputed_share, full) if not f)
@@ -167,3 +170,33 @@ def test_reuse_runs_in_half_precision(dtype):
     reference, _ = decode(deep_mar(scale=0.05), FeatureReuse(start_percent=0.25, refresh_every=3))
     assert torch.isfinite(tokens).all() and stats.transformer_work < 1.0
     assert torch.allclose(tokens, reference, atol=0.05 * reference.abs().max())
+
+
+@pytest.mark.parametrize("cfg_scale", [1.0, 2.5])
+def test_a_reusing_head_call_at_the_full_calls_inputs_gives_its_eps(cfg_scale):
+    from fastar.model_loaders.mar.model import HeadCache
+
+    head = deep_mar().head
+    gen = torch.Generator().manual_seed(1)
+    x, z = torch.randn(3, 4, generator=gen), torch.randn(6 if cfg_scale > 1 else 3, 32, generator=gen)
+    y = head.cond_embed(z) + head.time_embed(torch.tensor([300]))
+    kept = HeadCache()
+    with torch.no_grad():
+        full = head.guided(x, y, cfg_scale, kept)
+        reused = head.guided_reusing(x, y[:3], cfg_scale, kept)
+        elsewhere = head.guided_reusing(x + 0.5, y[:3], cfg_scale, kept)
+        moved = head.guided(x + 0.5, y, cfg_scale)
+    assert len(kept.mlp) == 2 and (kept.guidance is None) == (cfg_scale == 1.0)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(full, reused))
+    assert not torch.allclose(elsewhere[0], moved[0], atol=1e-4)  # another x_t: the kept MLP outputs are stale
+
+
+def test_the_head_refreshes_as_told():
+    model = load_ar_model(DEMO_MAR)  # trained: its eps matter (a random head's vanish under x_t's blow-up)
+    runs = {every: decode(model, FeatureReuse(start_percent=0.99, head_refresh_every=every))[0] for every in (0, 2, 3)}
+    plain, _ = decode(model, None)
+    assert torch.equal(runs[0], plain)  # no head reuse and every MAR step in full: plain MAR
+    different = (runs[2] - plain).norm() / plain.norm()
+    assert 1e-3 < different < 0.5 and not torch.allclose(runs[2], runs[3], rtol=1e-3)
+    with pytest.raises(FastARError, match="head refresh every 1"):
+        FeatureReuse(head_refresh_every=1).validate()

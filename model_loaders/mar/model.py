@@ -146,9 +146,14 @@ class ResBlock(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(width, width), nn.SiLU(), nn.Linear(width, width))
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(width, 3 * width))
 
-    def forward(self, x, y):
+    def forward(self, x, y, reused=None, record: list | None = None):
+        """``reused``: this block's MLP output from an earlier call, in place of computing it (LazyMAR-style
+        reuse); ``record`` receives the one computed."""
         shift, scale, gate = self.adaLN_modulation(y).chunk(3, dim=-1)
-        return x + gate * self.mlp(modulate(self.in_ln(x), shift, scale))
+        h = reused if reused is not None else self.mlp(modulate(self.in_ln(x), shift, scale))
+        if record is not None:
+            record.append(h)
+        return x + gate * h
 
 
 class FinalLayer(nn.Module):
@@ -178,24 +183,51 @@ class DiffusionHead(nn.Module):
     def forward(self, x, t, z):
         return self.denoise(x, self.time_embed(t) + self.cond_embed(z))
 
-    def denoise(self, x, y):
-        """(eps, variance values) of x_t given each row's embedded timestep and condition ``y`` [N, width]."""
+    def denoise(self, x, y, reused: list | None = None, record: list | None = None):
+        """(eps, variance values) of x_t given each row's embedded timestep and condition ``y`` [N, width].
+        ``reused``/``record``: each block's MLP output taken from an earlier call, or recorded for a later one."""
         h = self.input_proj(x)
-        for block in self.res_blocks:
-            h = block(h, y)
+        for index, block in enumerate(self.res_blocks):
+            h = block(h, y, None if reused is None else reused[index], record)
         out = self.final_layer(h, y)
         return out[:, : self.token_dim], out[:, self.token_dim:]
 
-    def guided(self, x, y, cfg_scale: float = 1.0):
+    def guided(self, x, y, cfg_scale: float = 1.0, keep: "HeadCache | None" = None):
         """eps with classifier-free guidance on eps (uncond + s * (cond - uncond)), and the conditional
         branch's variance values. ``y``: the embedded timestep and condition of the N rows of ``x``, or under
         CFG of 2N rows (conditional, then unconditional): both branches see the same x_t, in one batched call.
-        A reverse process embeds its conditions once and its timesteps once (they repeat every step)."""
-        if y.shape[0] == x.shape[0]:
-            return self.denoise(x, y)
-        eps, variance = self.denoise(torch.cat([x, x]), y)
-        cond, uncond = eps.chunk(2)
-        return uncond + cfg_scale * (cond - uncond), variance[: x.shape[0]]
+        A reverse process embeds its conditions once and its timesteps once (they repeat every step).
+        ``keep``: receives what a later ``guided_reusing`` call takes instead of computing it."""
+        n = x.shape[0]
+        record = None if keep is None else []
+        if y.shape[0] == n:
+            eps, variance = self.denoise(x, y, record=record)
+            cond, gap = eps, None
+        else:
+            both, variance = self.denoise(torch.cat([x, x]), y, record=record)
+            cond, uncond = both.chunk(2)
+            gap = cond - uncond
+            eps, variance = uncond + cfg_scale * gap, variance[:n]
+        if keep is not None:
+            keep.mlp, keep.guidance = [h[:n] for h in record], gap
+        return eps, variance
+
+    def guided_reusing(self, x, y_cond, cfg_scale, kept: "HeadCache"):
+        """A cheaper, relaxed ``guided`` (LazyMAR's reuse inside the head): the conditional rows only, every
+        block's MLP output as ``kept`` from the last full call, and the guidance gap (cond - uncond eps) kept too."""
+        eps, variance = self.denoise(x, y_cond, reused=kept.mlp)
+        if kept.guidance is not None:
+            eps = eps + (cfg_scale - 1) * kept.guidance
+        return eps, variance
+
+
+@dataclass
+class HeadCache:
+    """What a full head call leaves for the reusing calls after it: each block's MLP output and the guidance
+    gap, for the conditional rows."""
+
+    mlp: list = field(default_factory=list)
+    guidance: torch.Tensor | None = None
 
 
 class DiffLoss(nn.Module):
