@@ -93,6 +93,10 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     mar.add_argument("--token-reuse", type=float, default=REUSE_DEFAULTS.token_reuse,
                      help="--reuse: the share of the other tokens whose later decoder features a reusing step takes "
                      "from the cache (0: recompute all; the steps' own tokens are always recomputed)")
+    mar.add_argument("--head-refresh-every", type=int, default=REUSE_DEFAULTS.head_refresh_every,
+                     help="--reuse: inside the diffusion head, one full call every this many reverse steps; the "
+                     "others compute the guided branch only and reuse the full call's MLP outputs (0: off; "
+                     "LazyMAR's 7)")
     p.add_argument("--lantern-k", type=int, default=SPEC_DEFAULTS.lantern_k,
                    help="LANTERN k: latent neighbours considered per draft (capped at the codebook size)")
     p.add_argument("--lantern-delta", type=float, default=SPEC_DEFAULTS.lantern_delta,

@@ -35,12 +35,12 @@ def masked_settings_from(args) -> MaskedSettings:
                           temperature=args.temperature, diffusion_steps=args.diffusion_steps, reuse=reuse_from(args))
 
 
-def reuse_from(args) -> FeatureReuse | None:
-    """--reuse's settings (None without it)."""
-    if not args.reuse:
+def reuse_from(args, always: bool = False) -> FeatureReuse | None:
+    """--reuse's settings (None without it, unless ``always``: the bench's lazy rows take them either way)."""
+    if not (args.reuse or always):
         return None
     return FeatureReuse(start_percent=args.reuse_start, end_percent=args.reuse_end, refresh_every=args.refresh_every,
-                        token_reuse=args.token_reuse).validate()
+                        token_reuse=args.token_reuse, head_refresh_every=args.head_refresh_every).validate()
 
 
 def cspd_from(args, decoder: str = "cspd") -> CSpDSettings:

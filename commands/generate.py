@@ -134,10 +134,8 @@ def generate_masked(args, models, conditioning, progress):
         line += (f" + {stats.drafter_forwards} draft calls ({stats.drafter_time_s:.2f} s), acceptance "
                  f"{stats.acceptance_rate or 0.0:.1%} of {stats.drafted_tokens} drafted tokens, "
                  f"{stats.resample_tries} residual proposals ({stats.resample_fallbacks} fell back)")
-    if stats.transformer_work is not None:
-        reused = sum(share < 1.0 for share in stats.recomputed_share)
-        line += (f", feature reuse: {reused} of {len(stats.recomputed_share)} steps reused the cache, "
-                 f"{stats.transformer_work:.0%} of plain MAR's transformer work")
+    if stats.reuse_note:
+        line += f", {stats.reuse_note}"
     print(f"{line}, {stats.wall_time_s:.2f} s")
     return tokens, stats
 

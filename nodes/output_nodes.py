@@ -152,10 +152,8 @@ def summary(stats: DecodeStats, baseline: DecodeStats | None = None) -> str:
         lines.insert(3, f"DD steps: {dd['steps']} (t2 {dd['t2']}, split {dd['split']})" if dd["regenerate"] is None else
                      f"DD steps: 2 + {dd['teacher_forwards']} teacher forwards (the teacher resampled tokens "
                      f"{dd['regenerate']}..{dd['t2'] - 1})")
-    if stats.transformer_work is not None:
-        reused = sum(share < 1.0 for share in stats.recomputed_share)
-        lines.append(f"feature reuse: {reused} of {len(stats.recomputed_share)} steps reused the cache; "
-                     f"{stats.transformer_work:.0%} of plain MAR's transformer work done")
+    if stats.reuse_note:
+        lines.append(stats.reuse_note)
     if stats.drafter_forwards:
         drafter = stats.settings.get("drafter_file") or stats.settings.get("drafter", "drafter")
         lines.append(f"drafter {drafter}: {stats.drafter_forwards} forwards, {stats.drafter_time_s:.2f} s"

@@ -643,7 +643,8 @@ class SamplerLazyMAR(SamplerBase):
     DESCRIPTION = ("MAR's own sampler with LazyMAR-style feature reuse: between full steps, a step computes the "
                    "class-guided branch only (the unguided one is taken as the guided one plus the gap measured at "
                    "the last full step), encodes only the tokens fixed since the step before, and recomputes the "
-                   "later decoder blocks only for the tokens whose features moved most. Relaxed: trades fidelity "
+                   "later decoder blocks only for the tokens whose features moved most; inside the diffusion head, "
+                   "most reverse steps reuse the last full call's MLP outputs and guidance gap. Relaxed: trades fidelity "
                    "for speed (stale features, not exactly plain MAR); the Stats node shows the share of the "
                    "transformer's work done. MAR models only.")
     MAR_ONLY = True
@@ -667,13 +668,18 @@ class SamplerLazyMAR(SamplerBase):
             slider("token_reuse", REUSE.token_reuse, 0.0, 0.99, 0.01,
                    "The share of the other tokens whose later decoder features a reusing step takes from the cache "
                    "(the step's own tokens are always recomputed). Higher is faster and less faithful."),
+            io.Int.Input("head_refresh_every", default=REUSE.head_refresh_every, min=0, max=1000,
+                         tooltip="Inside the diffusion head: one full call every this many reverse steps; the others "
+                                 "compute the guided branch only and reuse the full call's MLP outputs. 0: off (the "
+                                 "head exact); LazyMAR uses 7. On small models the head is most of the time."),
         ]
 
     @classmethod
     def reuse(cls, start_percent=REUSE.start_percent, end_percent=REUSE.end_percent,
-              refresh_every=REUSE.refresh_every, token_reuse=REUSE.token_reuse, **masked) -> FeatureReuse:
+              refresh_every=REUSE.refresh_every, token_reuse=REUSE.token_reuse,
+              head_refresh_every=REUSE.head_refresh_every, **masked) -> FeatureReuse:
         return FeatureReuse(start_percent=start_percent, end_percent=end_percent, refresh_every=refresh_every,
-                            token_reuse=token_reuse).validate()
+                            token_reuse=token_reuse, head_refresh_every=head_refresh_every).validate()
 
 
 class SamplerDD(io.ComfyNode):

@@ -67,6 +67,17 @@ class DecodeStats:
         """Accepted / verified drafted tokens; None when nothing was drafted token by token."""
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
 
+    @property
+    def reuse_note(self) -> str | None:
+        """What MAR's feature reuse did, in words (None without it)."""
+        if self.transformer_work is None:
+            return None
+        reused = sum(share < 1.0 for share in self.recomputed_share)
+        head = self.settings.get("reuse", {}).get("head_refresh_every")
+        return (f"feature reuse: {reused} of {len(self.recomputed_share)} steps reused the cache, "
+                f"{self.transformer_work:.0%} of plain MAR's transformer work done; "
+                + (f"the diffusion head in full every {head} reverse steps" if head else "the diffusion head exact"))
+
     def to_json(self) -> dict:
         return {
             "decoder": self.decoder,

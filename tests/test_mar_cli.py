@@ -93,6 +93,7 @@ def test_generate_ar_and_cspd_write_images_latents_and_stats(files, tmp_path):
     (("--decoder", "cspd", "--drafter", "DRAFT", "--cspd-verify", "merged", "--prefill", 1.5), "pre-fill 1.5"),
     (("--decoder", "cspd", "--drafter", "DRAFT", "--reuse"), r"feature reuse \(LazyMAR-style\) runs in MAR's own sampler"),
     (("--reuse", "--refresh-every", 1), "refresh every 1: use 2 or more"),
+    (("--reuse", "--head-refresh-every", 1), "head refresh every 1: use 0"),
     (("--reuse", "--reuse-start", 0.8, "--reuse-end", 0.5), "give 0 <= start percent < end percent <= 1"),
     (("--reuse", "--model", DEMO_AR), "--reuse reuses a MAR model's features between its steps"),
 ])
@@ -137,7 +138,7 @@ def test_bench_mar_compares_cspd_with_the_mar_sampler_at_several_step_counts(tmp
     rows = report["results"]
     assert list(rows) == ["mar", "mar@64", "mar@32", "mar@16", "cspd-steps", "cspd-merged", "cspd-relaxed-steps",
                           "cspd-relaxed-merged", "lazy", "lazy-reuse0.5", "lazy-reuse0.9", "lazy-refresh3",
-                          "lazy-refresh8", "lazy-start0.1"]
+                          "lazy-refresh8", "lazy-start0.1", "lazy-head0", "lazy-head3"]
     assert rows["mar"]["transformer_work"] == 1.0 and rows["mar"]["settings"]["reuse"] is None
     assert rows["lazy"]["transformer_work"] < 1.0 and rows["lazy"]["settings"]["reuse"]["token_reuse"] == 0.75
     assert rows["mar"]["target_calls"] == 4 and rows["mar@32"]["target_calls"] == 32

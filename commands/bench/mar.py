@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ...settings import cspd_from, masked_settings_from
+from ...settings import cspd_from, masked_settings_from, reuse_from
 from ...errors import FastARError
 from ...model_loaders.shared.demo import DEMO_KL, DEMO_MAR
 from ...pipeline import class_conditioning, load_models
@@ -55,8 +55,7 @@ def rows_for(args, num_tokens: int) -> list[Row]:
 
 def reuse_of(args) -> FeatureReuse:
     """The reuse settings the lazy rows start from: --reuse-start and friends (their defaults without them)."""
-    return FeatureReuse(start_percent=args.reuse_start, end_percent=args.reuse_end, refresh_every=args.refresh_every,
-                        token_reuse=args.token_reuse).validate()
+    return reuse_from(args, always=True)
 
 
 def reuse_rows(base: MaskedSettings, cspd: CSpDSettings, reuse: FeatureReuse, steps: list[int]) -> list[Row]:
@@ -68,6 +67,8 @@ def reuse_rows(base: MaskedSettings, cspd: CSpDSettings, reuse: FeatureReuse, st
     for every in (3, 8):
         variants[f"lazy-refresh{every}"] = replace(reuse, refresh_every=every)
     variants["lazy-start0.1"] = replace(reuse, start_percent=0.1)
+    for every in (0, 3):  # 0: the transformer's reuse alone
+        variants[f"lazy-head{every}"] = replace(reuse, head_refresh_every=every)
     rows = [Row(label, "ar", replace(base, reuse=variant), cspd) for label, variant in variants.items()
             if label == "lazy" or variant != reuse]
     fewer = sorted(k for k in steps if k < base.num_iter)

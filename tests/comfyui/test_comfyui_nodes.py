@@ -29,7 +29,7 @@ NODES = {
                           "verify", "num_iter", "diffusion_steps", "cfg_schedule"],
     "FastARSamplerLazyMAR": ["model", "conditioning", "seed", "cfg", "temperature", "batch", "num_iter",
                              "diffusion_steps", "cfg_schedule", "start_percent", "end_percent", "refresh_every",
-                             "token_reuse"],
+                             "token_reuse", "head_refresh_every"],
     "FastARSamplerDD": ["model", "conditioning", "vq", "seed", "batch", "steps", "t2", "split"],
     "FastARVQDecode": ["vq", "tokens"],
     "FastARAcceptanceMap": ["stats", "scale"],

@@ -441,9 +441,9 @@ def demo_mar_cspd(info) -> dict:
 
 
 def lazymar_widgets(seed=3, cfg=3.0, temperature=1.0, batch=1, start_percent=0.2, end_percent=1.0, refresh_every=4,
-                    token_reuse=0.75, **mar):
+                    token_reuse=0.75, head_refresh_every=7, **mar):
     return [seed, "fixed", cfg, temperature, batch, *mar_widgets(**mar), start_percent, end_percent, refresh_every,
-            token_reuse]
+            token_reuse, head_refresh_every]
 
 
 def demo_mar_lazy(info) -> dict:
@@ -454,7 +454,8 @@ def demo_mar_lazy(info) -> dict:
            "Plain MAR against LazyMAR-style feature reuse on the bundled demo MAR, same class and seed.\n\nBetween "
            "full steps (one every refresh_every, after the first start_percent of the steps), a step computes the "
            "class-guided branch only, encodes only the tokens fixed since the step before and recomputes the later "
-           "decoder blocks only for the tokens that changed most (token_reuse: the share taken from the cache). "
+           "decoder blocks only for the tokens that changed most (token_reuse: the share taken from the cache); the "
+           "diffusion head computes one reverse step in head_refresh_every in full and reuses it in between. "
            "Relaxed: the image differs from plain MAR's at the same seed, by design.\n\nThe Stats node takes the "
            "MAR stats as baseline: measured speed-up and the share of the transformer's work done.",
            width=320, height=380)
