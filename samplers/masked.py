@@ -154,8 +154,7 @@ def reverse_process(head, diffusion, z_cond, z_uncond, cfg_scale, temperature: f
     x = start.to(dtype)
     z = z_cond if z_uncond is None else torch.cat([z_cond, z_uncond])
     condition = head.cond_embed(z.to(dtype))  # the same at every reverse step: embedded once
-    timesteps = torch.tensor([diffusion.model_timestep(i) for i in range(diffusion.num_steps)], device=x.device)
-    times = head.time_embed(timesteps)  # [S, width]: every step's timestep, in one call
+    times = head.time_embed(diffusion.model_timesteps(x.device))  # [S, width]: every step's timestep, in one call
     path_log_std = torch.zeros(x.shape[0], dtype=dtype, device=x.device)
     kept = HeadCache() if head_refresh else None
     for index in reversed(range(diffusion.num_steps)):

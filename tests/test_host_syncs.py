@@ -11,9 +11,11 @@ from fastar.model_loaders.drafters.small_ar import SmallARDrafter
 from fastar.model_loaders.shared.protocol import ClassConditioning
 from fastar.samplers.cspd import CSpDSettings
 from fastar.samplers.decoders import DecoderSpec, decode, decode_masked, decode_next_scale
+from fastar.samplers.feature_reuse import FeatureReuse
 from fastar.samplers.masked import MaskedSettings
 from fastar.samplers.processing import SamplingSettings
 from host_syncs import HostSyncs
+from test_feature_reuse import deep_mar
 from test_mar import tiny_mar
 from tiny_llamagen import tiny_conditioning, tiny_model
 from tiny_var import tiny_var, tiny_vqvae
@@ -62,6 +64,14 @@ def test_mar_syncs_once_per_generation_and_cspd_once_per_drafted_step():
                                                       cspd=CSpDSettings(gamma=3))[1])
     assert stats.drafter_forwards > 3 and stats.accepted_tokens == stats.drafted_tokens
     assert syncs.total <= stats.drafter_forwards + PER_GENERATION, dict(syncs.calls)
+
+
+def test_mar_with_feature_reuse_syncs_once_per_generation():
+    settings = MaskedSettings(num_iter=8, cfg_scale=2.5, diffusion_steps=6,
+                              reuse=FeatureReuse(start_percent=0.25, refresh_every=3, head_refresh_every=2))
+    model = deep_mar()
+    syncs, stats = counted(lambda seed: decode_masked(model, ROWS, settings, seed=seed)[1])
+    assert stats.transformer_work < 1 and syncs.total <= PER_GENERATION, dict(syncs.calls)
 
 
 def test_var_syncs_per_generation_not_per_scale():

@@ -138,7 +138,7 @@ def test_bench_mar_compares_cspd_with_the_mar_sampler_at_several_step_counts(tmp
     rows = report["results"]
     assert list(rows) == ["mar", "mar@64", "mar@32", "mar@16", "cspd-steps", "cspd-merged", "cspd-relaxed-steps",
                           "cspd-relaxed-merged", "lazy", "lazy-reuse0.5", "lazy-reuse0.9", "lazy-refresh3",
-                          "lazy-refresh8", "lazy-start0.1", "lazy-head0", "lazy-head3"]
+                          "lazy-refresh8", "lazy-start0.1", "lazy-head0", "lazy-head3", "recap-like"]
     assert rows["mar"]["transformer_work"] == 1.0 and rows["mar"]["settings"]["reuse"] is None
     assert rows["lazy"]["transformer_work"] < 1.0 and rows["lazy"]["settings"]["reuse"]["token_reuse"] == 0.75
     assert rows["mar"]["target_calls"] == 4 and rows["mar@32"]["target_calls"] == 32

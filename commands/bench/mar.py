@@ -69,6 +69,11 @@ def reuse_rows(base: MaskedSettings, cspd: CSpDSettings, reuse: FeatureReuse, st
     variants["lazy-start0.1"] = replace(reuse, start_percent=0.1)
     for every in (0, 3):  # 0: the transformer's reuse alone
         variants[f"lazy-head{every}"] = replace(reuse, head_refresh_every=every)
+    # ReCAP's schedule (liebenxj/ReCAP) as the nearest point of this family: full steps for the first half, then
+    # every other step, the cheap steps recomputing little more than their own and the fresh tokens, the head
+    # exact. Not ReCAP itself: its cheap steps run both CFG branches (here the cached gap) from block 0, and use
+    # fewer reverse steps
+    variants["recap-like"] = FeatureReuse(start_percent=0.5, refresh_every=2, token_reuse=0.99, head_refresh_every=0)
     rows = [Row(label, "ar", replace(base, reuse=variant), cspd) for label, variant in variants.items()
             if label == "lazy" or variant != reuse]
     fewer = sorted(k for k in steps if k < base.num_iter)

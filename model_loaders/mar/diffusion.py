@@ -72,6 +72,15 @@ class SpacedDiffusion:
         self.table = {k: torch.tensor(v, dtype=torch.float32) for k, v in table.items()}
         self.numbers = {k: v.tolist() for k, v in self.table.items()}  # one step's constants, read without tensors
         self.num_steps = len(self.timestep_map)
+        self._on_device: dict[str, torch.Tensor] = {}
+
+    def model_timesteps(self, device) -> torch.Tensor:
+        """``[S]``: every reverse index's training timestep, on ``device`` (made once per device: made from
+        Python data, it would make a GPU wait at every MAR step)."""
+        key = str(device)
+        if key not in self._on_device:
+            self._on_device[key] = torch.tensor(self.timestep_map, device=device)
+        return self._on_device[key]
 
     def model_timestep(self, index: int) -> int:
         """The training timestep the head is called with at reverse index ``index``."""
