@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..errors import FastARError
 
@@ -44,11 +45,12 @@ class FeatureReuse:
                               "reverse step in full) or 2 or more (a full head call every N reverse steps; LazyMAR's 7)")
         return self
 
-    def full_steps(self, num_steps: int) -> list[bool]:
+    @lru_cache(maxsize=8)  # asked at every MAR step; the settings are frozen, so the answer is too
+    def full_steps(self, num_steps: int) -> tuple[bool, ...]:
         """Per step: a full step (True) or one that reuses the cache."""
         start, end = math.ceil(self.start_percent * num_steps), math.ceil(self.end_percent * num_steps)
-        return [step < max(start, 1) or step >= end or (step - start) % self.refresh_every == 0
-                for step in range(num_steps)]
+        return tuple(step < max(start, 1) or step >= end or (step - start) % self.refresh_every == 0
+                     for step in range(num_steps))
 
     def keep(self, slots: int, needed: int) -> int:
         """Slots a reusing step recomputes after the pruning block: the ``needed`` and a share of the rest."""
