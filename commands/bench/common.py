@@ -73,8 +73,10 @@ def save_panels(fig, axes, title: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    columns = min(len(labels), 6)  # wrapped: a long single row ran off both edges
+    rows = -(-len(labels) // columns)
+    fig.legend(handles, labels, loc="lower center", ncol=columns, fontsize=8, frameon=False)
     fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.tight_layout(rect=(0, 0.045 * rows + 0.015, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)

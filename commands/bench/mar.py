@@ -200,6 +200,8 @@ def markdown(report: dict) -> str:
 
 def plot_pareto(results: dict, path: Path) -> None:
     fig, axes = quality_panels()
+    import matplotlib.pyplot as plt
+
     plain = sorted((r for r in results.values() if r["decoder"] == "ar" and r["settings"]["reuse"] is None),
                    key=lambda r: r["latency_ratio"])
     for ax, metric, title in ((axes[0], "class_accuracy", "class accuracy"),
@@ -209,10 +211,11 @@ def plot_pareto(results: dict, path: Path) -> None:
         for r in plain:
             ax.annotate(str(r["settings"]["num_iter"]), (r["latency_ratio"], r[metric]), textcoords="offset points",
                         xytext=(3, 3), fontsize=7)
-        for label, r in results.items():
-            if r not in plain:
-                marker = "^" if r["settings"]["reuse"] else "s"
-                ax.plot([r["latency_ratio"]], [r[metric]], marker, markersize=8, label=label)
+        others = [(label, r) for label, r in results.items() if r not in plain]
+        colours = plt.get_cmap("tab20").colors  # one colour per row (tab10's cycle repeated them)
+        for (label, r), colour in zip(others, colours):
+            marker = "^" if r["settings"]["reuse"] else "s"
+            ax.plot([r["latency_ratio"]], [r[metric]], marker, markersize=8, label=label, color=colour)
         ax.set_xlabel("speed-up over plain MAR at the default steps (latency ratio)")
         ax.set_ylabel(title)
         ax.grid(alpha=0.3)
