@@ -86,11 +86,13 @@ def test_the_student_starts_as_the_teacher_shifted_by_one_slot():
 
 @pytest.mark.parametrize("pixels", [False, True])
 def test_the_loss_trains_both_heads_on_the_predicted_positions_only(pixels):
-    teacher, vq = tiny_model(vocab_size=512), demo_vq()
+    vq = demo_vq()
     book = vq.codebook()
+    teacher = tiny_model(vocab_size=len(book))
     student = distill_dd.student_from_teacher(teacher, book, split=6, t2=5).train()
     g = torch.Generator().manual_seed(8)
-    noise, tokens, labels = torch.randn(8, 16, 8, generator=g), torch.randint(0, 512, (8, 16), generator=g), torch.arange(8)
+    noise, labels = torch.randn(8, 16, 8, generator=g), torch.arange(8)
+    tokens = torch.randint(0, len(book), (8, 16), generator=g)
     t = torch.tensor([0, 5] * 4)
     opt = torch.optim.Adam(student.parameters(), lr=1e-2)
     losses = []
@@ -104,11 +106,12 @@ def test_the_loss_trains_both_heads_on_the_predicted_positions_only(pixels):
 
 
 def test_only_the_positions_from_t_on_carry_loss():
-    teacher, book = tiny_model(vocab_size=512), demo_vq().codebook()
+    book = demo_vq().codebook()
+    teacher = tiny_model(vocab_size=len(book))
     student = distill_dd.student_from_teacher(teacher, book, split=6, t2=5)
     g = torch.Generator().manual_seed(9)
-    noise, tokens = torch.randn(4, 16, 8, generator=g), torch.randint(0, 512, (4, 16), generator=g)
-    continuous, logits = torch.randn(4, 16, 8, generator=g), torch.randn(4, 16, 512, generator=g) * 5
+    noise, tokens = torch.randn(4, 16, 8, generator=g), torch.randint(0, len(book), (4, 16), generator=g)
+    continuous, logits = torch.randn(4, 16, 8, generator=g), torch.randn(4, 16, len(book), generator=g) * 5
     student.predict = lambda x, y, t: (continuous, logits)
     _, ce, distance = distill_dd.dd_loss(student, noise, tokens, torch.arange(4), torch.full((4,), 5), book)
     torch.testing.assert_close(ce, torch.nn.functional.cross_entropy(logits[:, 5:].flatten(0, 1), tokens[:, 5:].flatten()))
@@ -122,7 +125,8 @@ def demo_vq():
 
 
 def test_a_tiny_distillation_end_to_end(tmp_path):
-    teacher = tiny_model(vocab_size=512)
+    codes = len(demo_vq().codebook())
+    teacher = tiny_model(vocab_size=codes)
     save_fp16(teacher, teacher.cfg, tmp_path / "teacher.safetensors")
     args = ["--teacher", tmp_path / "teacher.safetensors", "--vq", DEMO_VQ, "--out", tmp_path / "student.safetensors",
             "--data", tmp_path / "pairs", "--classes", "1,2", "--per-class", "12", "--shard-size", "8", "--t2", "5",
@@ -141,7 +145,7 @@ def test_a_tiny_distillation_end_to_end(tmp_path):
     resumed = distill_dd.distill(parser.parse_args(list(map(str, args + ["--resume", tmp_path / "student.safetensors",
                                                                         "--steps", "5"]))))
     assert set(resumed) == {0, 5}
-    other = tiny_model(vocab_size=512, seed=9)
+    other = tiny_model(vocab_size=codes, seed=9)
     save_fp16(other, other.cfg, tmp_path / "other.safetensors")
     bad = args + ["--resume", tmp_path / "student.safetensors"]
     bad[1] = tmp_path / "other.safetensors"

@@ -25,8 +25,9 @@ def test_the_converted_vq_decodes_every_code_as_the_demo_vq(tmp_path):
     vq = load_image_decoder(DEMO_VQ)
     save_file(train_text_demo.convert_vq(vq), str(tmp_path / "vqgan.safetensors"))
     vqgan = load_image_decoder(tmp_path / "vqgan.safetensors")
-    assert isinstance(vqgan, VQGAN) and vqgan.cfg.codebook_size == 512 and vqgan.cfg.downsample == 8
-    codes = torch.arange(512).view(2, 16, 16)  # every code, at every kind of position
+    size = vq.cfg.codebook_size
+    assert isinstance(vqgan, VQGAN) and vqgan.cfg.codebook_size == size and vqgan.cfg.downsample == 8
+    codes = torch.arange(size).view(-1, 16, 16)  # every code, at every kind of position
     with torch.no_grad():
         assert torch.equal(vqgan.decode(codes), vq.decode(codes))
 
@@ -51,9 +52,10 @@ def test_sequences_put_every_code_where_the_model_reads_it(tmp_path):
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     model = load_ar_model(out)
-    assert model.what == "a Lumina-mGPT model" and model.grid == (16, 16) and model.vocab_size == 512
+    size = load_image_decoder(DEMO_VQ).cfg.codebook_size
+    assert model.what == "a Lumina-mGPT model" and model.grid == (16, 16) and model.vocab_size == size
     prompts = model.prompts.encode(PromptConditioning(["a red ring on a cyan background"])) + [[]]
-    codes = torch.randint(0, 512, (2, 256), generator=torch.Generator().manual_seed(0))
+    codes = torch.randint(0, size, (2, 256), generator=torch.Generator().manual_seed(0))
     ids, valid, at = train_text_demo.sequences(model, prompts, codes)
     assert torch.equal(ids[:, at], model.image_ids[codes])
     assert bool((ids[:, at[15] + 1] == model.cfg.row_end).all()) and bool((ids[:, -1] == model.cfg.eoi).all())
