@@ -51,9 +51,9 @@ class Family:
 
 FAMILIES = [
     Family("llamagen-c2i", ["--model", DEMO / "demo_c2i.safetensors", "--vq", DEMO / "demo_vq.safetensors"],
-           ["--classes", "0,1,2,3", "--cfg", "2"], ("ar", "sjd", "gsd", "spec", "lantern")),
+           ["--classes", "0,1,2,3", "--cfg", "2"], ("ar", "sjd", "gsd", "spec", "lantern", "zipar", "zipar-sjd")),
     Family("lumina-text", ["--model", DEMO / "demo_text", "--vq", DEMO / "demo_vqgan.safetensors"],
-           [*PROMPTS, "--cfg", "3"], ("ar", "sjd", "gsd")),
+           [*PROMPTS, "--cfg", "3"], ("ar", "sjd", "gsd", "zipar")),
     Family("var", ["--model", DEMO / "demo_var.safetensors", "--vq", DEMO / "demo_var_vqvae.safetensors"],
            ["--classes", "0,1,2,3", "--cfg", "2"], ("ar",), compiles=False),
     Family("var-dd", ["--model", DEMO / "demo_var_dd.safetensors", "--vq", DEMO / "demo_var_vqvae.safetensors"],
@@ -62,9 +62,10 @@ FAMILIES = [
            ["--classes", "0,1,2,3"], ("dd",), greedy=False, compiles=False),
     Family("mar", ["--model", DEMO / "demo_mar.safetensors", "--vae", DEMO / "demo_kl_vae.safetensors"],
            ["--classes", "0,1,2,3", "--cfg", "3", "--num-iter", "16", "--diffusion-steps", "25"],
-           ("ar", "cspd"), greedy=False, compiles=False),
+           ("ar", "cspd", "ar-reuse"), greedy=False, compiles=False),
 ]
 DRAFTERS = {"spec": DEMO / "demo_drafter", "lantern": DEMO / "demo_drafter", "cspd": DEMO / "demo_mar_draft.safetensors"}
+VARIANTS = {"ar-reuse": ["--decoder", "ar", "--reuse"]}  # a decoder with a switch (a step's name stays a plain file name)
 
 # conformance fixture -> the arguments naming its model (the runs' own arguments are in its expected.json)
 CONFORMANCE = {
@@ -153,7 +154,7 @@ def correctness_steps(out: Path, device: str) -> list[Step]:
         for dtype in ("fp32", "bf16", "fp16"):
             for decoder in fam.decoders:
                 steps.append(generate(f"{fam.name}-{decoder}-{dtype}", "half-precision", base,
-                                      ["--decoder", decoder, *drafter(decoder), "--seed", "1"], out, device=device,
+                                      [*decoder_args(decoder), "--seed", "1"], out, device=device,
                                       dtype=dtype, image=True, tokens=fam.greedy))
     for case, model_args in CONFORMANCE.items():
         expected = json.loads((FIXTURES / case / "expected.json").read_text())
@@ -167,6 +168,10 @@ def correctness_steps(out: Path, device: str) -> list[Step]:
 
 def drafter(decoder: str) -> list:
     return ["--drafter", DRAFTERS[decoder]] if decoder in DRAFTERS else []
+
+
+def decoder_args(decoder: str) -> list:
+    return VARIANTS.get(decoder) or ["--decoder", decoder, *drafter(decoder)]
 
 
 def probe_and_profile_steps(out: Path, device: str) -> list[Step]:

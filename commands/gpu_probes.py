@@ -3,6 +3,7 @@ output cannot show, measured inside one process on the GPU."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from ..model_loaders.shared.demo import DEMO_AR, DEMO_DRAFTER, DEMO_MAR
@@ -19,6 +20,7 @@ def probe_sync(device: str, out: Path, images: int = 4, mar_steps: int = 16) -> 
     from ..model_loaders.shared.protocol import ClassConditioning
     from ..samplers.cspd import CSpDSettings
     from ..samplers.decoders import DecoderSpec, decode, decode_masked
+    from ..samplers.feature_reuse import FeatureReuse
     from ..samplers.masked import MaskedSettings
     from ..samplers.processing import SamplingSettings
 
@@ -28,13 +30,15 @@ def probe_sync(device: str, out: Path, images: int = 4, mar_steps: int = 16) -> 
     cond = ClassConditioning(torch.arange(images, device=device))
     runs = {name: (lambda seed, name=name: decode(model, cond, SamplingSettings(), DecoderSpec(name), seed=seed,
                                                   **({"drafter": spec_drafter} if name == "spec" else {}))[1])
-            for name in ("ar", "sjd", "gsd", "spec")}
+            for name in ("ar", "sjd", "gsd", "spec", "zipar", "zipar-sjd")}
     mar = load_ar_model(str(DEMO_MAR), device=torch_device, dtype=torch.float32)
     mar_draft = load_drafter("demo", mar)
     masked = MaskedSettings(num_iter=mar_steps, cfg_scale=3.0, diffusion_steps=25)
     runs["mar-ar"] = lambda seed: decode_masked(mar, cond, masked, seed=seed)[1]
     runs["mar-cspd"] = lambda seed: decode_masked(mar, cond, masked, "cspd", seed=seed, drafter=mar_draft,
                                                   cspd=CSpDSettings())[1]
+    lazy = replace(masked, reuse=FeatureReuse())
+    runs["mar-reuse"] = lambda seed: decode_masked(mar, cond, lazy, seed=seed)[1]
     return {name: counted_syncs(run) for name, run in runs.items()}
 
 

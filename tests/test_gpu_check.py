@@ -54,6 +54,14 @@ def test_the_report_states_the_speed_goals():
     assert int8[-1] == "- profile-7b-int8, batch 2: int8 step 3.50 ms, 1.71x the bf16 step (meets 1.6x)", int8
 
 
+def test_the_accelerators_run_in_the_check_in_every_precision(tmp_path):
+    """ZipAR and LazyMAR are a decoder and a switch: the check runs them as it runs every decoder (issue 36)."""
+    names = "llamagen-c2i-zipar-sjd-bf16,lumina-text-zipar-fp16,mar-ar-reuse-bf16"
+    assert check_verdicts(tmp_path, names, 2) == dict.fromkeys(names.split(","), "ran")
+    stats = json.loads((tmp_path / "stats" / "mar-ar-reuse-bf16.json").read_text())
+    assert stats["decoder"] == "ar+reuse" and stats["transformer_work"] < 1
+
+
 def test_8_bit_steps_compile_to_the_eager_codes_in_the_check(tmp_path):
     verdicts = check_verdicts(tmp_path, "llamagen-c2i-ar-greedy-gpu-int8,llamagen-c2i-ar-greedy-gpu-int8-compiled", 1)
     assert verdicts == {"llamagen-c2i-ar-greedy-gpu-int8": "ran", "llamagen-c2i-ar-greedy-gpu-int8-compiled": "exact"}
@@ -77,10 +85,10 @@ def test_the_sync_probe_runs_every_decoder_and_counts_what_the_debug_mode_report
 
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", debug_mode)
     counts = gpu_probes.probe_sync("cpu", None, images=1, mar_steps=4)  # the GPU's run: 4 images, 16 MAR steps
-    assert set(counts) == {"ar", "sjd", "gsd", "spec", "mar-ar", "mar-cspd"}
+    assert set(counts) == {"ar", "sjd", "gsd", "spec", "zipar", "zipar-sjd", "mar-ar", "mar-cspd", "mar-reuse"}
     assert counts["ar"]["syncs"] == 1 and all(c["syncs"] == 0 for name, c in counts.items() if name != "ar")
     assert counts["mar-cspd"]["drafter_forwards"] > 0 and counts["spec"]["syncs_per_step"] == 0
-    assert modes == ["warn", "default"] * 6
+    assert modes == ["warn", "default"] * 9
 
 
 def test_the_8_bit_kernel_probe_runs_its_code_on_the_cpu():
