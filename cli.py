@@ -17,6 +17,7 @@ from .samplers.decoders import DECODERS
 from .samplers.drafts import COUPLINGS, INIT_STRATEGIES
 from .samplers.masked import CFG_SCHEDULES
 from .samplers.next_scale import VAR_SAMPLING
+from .samplers.speculative import DRAFTS
 from .samplers.zipar import ATTENTIONS as ZIPAR_ATTENTIONS
 from .settings import (CSPD_DEFAULTS, DD_DEFAULTS, MASKED_DEFAULTS, REUSE_DEFAULTS, SAMPLING_DEFAULTS, SPEC_DEFAULTS,
                        check_arguments)
@@ -62,6 +63,10 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                    "much faster but at a large quality loss: use a drafter)")
     p.add_argument("--gamma", type=int, help=f"drafter: drafts per target forward (default {SPEC_DEFAULTS.gamma}; "
                    f"CSpD: draft MAR steps per target call, default {CSPD_DEFAULTS.gamma})")
+    p.add_argument("--drafts", choices=DRAFTS, default=SPEC_DEFAULTS.drafts,
+                   help="drafter: sampled (each draft drawn from the drafter's distribution) or top (its most likely "
+                   "code, as EAGLE-2 and LANTERN's reference code draft; accepted with the target's probability of "
+                   "it alone, so far less often on ambiguous image models: the setting of the LANTERN paper's figures)")
     mar = p.add_argument_group("MAR models (ar and cspd)")
     mar.add_argument("--num-iter", type=int, default=MASKED_DEFAULTS.num_iter,
                      help="MAR steps: tokens are fixed in this many parallel steps (1 to the token count)")
@@ -201,9 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "demo model; --cfg, --top-k ... are the teacher's: give the student's pair settings, cfg default 2.0)")
     bench.add_argument("--mar-steps", default="256,64,32,16", help="with --mar: the step counts of the plain MAR rows "
                        "beside --num-iter (counts above the model's token count are skipped)")
-    bench.add_argument("--decoders", default="ar,sjd,gsd,spec,lantern,lantern-jacobi,zipar,zipar-sjd",
+    bench.add_argument("--decoders", default="ar,sjd,gsd,spec,spec-top,lantern,lantern-top,lantern-jacobi,zipar,zipar-sjd",
                        help=f"comma-separated, from {', '.join(DECODERS)}; NAME-jacobi drafts Jacobi windows, "
-                       "NAME-drafter chains from the drafter (spec and lantern use the drafter by default)")
+                       "NAME-drafter chains from the drafter (spec and lantern use the drafter by default), NAME-top "
+                       "chains the drafter's most likely codes (--drafts top)")
     bench.add_argument("--samples", type=int, default=64, help="images per decoder for the quality metrics")
     bench.add_argument("--timing-runs", type=int, default=5, help="batch-1 runs per decoder for latency (interleaved)")
     bench.add_argument("--seed", type=int, default=0, help="first seed of the samples")

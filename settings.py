@@ -24,7 +24,7 @@ def spec_from(args, decoder: str) -> DecoderSpec:
                        distance_threshold=args.distance_threshold,
                        gamma=SPEC_DEFAULTS.gamma if args.gamma is None else args.gamma,
                        lantern_k=args.lantern_k, lantern_delta=args.lantern_delta, flow_steps=args.flow_steps,
-                       zipar_lead=args.zipar_lead, zipar_attention=args.zipar_attention)
+                       zipar_lead=args.zipar_lead, zipar_attention=args.zipar_attention, drafts=args.drafts)
 
 
 def masked_settings_from(args) -> MaskedSettings:

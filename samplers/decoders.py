@@ -25,7 +25,7 @@ from .distilled import DDSettings, Hybrid, dd_decode
 from .flow_map import FlowMapSettings, NoiseToCode, token_noise
 from .masked import MaskedSettings, masked_decode
 from .next_scale import next_scale_decode
-from .speculative import speculative_decode
+from .speculative import DRAFTS, speculative_decode
 from .stats import Stopwatch
 from .verifier import ProgressFn
 from .zipar import ATTENTIONS as ZIPAR_ATTENTIONS, zipar_decode
@@ -101,6 +101,7 @@ class DecoderSpec:
     prob_filter: str = "absolute"  # GSD: how the gap is measured: "absolute" (the paper's) or "relative"
     distance_threshold: float = 0.5  # GSD: keep members among the nearest this fraction of codes
     gamma: int = 4  # drafter: drafts per target forward
+    drafts: str = "sampled"  # drafter: "sampled" from its q, or its "top" code (EAGLE-2's and LANTERN's reference's)
     lantern_k: int = 1000  # LANTERN: latent neighbours considered per draft (capped at the codebook size)
     lantern_delta: float = 0.1  # LANTERN: total-variation budget per token (0 = exact)
     flow_steps: int = FlowMapSettings.steps  # fm: solver steps of the flow-matching map
@@ -127,6 +128,7 @@ class DecoderSpec:
             raise FastARError(f"LANTERN delta {self.lantern_delta} is out of range: use 0..1 (0 = exact "
                               "speculative decoding)")
         check_choice("ZipAR attention", self.zipar_attention, ZIPAR_ATTENTIONS)
+        check_choice("drafts", self.drafts, DRAFTS)
         if self.zipar_lead < 1:
             raise FastARError(f"ZipAR lead {self.zipar_lead} is too small: a row starts once the row above has at "
                               "least 1 token (the grid's width or more: plain AR)")
@@ -204,7 +206,8 @@ def run_decoder(model, conditioning, sampling, spec, generator, on_iteration, dr
                             attention=spec.zipar_attention, name=spec.decoder, on_iteration=on_iteration, watch=watch)
     if drafter is not None:
         return speculative_decode(model, drafter, conditioning, sampling, generator=generator, gamma=spec.gamma,
-                                  rule=rule, name=spec.decoder, on_iteration=on_iteration, watch=watch)
+                                  drafts=spec.drafts, rule=rule, name=spec.decoder, on_iteration=on_iteration,
+                                  watch=watch)
     return jacobi_decode(
         model, conditioning, sampling, generator=generator, window=spec.window, init=spec.init,
         coupling=spec.coupling, rule=rule, name=spec.decoder, on_iteration=on_iteration, watch=watch,

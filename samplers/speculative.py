@@ -5,6 +5,11 @@ Per iteration and per row (rows advance independently):
   distribution q -> one target forward over [last fixed token, drafts] -> the shared verifier
   (exact rule = lossless speculative sampling; LANTERN = relaxed) fixes the accepted run plus one token.
 Drafts go through the same processing pipeline as the target, so acceptance ratios compare like with like.
+
+``drafts="top"`` drafts the drafter's most likely code instead, as EAGLE-2 and LANTERN's reference code do: a
+deterministic proposal, recorded as a one-hot q, so the exact rule accepts it with probability p(x) (still
+lossless) and LANTERN with p(x) + p(A). Under token selection ambiguity that is far below sampled drafts'
+1 - TV(p, q): it is the setting the LANTERN paper's acceptance figures are measured in.
 """
 from __future__ import annotations
 
@@ -17,6 +22,8 @@ from .processing import SamplingSettings, probabilities, sample
 from .stats import Stopwatch
 from .verifier import ProgressFn, TokenBuffer, begin, finish, progress, verify_window
 
+DRAFTS = ("sampled", "top")  # how a drafter proposes: a draw from its q, or its most likely code
+
 
 @torch.no_grad()
 def speculative_decode(
@@ -27,6 +34,7 @@ def speculative_decode(
     *,
     generator,
     gamma: int = 4,
+    drafts: str = "sampled",
     rule=None,
     name: str = "spec",
     on_iteration: Optional[ProgressFn] = None,
@@ -39,6 +47,8 @@ def speculative_decode(
     L = min(gamma, N - 1)
     watch = watch or Stopwatch(dev)
     settings = {"gamma": gamma, "drafter": drafter.name, "rule": rule.name}
+    if drafts != "sampled":
+        settings["drafts"] = drafts
     session, p0, stats = begin(model, conditioning, sampling, L + 1, name, settings, hidden=drafter.needs_target_hidden)
     draft_session = drafter.start(conditioning, cfg=sampling.use_cfg, max_window=L + 1, target_session=session)
 
@@ -50,7 +60,8 @@ def speculative_decode(
     iteration = 0
     while True:
         iteration += 1
-        x, q = draft_chain(draft_session, buffer.seq, n, last_out, last_start, L, sampling, generator)
+        x, q = draft_chain(draft_session, buffer.seq, n, last_out, last_start, L, sampling, generator,
+                           top=drafts == "top")
         stats.drafter_forwards += L
         watch.lap("draft")
 
@@ -71,13 +82,18 @@ def speculative_decode(
     return buffer.tokens().clone(), stats
 
 
-def draft_chain(draft_session, seq, n, last_out, last_start, length: int, sampling, generator):
-    """``length`` drafts per row from position n on, each with the distribution it was drawn from."""
+def draft_chain(draft_session, seq, n, last_out, last_start, length: int, sampling, generator, top: bool = False):
+    """``length`` drafts per row from position n on, each with the distribution it was drawn from (``top``: the
+    drafter's most likely code, drawn with certainty)."""
     out = draft_session.catch_up(seq, n, last_out, last_start)
     tokens, dists = [], []
     for i in range(length):
         q = probabilities(out, sampling)[:, 0]
-        x = sample(q, generator)
+        if top:
+            x = q.argmax(-1)
+            q = torch.nn.functional.one_hot(x, q.shape[-1]).to(q.dtype)
+        else:
+            x = sample(q, generator)
         tokens.append(x)
         dists.append(q)
         if i + 1 < length:

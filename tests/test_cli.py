@@ -201,12 +201,13 @@ def test_bad_drafter_settings_give_a_clear_error(tmp_path, args, message):
 @needs_demo
 def test_bench_smoke_writes_json_and_markdown(tmp_path):
     """A smoke run: fewest samples, no sweeps (the statistics live in the exactness tests), 8-bit weights."""
-    r = fastar("bench", "--decoders", "ar,sjd,spec,lantern-jacobi,zipar-sjd", "--samples", 2, "--timing-runs", 1,
+    r = fastar("bench", "--decoders", "ar,sjd,spec,spec-top,lantern-jacobi,zipar-sjd", "--samples", 2, "--timing-runs", 1,
                "--no-pareto", "--toy-rows", 500, "--threads", 1, "--weights", "int8", "--out", tmp_path / "b",
                cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "b" / "bench.json").read_text())
-    assert set(report["results"]) == {"ar", "sjd", "spec", "lantern-jacobi", "zipar-sjd"} and "pareto" not in report
+    assert set(report["results"]) == {"ar", "sjd", "spec", "spec-top", "lantern-jacobi", "zipar-sjd"} and "pareto" not in report
+    assert (report["results"]["spec"]["spec"]["drafts"], report["results"]["spec-top"]["spec"]["drafts"]) == ("sampled", "top")
     assert report["machine"].endswith(", 1 threads")  # --threads reaches PyTorch
     for result in report["results"].values():
         for key in ("step_compression", "latency_ratio", "class_accuracy", "frechet", "drafter_time_share"):

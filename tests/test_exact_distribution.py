@@ -123,8 +123,9 @@ def test_fresh_drafts_recorded_with_the_wrong_distribution_are_detected(monkeypa
 @pytest.mark.parametrize("spec", [
     DecoderSpec("ar"), DecoderSpec("sjd", window=3, init="sample-left", coupling="maximal"),
     DecoderSpec("gsd", window=4, group=1, init="sample-above"), DecoderSpec("spec", gamma=2),
-    DecoderSpec("lantern", gamma=3, lantern_k=3, lantern_delta=0.0),
-], ids=lambda s: s.decoder)
+    DecoderSpec("spec", gamma=2, drafts="top"), DecoderSpec("lantern", gamma=3, lantern_k=3, lantern_delta=0.0),
+    DecoderSpec("lantern", gamma=2, lantern_k=3, lantern_delta=0.0, drafts="top"),
+], ids=lambda s: s.decoder + ("-top" if s.drafts == "top" else ""))
 def test_lossless_decoders_are_exact_at_other_temperatures_and_with_top_p(name, spec):
     settings = PROCESSING[name]
     tokens, _ = decode(MODEL, conditioning(), settings, spec, seed=13, drafter=DRAFTER if spec.decoder in
@@ -132,7 +133,7 @@ def test_lossless_decoders_are_exact_at_other_temperatures_and_with_top_p(name, 
     assert chi_square_p_value(tokens, exact_for(settings)) > ALPHA
 
 
-def untempered_draft_chain(draft_session, seq, n, last_out, last_start, length, sampling, generator):
+def untempered_draft_chain(draft_session, seq, n, last_out, last_start, length, sampling, generator, top=False):
     """Broken: drafts sampled from the tempered q but recorded with the drafter's untempered distribution."""
     x, q = [], []
     out = draft_session.catch_up(seq, n, last_out, last_start)
@@ -142,6 +143,33 @@ def untempered_draft_chain(draft_session, seq, n, last_out, last_start, length, 
         if i + 1 < length:
             out = draft_session.step(x[-1].unsqueeze(1), n + i)
     return torch.stack(x, 1), torch.stack(q, 1)
+
+
+def top_drafts_recorded_as_drawn(draft_session, seq, n, last_out, last_start, length, sampling, generator, top):
+    """Broken: the drafter's most likely codes drafted, but recorded with the distribution q they were taken from."""
+    x, q = [], []
+    out = draft_session.catch_up(seq, n, last_out, last_start)
+    for i in range(length):
+        q.append(probabilities(out, sampling)[:, 0])
+        x.append(q[-1].argmax(-1))
+        if i + 1 < length:
+            out = draft_session.step(x[-1].unsqueeze(1), n + i)
+    return torch.stack(x, 1), torch.stack(q, 1)
+
+
+@pytest.mark.parametrize("settings", [PLAIN, GUIDED], ids=["no-cfg-no-topk", "cfg-topk"])
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_top_drafts_are_exact(settings, gamma):
+    tokens, stats = decode(MODEL, conditioning(), settings, DecoderSpec("spec", gamma=gamma, drafts="top"), seed=15,
+                           drafter=DRAFTER)
+    assert chi_square_p_value(tokens, exact_for(settings)) > ALPHA and stats.settings["drafts"] == "top"
+
+
+def test_top_drafts_recorded_with_the_drafters_distribution_are_detected(monkeypatch):
+    monkeypatch.setattr(speculative, "draft_chain", top_drafts_recorded_as_drawn)
+    tokens, _ = decode(MODEL, conditioning(), GUIDED, DecoderSpec("spec", gamma=2, drafts="top"), seed=15,
+                       drafter=DRAFTER)
+    assert chi_square_p_value(tokens, exact_for(GUIDED)) < ALPHA
 
 
 def test_tempered_drafts_recorded_untempered_are_detected(monkeypatch):

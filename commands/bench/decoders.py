@@ -46,8 +46,8 @@ TOY_DELTAS = (0.0, 0.05, 0.1, 0.2, 0.4)
 @dataclass(frozen=True)
 class Entry:
     """One benchmarked decoder: a label, its spec, and whether it drafts with the drafter model.
-    ``NAME-jacobi`` drafts Jacobi windows, ``NAME-drafter`` chains from the drafter; a bare name uses
-    the drafter when the decoder needs one or is LANTERN."""
+    ``NAME-jacobi`` drafts Jacobi windows, ``NAME-drafter`` chains from the drafter, ``NAME-top`` chains the
+    drafter's most likely codes; a bare name uses the drafter when the decoder needs one or is LANTERN."""
 
     label: str
     spec: DecoderSpec
@@ -60,13 +60,15 @@ def parse_entries(text: str, args) -> dict[str, Entry]:
         if not label:
             continue
         name, _, source = (label, "", "") if label in DECODERS else label.partition("-")
-        if name not in DECODERS or source not in ("", "jacobi", "drafter"):
+        if name not in DECODERS or source not in ("", "jacobi", "drafter", "top"):
             raise FastARError(f"unknown bench decoder '{label}': use one of {', '.join(DECODERS)}, optionally "
-                              "with -jacobi or -drafter (e.g. lantern-jacobi)")
-        drafted = source == "drafter" or (source == "" and name in NEEDS_DRAFTER + ("lantern",))
+                              "with -jacobi, -drafter or -top (the drafter's most likely code as its draft; e.g. "
+                              "lantern-jacobi, spec-top)")
+        drafted = source in ("drafter", "top") or (source == "" and name in NEEDS_DRAFTER + ("lantern",))
         if drafted and name not in WITH_DRAFTER:
             raise FastARError(f"'{label}': the {name} decoder does not use a drafter")
-        entries[label] = Entry(label, spec_from(args, name), drafted)
+        spec = spec_from(args, name)
+        entries[label] = Entry(label, replace(spec, drafts="top") if source == "top" else spec, drafted)
     if "ar" not in entries:  # every ratio is against plain AR, measured in the same run
         entries = {"ar": Entry("ar", spec_from(args, "ar"), False), **entries}
     return entries
