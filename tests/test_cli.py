@@ -191,11 +191,17 @@ def test_drafter_decoders_from_the_command_line(tmp_path):
     (["--decoder", "lantern", "--lantern-delta", "1.5"], "delta"),
     (["--decoder", "lantern", "--lantern-k", "0"], "k 0"),
     (["--decoder", "spec", "--drafter", DEMO_VQ], "not a drafter"),
+    (["--decoder", "sjd", "--drafts", "top"], "give a drafter"),
 ])
 def test_bad_drafter_settings_give_a_clear_error(tmp_path, args, message):
     r = fastar("generate", "--quiet", *args, cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bench_names_its_top_drafted_rows_instead_of_taking_drafts(tmp_path):
+    r = fastar("bench", "--drafts", "top", "--decoders", "ar,spec", "--samples", 2, cwd=tmp_path)
+    assert r.returncode != 0 and "spec,spec-top" in r.stderr and "Traceback" not in r.stderr
 
 
 @needs_demo

@@ -54,6 +54,14 @@ class Entry:
     drafted: bool
 
 
+def row_spec(args, name: str) -> DecoderSpec:
+    """A row's decoder settings; drafts are sampled unless the row is named ``NAME-top``."""
+    if args.drafts != "sampled":
+        raise FastARError(f"the benchmark names its rows with {args.drafts} drafts: give --decoders with "
+                          f"NAME-{args.drafts} rows (e.g. spec,spec-{args.drafts}) instead of --drafts")
+    return spec_from(args, name)
+
+
 def parse_entries(text: str, args) -> dict[str, Entry]:
     entries = {}
     for label in (item.strip() for item in text.split(",")):
@@ -67,10 +75,10 @@ def parse_entries(text: str, args) -> dict[str, Entry]:
         drafted = source in ("drafter", "top") or (source == "" and name in NEEDS_DRAFTER + ("lantern",))
         if drafted and name not in WITH_DRAFTER:
             raise FastARError(f"'{label}': the {name} decoder does not use a drafter")
-        spec = spec_from(args, name)
+        spec = row_spec(args, name)
         entries[label] = Entry(label, replace(spec, drafts="top") if source == "top" else spec, drafted)
     if "ar" not in entries:  # every ratio is against plain AR, measured in the same run
-        entries = {"ar": Entry("ar", spec_from(args, "ar"), False), **entries}
+        entries = {"ar": Entry("ar", row_spec(args, "ar"), False), **entries}
     return entries
 
 
@@ -303,8 +311,8 @@ def run_bench(args) -> dict:
     decoders = {entry.spec.decoder for entry in entries.values()}
     if decoders & set(RELAXED):
         print("[bench] toy total-variation distance of the relaxed decoders", flush=True)
-        report["toy_tv"] = toy_total_variation(spec_from(args, "sjd"), args.toy_rows)
-    configs = [] if args.no_pareto else sweep_configs(spec_from(args, "sjd"), decoders, models.drafter is not None)
+        report["toy_tv"] = toy_total_variation(row_spec(args, "sjd"), args.toy_rows)
+    configs = [] if args.no_pareto else sweep_configs(row_spec(args, "sjd"), decoders, models.drafter is not None)
     if configs:
         sweep_labels = labels[: args.sweep_samples or max(num_classes, args.samples // 2)]
         print(f"[bench] slider sweeps for the Pareto plot: {len(configs)} points x {len(sweep_labels)} samples",
