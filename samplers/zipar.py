@@ -18,7 +18,8 @@ feeds: the newest token of the row two above (models with row-end tokens feed th
 shared verifier against p(. | K), never reaching a token whose context is not yet fixed. With the exact rule this
 samples exactly plain ZipAR's distribution (tests/test_zipar.py), in as many forwards or fewer.
 
-One host sync per iteration: the rows' progress, which plans the next forward's feeds.
+One host sync per iteration: the rows' progress, which plans the next forward's feeds (sent back in one
+asynchronous copy).
 """
 from __future__ import annotations
 
@@ -74,11 +75,19 @@ def zipar_feeds(grid: tuple[int, int], lead: int, window: int) -> int:
 class _Feeds:
     """One forward's feeds, planned on the host: per batch row, M feeds (padded by repeating one)."""
 
-    row: np.ndarray  # [B, M] image row of the token each feed predicts
-    col: np.ndarray  # [B, M] its column: 0..w (w: none, the feed only writes the row's last token to the cache)
-    token_from: np.ndarray  # [B, M] where the fed token comes from: a raster position, or -j for the row's draft j-1
-    row_start: np.ndarray  # [B, M] bool
-    streams: list  # (b, image row, first target column, window width, index of the first feed)
+    table: np.ndarray  # [B, M, 4]: per feed the image row and column of the token it predicts (column w: none,
+    # the feed only writes the row's last token to the cache), where the fed token comes from (a raster position,
+    # or -j for the row's draft j-1), and whether it starts a row
+    streams: np.ndarray  # [S, 5]: (b, image row, first target column, window width, index of the first feed)
+
+
+def upload(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on the device without the host waiting for it: from pinned memory, asynchronously (torch's
+    pinned-memory cache keeps the block until the copy is done). On a CPU the array itself."""
+    host = torch.from_numpy(array)
+    if device.type == "cpu":
+        return host
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
 
 
 class ZiparPlan:
@@ -133,8 +142,7 @@ class ZiparPlan:
             rows.append(feeds)
         M = max(len(f) for f in rows)
         padded = [f + [f[-1]] * (M - len(f)) for f in rows]
-        arr = np.array(padded, dtype=np.int64)  # [B, M, 4]
-        return _Feeds(arr[..., 0], arr[..., 1], arr[..., 2], arr[..., 3].astype(bool), streams)
+        return _Feeds(np.array(padded, dtype=np.int64), np.array(streams, dtype=np.int64).reshape(-1, 5))
 
 
 
@@ -174,8 +182,10 @@ def zipar_decode(model, conditioning, sampling: SamplingSettings, *, generator, 
     while not plan.done():
         iteration += 1
         feeds = plan.feeds()
-        row, col, source, row_start = (torch.from_numpy(a).to(dev) for a in
-                                       (feeds.row, feeds.col, feeds.token_from, feeds.row_start))
+        split = feeds.table.size  # one copy to the device per forward (each copy of host data syncs on a GPU)
+        packed = upload(np.concatenate([feeds.table.ravel(), feeds.streams.ravel()]), dev)
+        row, col, source, row_start = packed[:split].view(feeds.table.shape).unbind(-1)
+        row_start = row_start.bool()
         tokens = seq.gather(1, source.clamp(min=0))
         if L:
             # fresh draft slots: random codes, uniform q (carried ones keep the last forward's sample and its p)
@@ -190,8 +200,7 @@ def zipar_decode(model, conditioning, sampling: SamplingSettings, *, generator, 
         stats.target_forwards += 1
         watch.lap("forward")
 
-        stream = torch.from_numpy(np.array(feeds.streams, dtype=np.int64).reshape(-1, 5)).to(dev)
-        sb, sr, sc, room, first = stream.unbind(1)
+        sb, sr, sc, room, first = packed[split:].view(-1, 5).unbind(1)
         slots = torch.arange(L + 1, device=dev)
         at = (first.unsqueeze(1) + slots.clamp(max=room.unsqueeze(1) - 1))  # past the room: any slot of the window
         p_stream = p[sb.unsqueeze(1), at]  # [S, L+1, V]
