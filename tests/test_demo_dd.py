@@ -1,7 +1,7 @@
 """The bundled demo DD student (demo/demo_dd.safetensors, distilled from demo_c2i by ``distill-dd``): it is the
 demo model's student, and it follows its teacher's flow map: from the same noise, its one- and two-step images
 share far more codes with the teacher's ``fm`` images (cfg 2, top-k 8: the pairs' settings) than from another
-row's noise does, and mostly get the image's main colour. Its class accuracy is low (see README): the shapes
+row's noise does, and often get the image's main colour. Its class accuracy is low (see README): the shapes
 are what this CPU-sized distillation does not learn, so that is measured by the benchmark, not pinned here."""
 import pytest
 import torch
@@ -46,5 +46,8 @@ def agreement():
 @pytest.mark.parametrize("steps", [1, 2])
 def test_the_student_follows_its_teachers_flow_map(agreement, steps):
     (tokens, main), (shuffled_tokens, _) = agreement[steps, False], agreement[steps, True]
-    assert tokens >= 0.40 and tokens >= 2 * shuffled_tokens, (tokens, shuffled_tokens)
-    assert main >= 0.5, main
+    # measured on the textured demo: 21.7% / 22.0% of codes (1 / 2 steps) against 3.1% / 2.8% from another row's
+    # noise, main colour 50% / 53% (32 rows; a textured region spreads over many codes, so far fewer match
+    # than on the flat demo's one code per colour)
+    assert tokens >= 0.15 and tokens >= 4 * shuffled_tokens, (tokens, shuffled_tokens)
+    assert main >= 0.4, main
