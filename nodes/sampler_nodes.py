@@ -35,6 +35,7 @@ from ..samplers.drafts import COUPLINGS, INIT_STRATEGIES
 from ..samplers.feature_reuse import FeatureReuse
 from ..samplers.masked import CFG_SCHEDULES, MaskedSettings
 from ..samplers.processing import SamplingSettings
+from ..samplers.speculative import DRAFTS
 from . import comfy_glue as glue
 from .loader_nodes import FastARConditioning, FastARDrafter, FastARModel, FastARVQ
 from .values import STATS_TYPE, TOKENS_TYPE, Conditioning, DrafterHandle, Latents, ModelHandle, Tokens
@@ -87,6 +88,15 @@ def gamma_input(optional: bool = False):
                         tooltip="With a drafter: drafts per model forward (the drafter proposes a chain of gamma "
                                 "tokens, the model verifies them in one forward and fixes up to gamma+1). Larger "
                                 "pays off when the drafter is often right; 3-6 is typical.")
+
+
+def drafts_input():
+    return io.Combo.Input("drafts", options=list(DRAFTS), default=SPEC.drafts, optional=True,
+                          tooltip="With a drafter: how it proposes each token. sampled (FastAR's default) draws it "
+                                  "from the drafter's distribution and keeps it with probability 1 - TV(p, q): "
+                                  "fastest when the drafter learnt the model's spread. top proposes the drafter's most "
+                                  "likely code and keeps it with the model's probability of it (EAGLE-2's and the "
+                                  "LANTERN paper's setting). Both are lossless.")
 
 
 def jacobi_inputs() -> list:
@@ -494,11 +504,11 @@ class SamplerSpeculative(SamplerBase):
 
     @classmethod
     def decoder_inputs(cls) -> list:
-        return [gamma_input()]
+        return [gamma_input(), drafts_input()]  # drafts optional: prompts saved before it existed stay valid
 
     @classmethod
-    def spec(cls, gamma=SPEC.gamma) -> DecoderSpec:
-        return DecoderSpec(decoder=cls.DECODER, gamma=gamma)
+    def spec(cls, gamma=SPEC.gamma, drafts=SPEC.drafts) -> DecoderSpec:
+        return DecoderSpec(decoder=cls.DECODER, gamma=gamma, drafts=drafts)
 
 
 class SamplerLantern(SamplerBase):
@@ -533,13 +543,14 @@ class SamplerLantern(SamplerBase):
                    "faithful. 0.1 is LANTERN's default."),
             gamma_input(),
             *jacobi_inputs(),
+            drafts_input(),
         ]
 
     @classmethod
     def spec(cls, lantern_k=SPEC.lantern_k, lantern_delta=SPEC.lantern_delta, gamma=SPEC.gamma,
-             window=SPEC.window, init=SPEC.init, coupling=SPEC.coupling) -> DecoderSpec:
+             window=SPEC.window, init=SPEC.init, coupling=SPEC.coupling, drafts=SPEC.drafts) -> DecoderSpec:
         return DecoderSpec(decoder=cls.DECODER, lantern_k=lantern_k, lantern_delta=lantern_delta, gamma=gamma,
-                           window=window, init=init, coupling=coupling)
+                           window=window, init=init, coupling=coupling, drafts=drafts)
 
 
 class SamplerZipAR(SamplerBase):

@@ -158,8 +158,8 @@ def decode(model, conditioning, sampling: SamplingSettings, spec: DecoderSpec, *
     check_codebook(check_decoder(spec.decoder, model, drafter), model, codebook)
     spec.validate()
     if spec.drafts != "sampled" and drafter is None:
-        raise FastARError(f"drafts '{spec.drafts}' choose how a drafter drafts: give a drafter (--drafter) to "
-                          f"{spec.decoder}, or leave drafts at 'sampled'")
+        raise FastARError(f"drafts '{spec.drafts}' choose how a drafter drafts: give {spec.decoder} a drafter "
+                          "(--drafter, or the drafter socket in ComfyUI), or leave drafts at 'sampled'")
     sampling.validate()
     notes = quality_warnings(spec, drafter)
     for note in notes:

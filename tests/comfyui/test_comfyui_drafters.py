@@ -117,6 +117,22 @@ def test_lantern_with_delta_zero_gives_the_speculative_image(comfy, object_info)
     assert forwards and forwards[0] in texts["LANTERN"]
 
 
+def test_top_drafts_run_on_both_drafter_samplers_and_need_a_drafter(comfy, object_info):
+    for node in ("FastARSamplerSpeculative", "FastARSamplerLANTERN"):
+        drafts = options_of(object_info, node, "drafts")
+        assert drafts["options"] == ["sampled", "top"] and drafts["default"] == "sampled"
+        assert object_info[node]["input_order"]["optional"][-1] == "drafts"  # saved workflows keep their values
+    prompt = workflow_prompt(COMPARE, object_info)
+    for node in ("FastARSamplerSpeculative", "FastARSamplerLANTERN"):
+        node_of(prompt, node)["inputs"]["drafts"] = "top"
+    entry = comfy.run(prompt)
+    assert entry["status"]["status_str"] == "success", harness.execution_error(entry)
+    assert all(image.std() > 1 for image in images_by_title(comfy, prompt, entry).values())
+    del node_of(prompt, "FastARSamplerLANTERN")["inputs"]["drafter"]
+    error = failed(comfy, prompt)
+    assert error["node_type"] == "FastARSamplerLANTERN" and "give lantern a drafter" in error["exception_message"]
+
+
 def test_old_gsd_widgets_without_gamma_still_run(comfy, object_info):
     prompt = workflow_prompt("fastar_compare_ar_sjd_gsd", object_info)
     del node_of(prompt, "FastARSamplerGSD")["inputs"]["gamma"]  # as a workflow saved before gamma existed
