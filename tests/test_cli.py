@@ -79,7 +79,8 @@ def test_same_seed_same_tokens_and_class_repeats_over_batch(tmp_path):
 def test_compile_gives_the_eager_tokens_and_says_what_compiling_cost(tmp_path):
     runs = {}
     for switch in ("off", "on"):
-        r = fastar("generate", "--classes", "1,5", "--decoder", "sjd", "--seed", 4, "--compile", switch,
+        # greedy: a sampled token may part on a last-bit logit difference where the demo model is unsure
+        r = fastar("generate", "--classes", "1,5", "--decoder", "sjd", "--top-k", 1, "--compile", switch,
                    "--tokens-out", tmp_path / f"{switch}.json", cwd=tmp_path)
         assert r.returncode == 0, r.stderr
         runs[switch] = (json.loads((tmp_path / f"{switch}.json").read_text())["tokens"], r.stdout)
@@ -191,7 +192,7 @@ def test_drafter_decoders_from_the_command_line(tmp_path):
     (["--decoder", "lantern", "--lantern-delta", "1.5"], "delta"),
     (["--decoder", "lantern", "--lantern-k", "0"], "k 0"),
     (["--decoder", "spec", "--drafter", DEMO_VQ], "not a drafter"),
-    (["--decoder", "sjd", "--drafts", "top"], "give a drafter"),
+    (["--decoder", "sjd", "--drafts", "top"], "give sjd a drafter (--drafter"),
 ])
 def test_bad_drafter_settings_give_a_clear_error(tmp_path, args, message):
     r = fastar("generate", "--quiet", *args, cwd=tmp_path)

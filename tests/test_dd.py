@@ -194,13 +194,18 @@ def test_unknown_size_without_a_split_needs_one_from_the_run_and_a_plain_gpt_is_
         load_ar_model(tmp_path / "cut.pt")
 
 
+def demo_codes() -> int:
+    """The bundled demo VQ's code count, which a student it decodes for predicts."""
+    return load_image_decoder(DEMO_VQ).cfg.codebook_size
+
+
 def fastar(*args, cwd):
     return subprocess.run([sys.executable, "-m", "fastar", *map(str, args)], cwd=cwd, capture_output=True,
                           text=True, timeout=600)
 
 
 def test_cli_runs_a_student_reproduces_it_from_its_noise_and_refuses_cfg(tmp_path):
-    student = tiny_student(grid=(16, 16), vocab=512, classes=8, split=100, t2=80)
+    student = tiny_student(grid=(16, 16), vocab=demo_codes(), classes=8, split=100, t2=80)
     released_layout(student, tmp_path / "student.pt")
     (tmp_path / "student.json").write_text(json.dumps({"num_attention_heads": 4, "split_t": 100}))
     common = ("generate", "--model", tmp_path / "student.pt", "--vq", DEMO_VQ, "--classes", "1,5", "--quiet")
@@ -228,7 +233,7 @@ def test_cli_runs_a_student_reproduces_it_from_its_noise_and_refuses_cfg(tmp_pat
 
 
 def test_bench_dd_compares_the_student_with_its_teacher(tmp_path):
-    student = tiny_student(grid=(16, 16), vocab=512, classes=8, split=100, t2=80)
+    student = tiny_student(grid=(16, 16), vocab=demo_codes(), classes=8, split=100, t2=80)
     released_layout(student, tmp_path / "student.pt")
     (tmp_path / "student.json").write_text(json.dumps({"num_attention_heads": 4, "split_t": 100}))
     r = fastar("bench", "--dd", "--model", tmp_path / "student.pt", "--samples", 8, "--timing-runs", 1,

@@ -95,11 +95,12 @@ def test_var_and_its_student_run_in_half_precision_and_still_draw_the_class(dtyp
     x, _ = decode_distilled(student, ClassConditioning(labels), DDSettings(steps=1), seed=0,
                             codebook=vqvae.codebook().float())
     full_precision = load_image_decoder(DEMO_VAR_VQVAE)
-    for made in (f_hat, vqvae.sequence_to_f_hat(x)):
+    # far above chance (1/8): VAR's own accuracy is 82% in fp32, its one-step student's 49% (README)
+    for made, least in ((f_hat, 0.5), (vqvae.sequence_to_f_hat(x), 0.3)):
         assert made.isfinite().all()
         images = decode_images(full_precision, made.float())
         predicted, _ = classify(load_classifier(), images)
-        assert (predicted == labels).float().mean() >= 0.5, predicted
+        assert (predicted == labels).float().mean() >= least, predicted
         # The decoder in half precision, on two images: a CPU has no fast fp16 convolution (12 s an image here).
         half = decode_images(vqvae, made[:2]).astype(float)
         assert abs(half - images[:2]).mean() <= HALF_DECODER_ERROR, abs(half - images[:2]).mean()

@@ -92,6 +92,11 @@ def vq():
     return load_image_decoder(DEMO_VQ)
 
 
+def same_images(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal up to one level: a convolution's float sums depend on how many images go through it at once."""
+    return a.shape == b.shape and int(np.abs(a.astype(int) - b.astype(int)).max()) <= 1
+
+
 def test_images_are_decoded_in_chunks_sized_to_the_room(vq, monkeypatch):
     codes = torch.randint(0, vq.cfg.codebook_size, (5, 4, 4), generator=torch.Generator().manual_seed(0))
     whole = decode_images(vq, codes, chunk=16)
@@ -101,7 +106,7 @@ def test_images_are_decoded_in_chunks_sized_to_the_room(vq, monkeypatch):
     sizes = []
     real = vq.decode
     monkeypatch.setattr(vq, "decode", lambda part: sizes.append(len(part)) or real(part))
-    assert np.array_equal(decode_images(vq, codes), whole) and sizes == [2, 2, 1]
+    assert same_images(decode_images(vq, codes), whole) and sizes == [2, 2, 1]
 
 
 def test_a_chunk_out_of_memory_is_halved_and_one_image_out_of_memory_says_what_to_do(vq, monkeypatch):
@@ -117,7 +122,7 @@ def test_a_chunk_out_of_memory_is_halved_and_one_image_out_of_memory_says_what_t
 
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(vq, "decode", lambda part: tight(part, 2))
-    assert np.array_equal(decode_images(vq, codes, chunk=5), whole) and sizes == [5, 3, 2, 1, 2]
+    assert same_images(decode_images(vq, codes, chunk=5), whole) and sizes == [5, 3, 2, 1, 2]
     monkeypatch.setattr(vq, "decode", lambda part: tight(part, 0))
     with pytest.raises(FastARError, match="decoding one image ran out of memory on cpu .*close what else uses the GPU"):
         decode_images(vq, codes, chunk=2)

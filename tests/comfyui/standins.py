@@ -227,7 +227,7 @@ def write_slow(folder: Path) -> None:
 def write_dd_student(folder: Path) -> None:
     """A tiny Distilled Decoding student under the release's name and layout (``ema`` and ``model``, no
     sizes; 1000 classes, 16x16 tokens), with a sidecar config for what the official size table cannot say
-    (it is no official size); it decodes with the stand-in LlamaGen VQ (or the demo VQ: same code width)."""
+    (it is no official size); it decodes with the stand-in LlamaGen VQ (512 codes)."""
     cfg = DDStudentConfig(dim=32, n_layer=2, n_head=4, vocab_size=512, grid=(16, 16), ffn_hidden=64, num_classes=1000,
                           split=100, t2=80)
     ema = randomised(DDStudent(cfg), 24)

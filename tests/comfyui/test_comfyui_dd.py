@@ -5,12 +5,13 @@ import harness
 import numpy as np
 from test_comfyui_runs import failed, images_of
 
-from workflows import LLAMAGEN_DD_B
+from workflows import LLAMAGEN_DD_B, LLAMAGEN_VQ_C2I
 
 DEMO_VQ, DEMO_KL = "demo_vq.safetensors", "demo_kl_vae.safetensors"
 
 
-def dd_prompt(steps=2, seed=5, batch=2, vq=DEMO_VQ, model=LLAMAGEN_DD_B, sampler="FastARSamplerDD") -> dict:
+def dd_prompt(steps=2, seed=5, batch=2, vq=LLAMAGEN_VQ_C2I, model=LLAMAGEN_DD_B, sampler="FastARSamplerDD") -> dict:
+    """A DD run: by default the release's student stand-in with the stand-in release VQ it decodes with."""
     widgets = ({"seed": seed, "batch": batch, "steps": steps, "t2": 0, "split": -1} if sampler == "FastARSamplerDD"
                else {"seed": seed, "cfg": 1.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "batch": batch})
     sockets = {"model": ["1", 0], "conditioning": ["3", 0]} | ({"vq": ["2", 0]} if sampler == "FastARSamplerDD" else {})
@@ -40,7 +41,7 @@ def test_dd_student_runs_in_two_forwards_and_repeats_by_seed(comfy):
     first, text = executed(comfy, prompt)
     assert text.startswith("DD (relaxed") and "model forwards: 2 (AR needs 255)" in text
     assert "mean accepted" not in text
-    assert len(first) == 2 and first[0].shape == (128, 128, 3)  # 16x16 codes through the demo VQ (8 px each)
+    assert len(first) == 2 and first[0].shape == (128, 128, 3)  # 16x16 codes through the stand-in VQ (8 px each)
     assert not np.array_equal(first[0], first[1])  # each row its own noise
     prompt["4"]["inputs"]["steps"] = 1  # ComfyUI keeps the last run's outputs only: the next run samples again
     one_step, text = executed(comfy, prompt)
@@ -51,13 +52,13 @@ def test_dd_student_runs_in_two_forwards_and_repeats_by_seed(comfy):
 
 
 def test_dd_mix_ups_give_fastar_messages(comfy):
-    error = failed(comfy, dd_prompt(model="demo_c2i.safetensors"))
+    error = failed(comfy, dd_prompt(model="demo_c2i.safetensors", vq=DEMO_VQ))
     assert "dd needs a Distilled Decoding student; this is a LlamaGen GPT" in error["exception_message"]
     error = failed(comfy, dd_prompt(sampler="FastARSamplerAR"))
     assert "ar needs a token model (LlamaGen) or a MAR model or a VAR model; this is a Distilled Decoding student " \
         "(LlamaGen-DD): use one of dd" \
         in error["exception_message"]
-    prompt = dd_prompt()
+    prompt = dd_prompt(seed=11)  # a seed of its own: the sampler's result must not be cached for the other tests
     prompt["8"] = {"class_type": "FastARLoadVQ", "inputs": {"vq_name": DEMO_KL, "dtype": "auto"}}
     prompt["5"]["inputs"]["vq"] = ["8", 0]
     error = failed(comfy, prompt)
@@ -68,14 +69,14 @@ def test_dd_mix_ups_give_fastar_messages(comfy):
 
 def hybrid_prompt(teacher="demo_c2i.safetensors", steps=2, regenerate=40) -> dict:
     """The bundled demo student with its teacher resampling tokens between the two steps."""
-    prompt = dd_prompt(model="demo_dd.safetensors", batch=1, steps=steps)
+    prompt = dd_prompt(model="demo_dd.safetensors", vq=DEMO_VQ, batch=1, steps=steps)
     prompt["8"] = {"class_type": "FastARLoadModel", "inputs": {"model_name": teacher, "dtype": "auto"}}
     prompt["4"]["inputs"] |= {"teacher": ["8", 0], "regenerate": regenerate, "teacher_cfg": 2.0, "teacher_top_k": 8}
     return prompt
 
 
 def test_dd_hybrid_lets_the_teacher_resample_between_the_steps(comfy):
-    plain, _ = executed(comfy, dd_prompt(model="demo_dd.safetensors", batch=1))
+    plain, _ = executed(comfy, dd_prompt(model="demo_dd.safetensors", vq=DEMO_VQ, batch=1))
     hybrid, text = executed(comfy, hybrid_prompt())
     assert "DD steps: 2 + 40 teacher forwards (the teacher resampled tokens 40..79)" in text
     assert "model forwards: 42 (AR needs 255)" in text

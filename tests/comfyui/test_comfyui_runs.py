@@ -96,10 +96,11 @@ def test_same_seed_same_image_and_another_seed_another(comfy, object_info):
 
 
 def test_compiled_steps_draw_the_eager_images_and_say_when_they_compile(comfy, object_info):
-    """The loader's compile switch in the real ComfyUI: compiled and eager steps give the same images for the
-    same seed; the run that compiles a new shape says so on the Stats node, the next one does not."""
+    """The loader's compile switch in the real ComfyUI: compiled and eager steps give the same greedy images (a
+    sampled token may part on a last-bit logit difference where the demo model is unsure: the proof is greedy, as
+    on the GPU); the run that compiles a new shape says so on the Stats node, the next one does not."""
     prompt = workflow_prompt("fastar_demo_sjd", object_info)
-    node_of(prompt, "FastARSamplerSJD")["inputs"].update(batch=3, window=5, seed=321)  # a shape no other test runs
+    node_of(prompt, "FastARSamplerSJD")["inputs"].update(batch=3, window=5, seed=321, top_k=1)  # a shape no other test runs
     stats_texts = lambda entry: [out["text"][0] for out in entry["outputs"].values() if "text" in out]  # noqa: E731
     node_of(prompt, "FastARLoadModel")["inputs"]["compile"] = "off"
     eager = fresh_run(comfy, prompt)
