@@ -3,6 +3,7 @@ demo VQ does; captions say what the image shows; the trainer's sequences put eve
 reads it; and a short training run in a subprocess writes a folder that loads as a Lumina-mGPT model."""
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,6 +13,8 @@ from fastar.model_loaders import load_ar_model, load_image_decoder
 from fastar.model_loaders.shared.demo import DEMO_VQ
 from fastar.model_loaders.shared.protocol import PromptConditioning
 from fastar.model_loaders.chameleon.vqgan import VQGAN
+from fastar.model_loaders.llamagen.vq import VQModel
+from fastar.commands.training import save_fp16
 from fastar.demo_recipes import train_text_demo
 from fastar.commands.bench.demo_data import HIGH, LOW, make_captioned_batch
 
@@ -41,15 +44,26 @@ def test_captions_name_the_shape_and_the_colours():
     assert np.allclose(backgrounds, [LOW, LOW, HIGH], atol=0.01)
 
 
+def whole_vq(path):
+    """The bundled demo VQ's decoder with an untrained encoder: a VQ the trainer can tokenise with on a clean
+    checkout (the bundled file holds its decoding side only; the trained encoder stays with its recipe)."""
+    decoder = load_image_decoder(DEMO_VQ)
+    vq = VQModel(replace(decoder.cfg, with_encoder=True))
+    vq.load_state_dict(decoder.state_dict(), strict=False)
+    save_fp16(vq, vq.cfg, path)
+    return path
+
+
 def test_sequences_put_every_code_where_the_model_reads_it(tmp_path):
     """A short run of the trainer (subprocess), then the sequences of its model: each code at its slot,
     row ends after each row, prompts left-padded, a dropped caption starting at boi."""
     if not DEMO_VQ.exists():
         pytest.skip("the demo VQ is not bundled")
     out = tmp_path / "demo_text"
+    vq = whole_vq(tmp_path / "vq.safetensors")
     r = subprocess.run([sys.executable, "-m", "fastar.demo_recipes.train_text_demo", "--steps", "2", "--images", "64",
-                        "--val-images", "32", "--batch", "4", "--out", out, "--vqgan-out", tmp_path / "vqgan.safetensors"],
-                       capture_output=True, text=True, timeout=600)
+                        "--val-images", "32", "--batch", "4", "--vq", vq, "--out", out,
+                        "--vqgan-out", tmp_path / "vqgan.safetensors"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     model = load_ar_model(out)
     size = load_image_decoder(DEMO_VQ).cfg.codebook_size
