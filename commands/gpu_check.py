@@ -189,12 +189,12 @@ def probe_and_profile_steps(out: Path, device: str) -> list[Step]:
             profile("profile-anole-7b", "anole-7b", "--windows", "1,16,32", "--batches", "1,2", "--no-decoders"),
             # whole images for LlamaGen-XL (SJD's latency speed-up against its step compression), forwards for 7B
             replace(profile("profile-llamagen-xl-compiled", "llamagen-xl", "--windows", "1,16", "--batches", "2",
-                            "--compile", "--repeats", "2"), env=compiled),
+                            "--compile", "--repeats", "2", "--kernels"), env=compiled),
             replace(profile("profile-anole-7b-compiled", "anole-7b", "--windows", "1,16", "--batches", "2",
-                            "--no-decoders", "--compile"), env=compiled),
+                            "--no-decoders", "--compile", "--kernels"), env=compiled),
             # issue 35: int8 blocks, the dequantisation fused into compiled steps (goal: 1.6x the bf16 step)
             replace(profile("profile-anole-7b-compiled-int8", "anole-7b", "--windows", "1,16", "--batches", "2",
-                            "--no-decoders", "--compile", "--weights", "int8"), env=compiled),
+                            "--no-decoders", "--compile", "--weights", "int8", "--kernels"), env=compiled),
             # a 7B model on a 12 GB card: 8 GB of its weights on the GPU, the other 6 streamed at every forward
             profile("profile-anole-7b-streamed", "anole-7b", "--windows", "1,16", "--batches", "2", "--no-decoders",
                     "--gpu-weights", "8")]
@@ -284,6 +284,7 @@ def write_report(steps: list[Step], out: Path, environment: dict) -> None:
     for s in failed:
         lines += ["", f"## {s.name} failed", "```", " ".join(map(str, s.argv[2:])), s.tail, "```"]
     lines += ["", "## goals", "", *goal_lines(profiles)]
+    lines += ["", "## where a forward's time goes (ms per forward)", "", *kernel_lines(profiles)]
     lines += ["", "## probes", "```", json.dumps(probes, indent=1), "```", "", "## profiles", "```",
               json.dumps(profiles, indent=1)[:20000], "```"]
     (out / "report.md").write_text("\n".join(lines))
@@ -331,6 +332,19 @@ def int8_lines(profiles: dict) -> list[str]:
                 lines.append(f"- {name}, batch {batch}: int8 step {entry['forward_ms']['1']:.2f} ms, {speedup:.2f}x the "
                              f"bf16 step ({'meets' if speedup >= INT8_GOAL else 'misses'} {INT8_GOAL}x)")
     return lines
+
+
+def kernel_lines(profiles: dict) -> list[str]:
+    """``--kernels`` profiles: each window's wall time, the kernels' busy time by group, and the busiest kernel."""
+    lines = []
+    for name, profile in sorted(profiles.items()):
+        for batch, entry in profile.get("batches", {}).items():
+            for window, k in entry.get("kernels", {}).items():
+                groups = ", ".join(f"{group} {ms:.2f}" for group, ms in k["groups_ms"].items())
+                busiest = k["top"][0] if k["top"] else {"name": "-", "ms": 0.0}
+                lines.append(f"- {name}, batch {batch}, W={window}: {k['wall_ms']:.2f} wall, {k['busy_ms']:.2f} busy "
+                             f"({groups}); busiest {busiest['ms']:.3f} {busiest['name'][:80]}")
+    return lines or ["- no profile ran with --kernels"]
 
 
 def environment() -> dict:

@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from fastar.commands.gpu_check import Step, goal_lines, judge
+from fastar.commands.gpu_check import Step, goal_lines, judge, kernel_lines
 
 
 def check_verdicts(out, only: str, workers: int) -> dict:
@@ -52,6 +52,17 @@ def test_the_report_states_the_speed_goals():
     int8 = goal_lines({"profile-7b": {"batches": {"2": entry}},
                        "profile-7b-int8": {"batches": {"2": {**entry, "forward_ms": {"1": 3.5}}}}})
     assert int8[-1] == "- profile-7b-int8, batch 2: int8 step 3.50 ms, 1.71x the bf16 step (meets 1.6x)", int8
+
+
+def test_the_report_says_where_a_forward_spends_its_time():
+    k = {"wall_ms": 6.5, "busy_ms": 5.0, "busy_share": 5 / 6.5, "groups_ms": {"matmul": 4.0, "attention": 1.0},
+         "top": [{"name": "sm90_xmma_gemm", "group": "matmul", "ms": 0.125, "calls": 4}]}
+    lines = kernel_lines({"profile-7b-compiled": {"batches": {"2": {"kernels": {"1": k, "16": k | {"top": []}}}}}})
+    assert lines == ["- profile-7b-compiled, batch 2, W=1: 6.50 wall, 5.00 busy (matmul 4.00, attention 1.00); "
+                     "busiest 0.125 sm90_xmma_gemm",
+                     "- profile-7b-compiled, batch 2, W=16: 6.50 wall, 5.00 busy (matmul 4.00, attention 1.00); "
+                     "busiest 0.000 -"]
+    assert kernel_lines({"profile-mar": {"batches": {"2": {"head_ms": 1}}}}) == ["- no profile ran with --kernels"]
 
 
 def test_the_accelerators_run_in_the_check_in_every_precision(tmp_path):

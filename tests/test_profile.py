@@ -32,7 +32,7 @@ def test_a_cpu_profile_times_every_window_and_decoder(tmp_path, compiled):
     mode = "reduce-overhead" if compiled else None  # CUDA's mode (its static caches, copied outputs), on a CPU
     args = SimpleNamespace(shape="tiny", device="cpu", dtype=None, windows="1,4,16", batches=batches, repeats=2,
                            no_decoders=False, out=str(out), compile=compiled, compile_mode=mode, model=None, grid=None,
-                           drafter=None, baselines=False, gpu_weights=None, weights="auto", memory=False)
+                           drafter=None, baselines=False, gpu_weights=None, weights="auto", memory=False, kernels=False)
     report = run_profile(args)
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     assert report["dtype"] == "fp32" and report["bandwidth_gb_s"] > 0
@@ -62,7 +62,7 @@ def test_a_streamed_profile_counts_the_streamed_weights_at_the_host_bandwidth(mo
     monkeypatch.setattr(speed_profile, "host_bandwidth", lambda timing: 1e6)  # 1 MB/s: the streamed part dominates
     args = SimpleNamespace(shape="tiny", device="cpu", dtype=None, windows="1", batches=[1], repeats=1,
                            no_decoders=True, out=None, compile=False, compile_mode=None, model=None, grid=None,
-                           drafter=None, baselines=False, gpu_weights=0, weights="auto", memory=False)
+                           drafter=None, baselines=False, gpu_weights=0, weights="auto", memory=False, kernels=False)
     report = run_profile(args)
     streamed = report["streamed_gb"] * 1e9
     assert report["host_bandwidth_gb_s"] == 1e-3 and streamed > 0
@@ -82,7 +82,7 @@ def test_a_checkpoint_is_profiled_and_a_var_refused(tmp_path):
 
     args = SimpleNamespace(shape="demo", model=str(DEMO_AR), device="cpu", dtype=None, windows="1,4", batches=[1],
                            repeats=1, no_decoders=False, out=None, compile=False, grid=None, drafter="demo",
-                           baselines=False, gpu_weights=None, weights="auto", memory=False)
+                           baselines=False, gpu_weights=None, weights="auto", memory=False, kernels=False)
     report = run_profile(args)
     with safe_open(str(DEMO_AR), "pt") as f:
         params = sum(prod(f.get_slice(key).get_shape()) for key in f.keys())
@@ -99,7 +99,7 @@ def test_a_checkpoint_is_profiled_and_a_var_refused(tmp_path):
 def mar_args(**changes):
     args = dict(shape="mar-tiny", model=None, device="cpu", dtype=None, windows="1", batches=[2], repeats=1,
                 no_decoders=False, out=None, compile=False, grid=None, drafter=None, baselines=False, gpu_weights=None,
-                weights="auto", memory=False)
+                weights="auto", memory=False, kernels=False)
     return SimpleNamespace(**(args | changes))
 
 
@@ -127,6 +127,41 @@ def test_a_mar_profile_times_its_transformer_call_head_and_images():
 def test_mar_profiles_refuse_the_token_options():
     with pytest.raises(FastARError, match="--compile, --baselines: for token models; a MAR profile times"):
         run_profile(mar_args(compile=True, baselines=True))
+    with pytest.raises(FastARError, match="--kernels: for token models"):
+        run_profile(mar_args(kernels=True))
+
+
+def test_kernels_say_where_a_forward_spends_its_time():
+    """--kernels on the CPU: each operator's own time, grouped; a 16-token window spends more of it in matrix
+    products than a 1-token one, and the groups add up to the busy time, which the wall time bounds."""
+    args = SimpleNamespace(shape="tiny", device="cpu", dtype=None, windows="1,16", batches=[2], repeats=2,
+                           no_decoders=True, out=None, compile=False, compile_mode=None, model=None, grid=None,
+                           drafter=None, baselines=False, gpu_weights=None, weights="auto", memory=False, kernels=True)
+    kernels = run_profile(args)["batches"]["2"]["kernels"]
+    assert set(kernels) == {"1", "16"}
+    for k in kernels.values():
+        assert k["busy_ms"] == pytest.approx(sum(k["groups_ms"].values()))
+        assert 0 < k["busy_ms"] <= 1.05 * k["wall_ms"] and k["busy_share"] == k["busy_ms"] / k["wall_ms"]
+        assert [t["ms"] for t in k["top"]] == sorted((t["ms"] for t in k["top"]), reverse=True)
+        assert {"matmul", "attention"} <= set(k["groups_ms"])
+        assert next(t for t in k["top"] if t["name"] == "aten::mm")["group"] == "matmul"
+    assert kernels["16"]["groups_ms"]["matmul"] > kernels["1"]["groups_ms"]["matmul"]
+
+
+@pytest.mark.parametrize("name, group", [
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x64x64_warpgroupsize1x1x1_execute_segment_k_off", "matmul"),
+    ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x1_tn_align8>", "matmul"),
+    ("nvjet_sm90_tst_128x8_64x12_4x1_v_bz_TNT", "matmul"), ("triton_tem_fused_mm_3", "matmul"), ("_w8_matmul_kernel", "matmul"),
+    ("void pytorch_flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4>>", "attention"),
+    ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80", "attention"),
+    ("Memcpy DtoD (Device -> Device)", "copy"), ("triton_poi_fused_index_put_5", "copy"),
+    ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_1", "elementwise"), ("aten::_index_put_impl_", "copy"),
+    ("triton_poi_fused_add_mul_silu_2", "elementwise"), ("aten::mul", "elementwise"),
+])
+def test_kernel_names_fall_in_their_group(name, group):
+    from fastar.commands.profile.kernels import group_of
+
+    assert group_of(name) == group
 
 
 def test_8_bit_weights_lower_the_floor_and_the_memory_by_their_bytes():
@@ -134,7 +169,7 @@ def test_8_bit_weights_lower_the_floor_and_the_memory_by_their_bytes():
     counts the same bytes."""
     args = SimpleNamespace(shape="tiny", device="cpu", dtype=None, windows="1", batches=[1], repeats=1,
                            no_decoders=True, out=None, compile=False, compile_mode=None, model=None, grid=None,
-                           drafter=None, baselines=False, gpu_weights=None, weights="auto", memory=False)
+                           drafter=None, baselines=False, gpu_weights=None, weights="auto", memory=False, kernels=False)
     full, eight = run_profile(args), run_profile(SimpleNamespace(**{**vars(args), "weights": "int8"}))
     model = build("tiny", torch.device("cpu"), torch.float32)
     blocks = sum(m.weight.numel() for m in model.layers.modules() if isinstance(m, torch.nn.Linear))

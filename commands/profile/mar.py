@@ -134,7 +134,7 @@ def print_mar_batch(batch: int, entry: dict) -> None:
 
 def check_mar_options(args) -> None:
     refused = [flag for flag, on in (("--compile", args.compile), ("--baselines", args.baselines),
-                                     ("--grid", args.grid)) if on]
+                                     ("--grid", args.grid), ("--kernels", args.kernels)) if on]
     if refused:
         raise FastARError(f"{', '.join(refused)}: for token models; a MAR profile times its transformer call, "
                           "its diffusion head and whole ar / cspd images")

@@ -52,6 +52,7 @@ from ...samplers.processing import SamplingSettings
 from .loop_baselines import baseline_for
 from .mar import MAR_SHAPES, build_mar, check_mar_options, mar_batch, print_mar_batch, random_draft
 from .common import Timing, bandwidth, host_bandwidth, image_costs, randomise
+from .kernels import kernel_breakdown, print_breakdown
 
 DECODERS = ("ar", "sjd", "gsd", "spec")
 PROMPT_TOKENS = 32  # a typical prompt's length for the text-to-image shapes
@@ -150,15 +151,26 @@ def kv_bytes_read(model, rows: int, filled: int) -> int:
     return rows * cfg.n_layer * 2 * cfg.n_kv_head * cfg.head_dim * filled * element
 
 
-@torch.no_grad()
-def forward_costs(model, timing: Timing, batch: int, windows: list[int]) -> dict:
-    """ms per forward of each window at mid-image, with CFG (2 rows per image)."""
+def mid_image_forwards(model, batch: int, windows: list[int]) -> dict:
+    """A forward of each window at mid-image, with CFG (2 rows per image), in one session: ``window -> step()``."""
     N = model.grid[0] * model.grid[1]
     session = model.start(conditioning(model, batch), cfg=True, max_window=max(windows))
     start = torch.full((batch,), N // 2, dtype=torch.long, device=model.device)
-    return {w: timing.median_s(lambda w=w: session.forward(torch.zeros(batch, w, dtype=torch.long,
-                                                                       device=model.device), start)) * 1e3
+    return {w: lambda w=w: session.forward(torch.zeros(batch, w, dtype=torch.long, device=model.device), start)
             for w in windows}
+
+
+@torch.no_grad()
+def forward_costs(model, timing: Timing, batch: int, windows: list[int]) -> dict:
+    """ms per forward of each window at mid-image (``mid_image_forwards``)."""
+    return {w: timing.median_s(step) * 1e3 for w, step in mid_image_forwards(model, batch, windows).items()}
+
+
+@torch.no_grad()
+def forward_kernels(model, batch: int, windows: list[int]) -> dict:
+    """``--kernels``: where the time of a 1-token and of the widest window's forward goes (kernels.py)."""
+    steps = mid_image_forwards(model, batch, windows)
+    return {str(w): kernel_breakdown(steps[w], model.device) for w in sorted({1, max(windows)})}
 
 
 @torch.no_grad()
@@ -360,6 +372,8 @@ def token_batch(args, model, drafter, eager_twin, timing: Timing, batch: int, by
              "forward_ms": {str(w): ms for w, ms in forward.items()},
              "window_cost": {str(w): ms / forward[1] for w, ms in forward.items()},
              "forward_over_floor": forward[1] / floor_ms}
+    if args.kernels:
+        entry["kernels"] = forward_kernels(model, batch, windows)
     if eager_twin is not None:
         entry["eager"] = {"forward_ms": {str(w): ms for w, ms in forward_costs(eager_twin, timing, batch,
                                                                               windows).items()},
@@ -393,6 +407,8 @@ def print_batch(batch: int, entry: dict) -> None:
         print(f"[profile]   {decoder}: {cost['ms_per_iteration']:.2f} ms per iteration "
               f"({cost['over_floor']:.2f}x floor), {cost['target_forwards']:.0f} iterations per image, "
               f"{cost['image_s']:.3f} s per image", flush=True)
+    for window, breakdown in entry.get("kernels", {}).items():
+        print_breakdown(f"where a {window}-token forward's time goes", breakdown)
     if "eager" in entry:
         eager = entry["eager"]
         print("[profile]   eager (the same weights): 1-token forward "
