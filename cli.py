@@ -86,7 +86,7 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                      help="cspd-relaxed: also multiply the ratio by the reference code's product of the intermediate "
                      "steps' std ratios (target over draft)")
     mar.add_argument("--reuse", action="store_true",
-                     help="MAR (ar): LazyMAR-style feature reuse: between full steps, compute the conditional branch "
+                     help="MAR (ar, cspd): LazyMAR-style feature reuse: between full steps, compute the conditional branch "
                      "only, encode only the newly fixed tokens and recompute the later decoder blocks only for the "
                      "tokens that changed most (relaxed: faster, not exactly plain MAR)")
     mar.add_argument("--reuse-start", type=float, default=REUSE_DEFAULTS.start_percent,
@@ -206,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "demo model; --cfg, --top-k ... are the teacher's: give the student's pair settings, cfg default 2.0)")
     bench.add_argument("--mar-steps", default="256,64,32,16", help="with --mar: the step counts of the plain MAR rows "
                        "beside --num-iter (counts above the model's token count are skipped)")
+    bench.add_argument("--mar-rows", help="with --mar: only these rows, by their labels in the table (e.g. "
+                       "mar@16,cspd-merged,lazy); the plain MAR row at --num-iter always runs: every ratio is against it")
     bench.add_argument("--decoders", default="ar,sjd,gsd,spec,spec-top,lantern,lantern-top,lantern-jacobi,zipar,zipar-sjd",
                        help=f"comma-separated, from {', '.join(DECODERS)}; NAME-jacobi drafts Jacobi windows, "
                        "NAME-drafter chains from the drafter (spec and lantern use the drafter by default), NAME-top "

@@ -18,6 +18,12 @@ the trajectory-ratio rule (continuous_acceptance) on every drafted token. Two wa
   a round are independent given the context: the output is distributed exactly as the target MAR on
   ``merged_schedule`` (with a Gaussian last step). Target calls are fixed by the schedule, not by
   acceptance.
+
+With LazyMAR-style feature reuse (``MaskedSettings.reuse``; relaxed, so neither mode is exact any more): the
+draft's calls inside a round reuse its cache (each round starts with a full call: the verified context differs
+from what it drafted), on the schedule of the generation's steps; the target's calls reuse theirs in ``merged``
+mode, on the schedule of its own calls (one context per call, as in MAR's sampler), while ``steps`` mode's
+calls score several contexts at once and stay full; the diffusion heads of both reuse their MLP outputs.
 """
 from __future__ import annotations
 
@@ -31,7 +37,7 @@ from ..errors import FastARError, check_choice
 from ..model_loaders.mar.diffusion import ReverseStep
 from ..model_loaders.mar.loader import check_mar_draft
 from .continuous_acceptance import Relaxation, accept, sample_residual
-from .masked import Canvas, Guide, MaskedSettings, Plan, at, mask_schedule, reverse_process, row_index
+from .masked import Canvas, Guide, MaskedSettings, Plan, at, mask_schedule, record_work, reverse_process, row_index
 from .stats import DecodeStats, Stopwatch
 from .verifier import ProgressFn, finish
 
@@ -91,27 +97,48 @@ class CSpDRun:
         self.plan = Plan.draw(target, settings, B, generator)
         self.target, self.draft = Guide(target, conditioning, settings), Guide(draft, conditioning, settings)
         self.canvas = Canvas(target, B)
-        self.stats = DecodeStats(decoder=cspd.decoder, grid=tuple(target.grid), batch=B,
+        self.stats = DecodeStats(decoder=cspd.decoder + ("" if settings.reuse is None else "+reuse"),
+                                 grid=tuple(target.grid), batch=B,
                                  settings={"model_kind": target.kind, **asdict(settings), **asdict(cspd)})
         self.counts: list[torch.Tensor] = []
         self.accepted = torch.zeros((), dtype=torch.long, device=target.device)
+        # the target's cache under reuse (merged mode): its calls so far, how many it makes, what it has not seen
+        self.target_calls, self.target_fresh = 0, None
+        merged = merged_schedule(target.cfg.num_tokens, settings, cspd)
+        self.target_schedule = sum(after < before for before, after in zip(merged, merged[1:]))  # steps with tokens
+
+    def target_conditions(self, known_count: int, needed: torch.Tensor):
+        """The target's condition vectors for one context, the verified one, for a call predicting ``needed``:
+        through its cache in merged mode under reuse (``Guide.step_conditions``), else in full."""
+        if self.cspd.verify == "merged":
+            full = self.target.reuse_full(self.target_calls, self.target_schedule)
+            z = self.target.step_conditions(self.canvas.tokens, self.canvas.known, known_count, needed,
+                                            self.target_fresh, full)
+        else:
+            z = self.target.conditions(self.canvas.tokens, self.canvas.known, known_count)
+            self.target.count_plain(known_count)
+        self.target_calls += 1
+        return z
 
     def target_step(self, step: int) -> None:
         """One plain target step (pre-fill, or the last steps when nothing is left to draft)."""
         positions = self.plan.positions(step)
-        z = self.target.conditions(self.canvas.tokens, self.canvas.known, self.plan.known_before(step))
+        z = self.target_conditions(self.plan.known_before(step), positions)
         self.stats.target_forwards += 1
         last = self.target.last_step(*z, positions, self.plan, self.plan.cfg(self.settings, step))
         self.canvas.fix(positions, last.mean + last.std * self.plan.last_noise(positions), self.stats.target_forwards)
+        self.target_fresh = positions
         self.counts.append(torch.full((positions.shape[0],), positions.shape[1]))
         self.watch.lap("forward")
 
     def draft_steps(self, first: int, count: int) -> list[Drafted]:
         tokens, known = self.canvas.tokens.clone(), self.canvas.known.clone()
-        drafted = []
+        drafted, fresh = [], None  # a round starts from the verified context, which the draft's cache never held
         for step in range(first, first + count):
             positions = self.plan.positions(step)
-            z = self.draft.conditions(tokens, known, self.plan.known_before(step))
+            z = self.draft.step_conditions(tokens, known, self.plan.known_before(step), positions, fresh,
+                                           self.draft.reuse_full(step, self.plan.num_steps))
+            fresh = positions
             self.stats.drafter_forwards += 1
             gaussian = self.draft.last_step(*z, positions, self.plan, self.plan.cfg(self.settings, step))
             values = gaussian.mean + gaussian.std * self.plan.last_noise(positions)
@@ -126,8 +153,8 @@ class CSpDRun:
         """The target's last-step Gaussian for every drafted token, from one target call."""
         B = self.canvas.tokens.shape[0]
         if self.cspd.verify == "merged":
-            z_cond, z_uncond = self.target.conditions(self.canvas.tokens, self.canvas.known,
-                                                      self.plan.known_before(first))
+            z_cond, z_uncond = self.target_conditions(self.plan.known_before(first),
+                                                      torch.cat([d.positions for d in drafted], dim=1))
             merged_cfg = self.plan.cfg(self.settings, first + len(drafted) - 1)
             contexts = [(z_cond, z_uncond, merged_cfg)] * len(drafted)
         else:  # context j: the verified tokens plus drafted steps 0..j-1
@@ -140,6 +167,7 @@ class CSpDRun:
                 tokens.append(t)
                 known.append(k)
             z_cond, z_uncond = self.target.conditions(torch.cat(tokens), torch.cat(known))
+            self.target.count_plain(*(self.plan.known_before(first + j) for j in range(len(drafted))))
             contexts = [(z_cond[j * B:(j + 1) * B], None if z_uncond is None else z_uncond[j * B:(j + 1) * B],
                          self.plan.cfg(self.settings, first + j)) for j in range(len(drafted))]
         self.stats.target_forwards += 1
@@ -150,7 +178,8 @@ class CSpDRun:
                             for d, (_, _, s) in zip(drafted, contexts)])
         starts, noises = zip(*(self.plan.trajectory(d.positions) for d in drafted))
         last = reverse_process(self.target.model.head, self.target.diffusion, conds, unconds, scales,
-                               self.settings.temperature, torch.cat(starts), torch.cat(noises, dim=1))
+                               self.settings.temperature, torch.cat(starts), torch.cat(noises, dim=1),
+                               self.target.head_refresh)
         sizes = [d.values.shape[0] for d in drafted]
         self.watch.lap("forward")
         return [ReverseStep(*parts) for parts in zip(last.mean.split(sizes), last.std.split(sizes),
@@ -181,6 +210,7 @@ class CSpDRun:
                 self.stats.resample_tries += int(residual.tries.sum())
                 self.stats.resample_fallbacks += residual.fallbacks
             self.canvas.fix(d.positions, values, iteration)
+        self.target_fresh = torch.cat([d.positions for d in drafted[:kept_steps]], dim=1)
         self.counts.append(torch.full((drafted[0].positions.shape[0],),
                                       sum(d.positions.shape[1] for d in drafted[:kept_steps])))
         self.watch.lap("verify")
@@ -237,5 +267,6 @@ def cspd_decode(target, draft, conditioning, settings: MaskedSettings, cspd: CSp
         if on_iteration is not None:
             on_iteration(L - plan.masked[step], L, run.canvas.tokens)
     run.stats.accepted_tokens = int(run.accepted)
+    record_work(run.stats, run.target, run.draft)
     finish(run.stats, run.watch, run.counts, run.canvas.fixed_at, L)
     return run.canvas.tokens, run.stats

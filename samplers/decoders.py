@@ -232,9 +232,6 @@ def decode_masked(model, conditioning, settings: MaskedSettings, decoder: str = 
     ``cspd-relaxed`` (``drafter``: a smaller MAR; ``cspd`` says which rule). Same seed, settings and device give the
     same tokens."""
     check_decoder(decoder, model, drafter)
-    if settings.reuse is not None and decoder != "ar":
-        raise FastARError(f"feature reuse (LazyMAR-style) runs in MAR's own sampler (decoder ar), not in {decoder}: "
-                          "leave reuse off for CSpD")
     generator = make_generator(seed, model.device)
     watch = Stopwatch(model.device)
     if decoder.startswith("cspd"):

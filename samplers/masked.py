@@ -183,27 +183,43 @@ class Guide:
         self.lazy = None if settings.reuse is None else LazyFeatures(model)
         self.work: list[tuple[int, int]] = []  # per step under feature reuse: transformer work done, a plain step's
 
-    def step_conditions(self, canvas: "Canvas", plan: Plan, step: int, fresh: torch.Tensor | None):
-        """Condition vectors ``(z_cond, z_uncond)`` for step ``step`` of MAR's sampler: plain, or under feature
-        reuse a full step that refills the cache or one that reuses it (``fresh``: the positions fixed at the
-        step before; None at the first). A reusing step's vectors are valid at the step's positions only."""
-        known = plan.known_before(step)
-        if self.lazy is None:
-            return self.conditions(canvas.tokens, canvas.known, known)
-        plain = self.lazy.full_work(known, 1 if self.uncond is None else 2)
-        if fresh is None or self.settings.reuse.full_steps(plan.num_steps)[step]:
-            self.work.append((plain, plain))
-            return self.lazy.refresh(canvas.tokens, canvas.known, self.cond, self.uncond, known)
-        needed = plan.positions(step)
-        keep = self.settings.reuse.keep(self.lazy.slots, needed.shape[1] + fresh.shape[1])
-        self.work.append((self.lazy.reused_work(fresh.shape[1], keep), plain))
-        return self.lazy.reuse(canvas.tokens, self.cond, fresh, needed, keep)
+    def reuse_full(self, index: int, count: int) -> bool:
+        """Whether call ``index`` of the ``count`` this guide makes in a generation is a full one under the reuse
+        schedule (always, without reuse)."""
+        return self.settings.reuse is None or self.settings.reuse.full_steps(count)[index]
 
-    def record_work(self, stats: DecodeStats) -> None:
-        """Feature reuse's transformer work, per step and over the generation, into ``stats``."""
-        if self.work:
-            stats.recomputed_share = [done / plain for done, plain in self.work]
-            stats.transformer_work = sum(done for done, _ in self.work) / sum(plain for _, plain in self.work)
+    def step_conditions(self, tokens, known, known_count: int, needed: torch.Tensor, fresh: torch.Tensor | None,
+                        full: bool):
+        """Condition vectors ``(z_cond, z_uncond)`` for a call that predicts ``needed`` [B, m]: plain, or under
+        feature reuse a full call that refills the cache (``full``, or ``fresh`` None: the cache does not hold
+        this context) or one that reuses it (``fresh``: the positions fixed since the cache's last call). A
+        reusing call's vectors are valid at ``needed`` only."""
+        if self.lazy is None:
+            return self.conditions(tokens, known, known_count)
+        plain = self.lazy.full_work(known_count, 1 if self.uncond is None else 2)
+        if full or fresh is None:
+            self.count_work(plain, plain)
+            return self.lazy.refresh(tokens, known, self.cond, self.uncond, known_count)
+        keep = self.settings.reuse.keep(self.lazy.slots, needed.shape[1] + fresh.shape[1])
+        self.count_work(self.lazy.reused_work(fresh.shape[1], keep), plain)
+        return self.lazy.reuse(tokens, self.cond, fresh, needed, keep)
+
+    def count_work(self, done: int, plain: int) -> None:
+        """A call's transformer work under reuse, and a plain call's, in slot-blocks weighted by the model's
+        width squared (what a slot through a block costs), so two models' calls add up."""
+        if self.lazy is not None:
+            self.work.append((done * self.model.cfg.dim ** 2, plain * self.model.cfg.dim ** 2))
+
+    def count_plain(self, *known_counts: int) -> None:
+        """Full calls made outside the cache (one context per known count) in the work under reuse."""
+        if self.lazy is not None:
+            plain = sum(self.lazy.full_work(known, 1 if self.uncond is None else 2) for known in known_counts)
+            self.count_work(plain, plain)
+
+    @property
+    def head_refresh(self) -> int:
+        """Under reuse, a full diffusion-head call every this many reverse steps (0: every call in full)."""
+        return 0 if self.settings.reuse is None else self.settings.reuse.head_refresh_every
 
     def conditions(self, tokens: torch.Tensor, known: torch.Tensor, known_count: int | None = None):
         """The transformer's condition vectors for cond rows, and uncond rows under CFG (one call). ``tokens``
@@ -221,9 +237,16 @@ class Guide:
         """The last reverse step's Gaussian for ``positions`` [B, n] from conditions ``[B, L, D]``,
         flattened to ``[B * n, C]``."""
         start, noise = plan.trajectory(positions)
-        head_refresh = 0 if self.settings.reuse is None else self.settings.reuse.head_refresh_every
         return reverse_process(self.model.head, self.diffusion, at(z_cond, positions), at(z_uncond, positions),
-                               cfg_scale, self.settings.temperature, start, noise, head_refresh)
+                               cfg_scale, self.settings.temperature, start, noise, self.head_refresh)
+
+
+def record_work(stats: DecodeStats, *guides: Guide) -> None:
+    """Feature reuse's transformer work, per call and over the generation (every guide's calls), into ``stats``."""
+    work = [entry for guide in guides for entry in guide.work]
+    if work:
+        stats.recomputed_share = [done / plain for done, plain in work]
+        stats.transformer_work = sum(done for done, _ in work) / sum(plain for _, plain in work)
 
 
 class Canvas:
@@ -271,7 +294,8 @@ def masked_decode(model, conditioning, settings: MaskedSettings, *, generator,
         positions = plan.positions(step)
         if positions.shape[1] == 0:
             continue  # a clamped schedule can leave a step nothing to predict: no call needed
-        z_cond, z_uncond = guide.step_conditions(canvas, plan, step, fresh)
+        z_cond, z_uncond = guide.step_conditions(canvas.tokens, canvas.known, plan.known_before(step), positions,
+                                                 fresh, guide.reuse_full(step, plan.num_steps))
         fresh = positions
         stats.target_forwards += 1
         last = guide.last_step(z_cond, z_uncond, positions, plan, plan.cfg(settings, step))
@@ -281,6 +305,6 @@ def masked_decode(model, conditioning, settings: MaskedSettings, *, generator,
         watch.lap("forward")  # the transformer and the head: the model's own work
         if on_iteration is not None:
             on_iteration(L - plan.masked[step + 1], L, canvas.tokens)
-    guide.record_work(stats)
+    record_work(stats, guide)
     finish(stats, watch, counts, canvas.fixed_at, L)
     return canvas.tokens, stats

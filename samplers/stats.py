@@ -74,8 +74,10 @@ class DecodeStats:
             return None
         reused = sum(share < 1.0 for share in self.recomputed_share)
         head = self.settings.get("reuse", {}).get("head_refresh_every")
-        return (f"feature reuse: {reused} of {len(self.recomputed_share)} steps reused the cache, "
-                f"{self.transformer_work:.0%} of plain MAR's transformer work done; "
+        cspd = self.decoder.startswith("cspd")  # its target's and draft's calls, each against itself in full
+        calls, against = ("model calls", "their full") if cspd else ("steps", "plain MAR's")
+        return (f"feature reuse: {reused} of {len(self.recomputed_share)} {calls} reused the cache, "
+                f"{self.transformer_work:.0%} of {against} transformer work done; "
                 + (f"the diffusion head in full every {head} reverse steps" if head else "the diffusion head exact"))
 
     def to_json(self) -> dict:

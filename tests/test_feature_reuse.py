@@ -200,3 +200,58 @@ def test_the_head_refreshes_as_told():
     assert 1e-3 < different < 0.5 and not torch.allclose(runs[2], runs[3], rtol=1e-3)
     with pytest.raises(FastARError, match="head refresh every 1"):
         FeatureReuse(head_refresh_every=1).validate()
+
+
+def cspd_run(target, draft, reuse, verify, seed=0):
+    from fastar.samplers.cspd import CSpDSettings, cspd_decode
+
+    settings = MaskedSettings(num_iter=8, cfg_scale=2.0, diffusion_steps=4, reuse=reuse)
+    return cspd_decode(target, draft, ROWS, settings, CSpDSettings(gamma=3, prefill=0.1, verify=verify),
+                       generator=torch.Generator().manual_seed(seed))
+
+
+def cspd_pair(dtype=torch.float32):
+    return deep_mar(0, dtype, scale=0.05), deep_mar(1, dtype, scale=0.05)
+
+
+@pytest.mark.parametrize("verify", ["steps", "merged"])
+def test_cspd_with_every_call_in_full_is_plain_cspd(verify):
+    target, draft = cspd_pair()
+    plain, plain_stats = cspd_run(target, draft, None, verify)
+    tokens, stats = cspd_run(target, draft, FeatureReuse(start_percent=0.99, head_refresh_every=0), verify)
+    assert torch.equal(tokens, plain) and plain_stats.decoder == "cspd" and stats.decoder == "cspd+reuse"
+    assert stats.transformer_work == 1.0 and set(stats.recomputed_share) == {1.0}
+
+
+@pytest.mark.parametrize("verify, dtype", [("steps", torch.float32), ("merged", torch.float32),
+                                           ("merged", torch.bfloat16)])
+def test_cspd_reuses_a_cache_only_for_the_context_it_holds(verify, dtype, monkeypatch):
+    """Every reusing call (the draft inside a round; the target in merged mode) sees the context its cache's last
+    call saw plus exactly the ``fresh`` positions: a dropped or replaced draft, or a token fixed without telling
+    the cache, would break it. Steps mode's target calls stay full; the work says so."""
+    from fastar.samplers.masked import Guide
+
+    calls = []
+    original = Guide.step_conditions
+
+    def recording(self, tokens, known, known_count, needed, fresh, full):
+        calls.append((self, tokens.clone(), known.clone(), fresh, full or fresh is None))
+        return original(self, tokens, known, known_count, needed, fresh, full)
+
+    monkeypatch.setattr(Guide, "step_conditions", recording)
+    target, draft = cspd_pair(dtype)
+    tokens, stats = cspd_run(target, draft, FeatureReuse(start_percent=0.0, refresh_every=8, token_reuse=0.5), verify)
+    reused = {"target": 0, "draft": 0}
+    for guide in {id(c[0]): c[0] for c in calls}.values():
+        mine = [c for c in calls if c[0] is guide]
+        name = "target" if guide.model is target else "draft"
+        for (_, tokens_before, known_before, _, _), (_, tokens_now, known_now, fresh, full) in zip(mine, mine[1:]):
+            if full:
+                continue
+            reused[name] += 1
+            told = known_before.clone().scatter_(1, fresh, True)
+            assert torch.equal(known_now, told)
+            assert torch.equal(tokens_now[known_before], tokens_before[known_before])
+    assert reused["draft"] > 0 and (reused["target"] > 0) == (verify == "merged")
+    assert torch.isfinite(tokens).all() and stats.decoder == "cspd+reuse" and stats.transformer_work < 1.0
+    assert len(stats.recomputed_share) == stats.drafter_forwards + stats.target_forwards

@@ -69,6 +69,12 @@ def test_generate_ar_and_cspd_write_images_latents_and_stats(files, tmp_path):
                    "--cspd-verify", verify, "--stats-out", tmp_path / f"{verify}.json", cwd=tmp_path)
         assert r.returncode == 0, r.stderr
         assert "target calls" in r.stdout and "draft calls" in r.stdout and "acceptance" in r.stdout
+    r = fastar(*common, "--decoder", "cspd", "--drafter", files / "mar_draft.safetensors", "--gamma", 2, "--cspd-verify",
+               "merged", "--reuse", "--reuse-start", 0.0, "--stats-out", tmp_path / "cspd_lazy.json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"feature reuse: [1-9]\d* of \d+ model calls reused the cache", r.stdout), r.stdout
+    stats = json.loads((tmp_path / "cspd_lazy.json").read_text())
+    assert stats["decoder"] == "cspd+reuse" and 0 < stats["transformer_work"] < 1
     r = fastar(*common, "--reuse", "--reuse-start", 0.25, "--refresh-every", 2, "--stats-out", tmp_path / "lazy.json",
                cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -91,7 +97,6 @@ def test_generate_ar_and_cspd_write_images_latents_and_stats(files, tmp_path):
     (("--vq", DEMO_VQ), "a MAR model writes continuous latents: its image decoder is a KL autoencoder"),
     (("--top-k", 5), "--top-k and --top-p act on token probabilities"),
     (("--decoder", "cspd", "--drafter", "DRAFT", "--cspd-verify", "merged", "--prefill", 1.5), "pre-fill 1.5"),
-    (("--decoder", "cspd", "--drafter", "DRAFT", "--reuse"), r"feature reuse \(LazyMAR-style\) runs in MAR's own sampler"),
     (("--reuse", "--refresh-every", 1), "refresh every 1: use 2 or more"),
     (("--reuse", "--head-refresh-every", 1), "head refresh every 1: use 0"),
     (("--reuse", "--reuse-start", 0.8, "--reuse-end", 0.5), "give 0 <= start percent < end percent <= 1"),
@@ -138,7 +143,9 @@ def test_bench_mar_compares_cspd_with_the_mar_sampler_at_several_step_counts(tmp
     rows = report["results"]
     assert list(rows) == ["mar", "mar@64", "mar@32", "mar@16", "cspd-steps", "cspd-merged", "cspd-relaxed-steps",
                           "cspd-relaxed-merged", "lazy", "lazy-reuse0.5", "lazy-reuse0.9", "lazy-refresh3",
-                          "lazy-refresh8", "lazy-start0.1", "lazy-head0", "lazy-head3", "recap-like"]
+                          "lazy-refresh8", "lazy-start0.1", "lazy-head0", "lazy-head3", "recap-like",
+                          "cspd-steps-lazy", "cspd-merged-lazy"]
+    assert rows["cspd-merged-lazy"]["transformer_work"] < 1.0 and rows["cspd-merged-lazy"]["cspd"]["ratio_temperature"] == 1
     assert rows["mar"]["transformer_work"] == 1.0 and rows["mar"]["settings"]["reuse"] is None
     assert rows["lazy"]["transformer_work"] < 1.0 and rows["lazy"]["settings"]["reuse"]["token_reuse"] == 0.75
     assert rows["mar"]["target_calls"] == 4 and rows["mar@32"]["target_calls"] == 32
@@ -149,3 +156,17 @@ def test_bench_mar_compares_cspd_with_the_mar_sampler_at_several_step_counts(tmp
     relaxed = rows["cspd-relaxed-merged"]  # the reference code's rule: its temperature and path factor
     assert relaxed["decoder"] == "cspd-relaxed" and relaxed["cspd"]["ratio_temperature"] == 42.0
     assert relaxed["cspd"]["path_factor"] and relaxed["acceptance_rate"] is not None
+
+
+def test_bench_mar_runs_the_rows_asked_for_and_names_the_others():
+    from types import SimpleNamespace
+
+    from fastar.commands.bench.mar import rows_for
+
+    args = SimpleNamespace(num_iter=8, cfg=3.0, cfg_schedule="linear", temperature=1.0, diffusion_steps=5, top_k=None,
+                           top_p=None, reuse=False, reuse_start=0.2, reuse_end=1.0, refresh_every=4, token_reuse=0.75,
+                           head_refresh_every=7, gamma=None, prefill=0.05, cspd_verify="steps", cspd_temperature=None,
+                           cspd_path_factor=False, mar_steps="16,4", mar_rows="cspd-merged-lazy, mar@4")
+    assert [row.label for row in rows_for(args, 16)] == ["mar", "mar@4", "cspd-merged-lazy"]
+    with pytest.raises(FastARError, match="--mar-rows: no row lazy@9; the rows are mar, mar@16, mar@4, cspd-steps"):
+        rows_for(SimpleNamespace(**{**vars(args), "mar_rows": "lazy@9"}), 16)

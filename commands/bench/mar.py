@@ -33,7 +33,7 @@ from .common import (CHUNK, frechet_against, latency_note, quality, quality_pane
 @dataclass(frozen=True)
 class Row:
     label: str
-    decoder: str  # "ar", "cspd" or "cspd-relaxed"
+    decoder: str  # "ar", "cspd" or "cspd-relaxed" (with reuse in its settings: "+reuse" in the stats)
     settings: MaskedSettings
     cspd: CSpDSettings
 
@@ -50,7 +50,20 @@ def rows_for(args, num_tokens: int) -> list[Row]:
     reference = replace(cspd, ratio_temperature=args.cspd_temperature or REFERENCE_TEMPERATURE, path_factor=True)
     rows += [Row(f"cspd-relaxed-{mode}", "cspd-relaxed", base, replace(reference, verify=mode))
              for mode in ("steps", "merged")]
-    return rows + reuse_rows(base, cspd, reuse_of(args), steps)
+    rows += reuse_rows(base, exact, reuse_of(args), steps)
+    return chosen(rows, getattr(args, "mar_rows", None))
+
+
+def chosen(rows: list[Row], labels: str | None) -> list[Row]:
+    """``--mar-rows``: the rows named (the plain MAR row first, always); every row without it."""
+    if not labels:
+        return rows
+    wanted = {label.strip() for label in labels.split(",") if label.strip()}
+    unknown = wanted - {row.label for row in rows}
+    if unknown:
+        raise FastARError(f"--mar-rows: no row {', '.join(sorted(unknown))}; the rows are "
+                          f"{', '.join(row.label for row in rows)}")
+    return [row for row in rows if row.label == "mar" or row.label in wanted]
 
 
 def reuse_of(args) -> FeatureReuse:
@@ -59,8 +72,8 @@ def reuse_of(args) -> FeatureReuse:
 
 
 def reuse_rows(base: MaskedSettings, cspd: CSpDSettings, reuse: FeatureReuse, steps: list[int]) -> list[Row]:
-    """LazyMAR-style reuse at the base steps (and a sweep of each knob around it, for the Pareto), and at the
-    most steps below the base (does reuse beat simply taking fewer steps?)."""
+    """LazyMAR-style reuse at the base steps (and a sweep of each knob around it, for the Pareto), at the most
+    steps below the base (does reuse beat simply taking fewer steps?), and inside exact CSpD (``cspd``)."""
     variants = {"lazy": reuse}
     for share in (0.5, 0.9):
         variants[f"lazy-reuse{share:g}"] = replace(reuse, token_reuse=share)
@@ -79,7 +92,9 @@ def reuse_rows(base: MaskedSettings, cspd: CSpDSettings, reuse: FeatureReuse, st
     fewer = sorted(k for k in steps if k < base.num_iter)
     if len(fewer) > 1:  # against the plain row below it
         rows.append(Row(f"lazy@{fewer[-1]}", "ar", replace(base, num_iter=fewer[-1], reuse=reuse), cspd))
-    return rows
+    # CSpD (the exact rule) with the same reuse: the draft's calls inside a round, and the target's in merged mode
+    return rows + [Row(f"cspd-{mode}-lazy", "cspd", replace(base, reuse=reuse), replace(cspd, verify=mode))
+                   for mode in ("steps", "merged")]
 
 
 def run_row(models, labels: list[int], row: Row, seed: int):
