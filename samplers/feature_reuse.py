@@ -23,7 +23,7 @@ from ..errors import FastARError
 
 @dataclass(frozen=True)
 class FeatureReuse:
-    start_percent: float = 0.2
+    start_percent: float = 0.1  # on the demo MAR 0.1 kept more quality than 0.2 at the same speed (README)
     end_percent: float = 1.0
     refresh_every: int = 4
     token_reuse: float = 0.75

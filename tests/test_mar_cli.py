@@ -143,7 +143,7 @@ def test_bench_mar_compares_cspd_with_the_mar_sampler_at_several_step_counts(tmp
     rows = report["results"]
     assert list(rows) == ["mar", "mar@64", "mar@32", "mar@16", "cspd-steps", "cspd-merged", "cspd-relaxed-steps",
                           "cspd-relaxed-merged", "lazy", "lazy-reuse0.5", "lazy-reuse0.9", "lazy-refresh3",
-                          "lazy-refresh8", "lazy-start0.1", "lazy-head0", "lazy-head3", "recap-like",
+                          "lazy-refresh8", "lazy-start0.2", "lazy-head0", "lazy-head3", "recap-like",
                           "cspd-steps-lazy", "cspd-merged-lazy"]
     assert rows["cspd-merged-lazy"]["transformer_work"] < 1.0 and rows["cspd-merged-lazy"]["cspd"]["ratio_temperature"] == 1
     assert rows["mar"]["transformer_work"] == 1.0 and rows["mar"]["settings"]["reuse"] is None
@@ -164,7 +164,7 @@ def test_bench_mar_runs_the_rows_asked_for_and_names_the_others():
     from fastar.commands.bench.mar import rows_for
 
     args = SimpleNamespace(num_iter=8, cfg=3.0, cfg_schedule="linear", temperature=1.0, diffusion_steps=5, top_k=None,
-                           top_p=None, reuse=False, reuse_start=0.2, reuse_end=1.0, refresh_every=4, token_reuse=0.75,
+                           top_p=None, reuse=False, reuse_start=0.1, reuse_end=1.0, refresh_every=4, token_reuse=0.75,
                            head_refresh_every=7, gamma=None, prefill=0.05, cspd_verify="steps", cspd_temperature=None,
                            cspd_path_factor=False, mar_steps="16,4", mar_rows="cspd-merged-lazy, mar@4")
     assert [row.label for row in rows_for(args, 16)] == ["mar", "mar@4", "cspd-merged-lazy"]

@@ -12,6 +12,7 @@ import torch
 from safetensors import safe_open
 
 from fastar.errors import FastARError
+from fastar.samplers.feature_reuse import FeatureReuse
 
 from fastar.commands.profile.speed import build, kv_bytes_read, run_profile, weight_bytes_read
 
@@ -112,6 +113,14 @@ def test_a_mar_profile_times_its_transformer_call_head_and_images():
     entry = report["batches"]["2"]
     assert report["drafter"].startswith("a MAR of") and report["grid"] == [4, 4]
     assert entry["head_ms"] == entry["head_step_ms"] * 100 and entry["forward_ms"] > 0
+    # feature reuse beside it: a reusing call and head step, and the whole step at the default schedule from them
+    reuse, steps = entry["reuse"], entry["mar_steps"]
+    assert reuse["reused_calls"] == steps - sum(FeatureReuse().full_steps(steps)) > 0
+    assert reuse["call_speedup"] == pytest.approx(entry["forward_ms"] / reuse["call_ms"])
+    every = FeatureReuse().head_refresh_every
+    head = (entry["head_step_ms"] + (every - 1) * reuse["head_step_ms"]) / every * 100
+    step = ((steps - reuse["reused_calls"]) * entry["forward_ms"] + reuse["reused_calls"] * reuse["call_ms"]) / steps
+    assert reuse["step_speedup"] == pytest.approx((entry["forward_ms"] + entry["head_ms"]) / (step + head))
     assert entry["decoders"]["ar"]["target_forwards"] == 16 and entry["decoders"]["cspd"]["ms_per_iteration"] > 0
     # its arithmetic is what PyTorch counts for the same call (4 rows, half the tokens known); PyTorch's
     # counter leaves attention's products out on the CPU, so they are compared without them

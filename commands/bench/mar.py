@@ -79,7 +79,8 @@ def reuse_rows(base: MaskedSettings, cspd: CSpDSettings, reuse: FeatureReuse, st
         variants[f"lazy-reuse{share:g}"] = replace(reuse, token_reuse=share)
     for every in (3, 8):
         variants[f"lazy-refresh{every}"] = replace(reuse, refresh_every=every)
-    variants["lazy-start0.1"] = replace(reuse, start_percent=0.1)
+    for start in (0.1, 0.2):  # the default and the earlier one: the row equal to the base is left out
+        variants[f"lazy-start{start:g}"] = replace(reuse, start_percent=start)
     for every in (0, 3):  # 0: the transformer's reuse alone
         variants[f"lazy-head{every}"] = replace(reuse, head_refresh_every=every)
     # ReCAP's schedule (liebenxj/ReCAP) as the nearest point of this family: full steps for the first half, then

@@ -7,6 +7,11 @@ for the tokens the step predicts. Per batch (each image with its CFG row) the re
   once over the measured bandwidth) and its arithmetic (GFLOP per call): a MAR call is compute bound;
 - ``head_step_ms``: one reverse step of the head for one MAR step's tokens (guided: cond and uncond in one
   call), and ``head_ms`` for the whole reverse process (``diffusion_steps`` of them);
+- ``reuse``: what LazyMAR-style feature reuse (its default settings) makes of the same call and reverse step:
+  a reusing transformer call (the guided rows, one step's fresh tokens, the default share of the other slots
+  after the pruning block) and a reusing head step (the guided rows, the kept MLP outputs), with their speed-ups
+  and the whole MAR step's at the default schedule (how many calls reuse, one head call in ``head_refresh_every``
+  in full);
 - whole images of ``ar`` (MAR's sampler) and ``cspd`` (drafted by a smaller MAR: the paper's MAR-B for MAR-L
   and MAR-H, a 2 + 2-block model of the shape otherwise, or ``--drafter`` with ``--model``), ms per target call.
 """
@@ -19,7 +24,10 @@ import torch
 from ...errors import FastARError
 from ...model_loaders.mar.model import MAR, MARConfig
 from ...model_loaders.shared.protocol import ClassConditioning
+from ...model_loaders.mar.lazy import LazyFeatures
+from ...model_loaders.mar.model import HeadCache
 from ...samplers.decoders import decode_masked
+from ...samplers.feature_reuse import FeatureReuse
 from ...samplers.masked import MaskedSettings
 from .common import Timing, image_costs, randomise
 
@@ -104,7 +112,9 @@ def mar_batch(model: MAR, draft, timing: Timing, batch: int, bytes_per_s: float,
     head_step_s = timing.median_s(lambda: head.guided(x, y, settings.cfg_scale))  # as a reverse step calls it
     entry = {"floor_ms": floor_ms, "forward_ms": forward_s * 1e3, "forward_over_floor": forward_s * 1e3 / floor_ms,
              "forward_gflop": transformer_gflop(model, rows, L // 2), "head_step_ms": head_step_s * 1e3,
-             "head_ms": head_step_s * 1e3 * settings.diffusion_steps, "mar_steps": settings.num_iter}
+             "head_ms": head_step_s * 1e3 * settings.diffusion_steps, "mar_steps": settings.num_iter,
+             "reuse": reuse_costs(model, timing, batch, settings, tokens, known, vectors, (x, y, head_step_s),
+                                  forward_s)}
     if decoders:
         conditioning = ClassConditioning(torch.zeros(batch, dtype=torch.long))
 
@@ -122,11 +132,40 @@ def mar_batch(model: MAR, draft, timing: Timing, batch: int, bytes_per_s: float,
     return entry
 
 
+def reuse_costs(model: MAR, timing: Timing, batch: int, settings: MaskedSettings, tokens, known, vectors, head_call,
+                forward_s: float) -> dict:
+    """A reusing transformer call and head step beside the full ones (the module doc), at mid-schedule."""
+    reuse, L, device = FeatureReuse(), model.cfg.num_tokens, model.device
+    lazy = LazyFeatures(model)
+    lazy.refresh(tokens[:batch], known[:batch], vectors[:batch], vectors[batch:], L // 2)
+    per_step = -(-L // settings.num_iter)
+    fresh = torch.arange(L // 2 - per_step, L // 2, device=device).expand(batch, -1)  # fixed at the step before
+    needed = torch.arange(L // 2, L // 2 + per_step, device=device).expand(batch, -1)
+    keep = reuse.keep(lazy.slots, 2 * per_step)
+    call_s = timing.median_s(lambda: lazy.reuse(tokens[:batch], vectors[:batch], fresh, needed, keep))
+    x, y, head_step_s = head_call
+    kept = HeadCache()
+    model.head.guided(x, y, settings.cfg_scale, kept)
+    head_s = timing.median_s(lambda: model.head.guided_reusing(x, y[: x.shape[0]], settings.cfg_scale, kept))
+    reused_calls = settings.num_iter - sum(reuse.full_steps(settings.num_iter))
+    every = reuse.head_refresh_every
+    head_mean_s = head_step_s if not every else (head_step_s + (every - 1) * head_s) / every
+    full_step_s = forward_s + settings.diffusion_steps * head_step_s
+    step_s = ((settings.num_iter - reused_calls) * forward_s + reused_calls * call_s) / settings.num_iter \
+        + settings.diffusion_steps * head_mean_s
+    return {"call_ms": call_s * 1e3, "call_speedup": forward_s / call_s, "head_step_ms": head_s * 1e3,
+            "head_speedup": head_step_s / head_s, "reused_calls": reused_calls, "step_speedup": full_step_s / step_s}
+
+
 def print_mar_batch(batch: int, entry: dict) -> None:
     print(f"[profile] batch {batch} (CFG, {2 * batch} rows): transformer call {entry['forward_ms']:.1f} ms "
           f"({entry['forward_gflop']:.3g} GFLOP, {entry['forward_gflop'] / entry['forward_ms'] * 1e3:.0f} GFLOP/s; weight floor {entry['floor_ms']:.2f} ms, "
           f"{entry['forward_over_floor']:.1f}x), head {entry['head_step_ms']:.2f} ms per reverse step, "
           f"{entry['head_ms']:.0f} ms per MAR step", flush=True)
+    reuse = entry["reuse"]
+    print(f"[profile]   feature reuse (defaults): a reusing call {reuse['call_ms']:.1f} ms ({reuse['call_speedup']:.2f}x), "
+          f"a reusing head step {reuse['head_step_ms']:.2f} ms ({reuse['head_speedup']:.2f}x); {reuse['reused_calls']} "
+          f"of {entry['mar_steps']} calls reuse: a MAR step {reuse['step_speedup']:.2f}x faster on average", flush=True)
     for decoder, cost in entry.get("decoders", {}).items():
         print(f"[profile]   {decoder}: {cost['ms_per_iteration']:.1f} ms per target call, "
               f"{cost['target_forwards']:.0f} calls per image, {cost['image_s']:.2f} s per image", flush=True)

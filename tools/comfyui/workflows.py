@@ -441,7 +441,7 @@ def demo_mar_cspd(info) -> dict:
     return g.to_json()
 
 
-def lazymar_widgets(seed=3, cfg=3.0, temperature=1.0, batch=1, start_percent=0.2, end_percent=1.0, refresh_every=4,
+def lazymar_widgets(seed=3, cfg=3.0, temperature=1.0, batch=1, start_percent=0.1, end_percent=1.0, refresh_every=4,
                     token_reuse=0.75, head_refresh_every=7, **mar):
     return [seed, "fixed", cfg, temperature, batch, *mar_widgets(**mar), start_percent, end_percent, refresh_every,
             token_reuse, head_refresh_every]
