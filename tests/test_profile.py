@@ -184,7 +184,7 @@ def test_8_bit_weights_lower_the_floor_and_the_memory_by_their_bytes():
     blocks = sum(m.weight.numel() for m in model.layers.modules() if isinstance(m, torch.nn.Linear))
     scales = sum(m.weight.shape[0] for m in model.layers.modules() if isinstance(m, torch.nn.Linear))
     saved = 3 * blocks - 4 * scales  # 4 bytes to 1 per weight, plus a 4-byte scale per output channel
-    assert eight["weights"] == "int8"
+    assert eight["weights"] == "int8" and eight["params"] == full["params"]  # 8-bit codes are still parameters
     assert (full["memory"]["weights_gb"] - eight["memory"]["weights_gb"]) * 1e9 == pytest.approx(saved)
     floors = [report["batches"]["1"]["floor_ms"] / (1e3 / report["bandwidth_gb_s"] / 1e9) for report in (full, eight)]
     assert floors[0] - floors[1] == pytest.approx(saved, rel=1e-6)  # bytes, from ms at each run's bandwidth

@@ -145,6 +145,12 @@ def weight_bytes_read(model) -> int:
     return sum(t.numel() * t.element_size() for t in [*model.parameters(), *eight_bit] if id(t) not in embeddings)
 
 
+def parameter_count(model) -> int:
+    """The model's parameters, an 8-bit layer's weight codes included (they are buffers, not parameters)."""
+    codes = sum(m.weight.numel() for m in model.modules() if isinstance(m, QuantizedLinear))
+    return sum(p.numel() for p in model.parameters()) + codes
+
+
 def kv_bytes_read(model, rows: int, filled: int) -> int:
     cfg = getattr(model, "decoder_cfg", None) or model.cfg
     element = torch.finfo(model.dtype).bits // 8
@@ -323,7 +329,7 @@ def run_profile(args) -> dict:
     name = Path(args.model).name if args.model else args.shape
     report = {"shape": name, "device": str(device), "dtype": args.dtype, "weights": args.weights,
               "machine": platform.machine(), "compiled": None if mar else compiled_mode(model),
-              "params": sum(p.numel() for p in model.parameters()), "grid": list(model.grid),
+              "params": parameter_count(model), "grid": list(model.grid),
               "drafter": drafter_name(drafter),
               "bandwidth_gb_s": bytes_per_s / 1e9, "memory": memory_needs(model, args.batches),
               "batches": {}}
