@@ -196,7 +196,7 @@ class Guide:
         reusing call's vectors are valid at ``needed`` only."""
         if self.lazy is None:
             return self.conditions(tokens, known, known_count)
-        plain = self.lazy.full_work(known_count, 1 if self.uncond is None else 2)
+        plain = self.plain_work(known_count)
         if full or fresh is None:
             self.count_work(plain, plain)
             return self.lazy.refresh(tokens, known, self.cond, self.uncond, known_count)
@@ -210,10 +210,14 @@ class Guide:
         if self.lazy is not None:
             self.work.append((done * self.model.cfg.dim ** 2, plain * self.model.cfg.dim ** 2))
 
+    def plain_work(self, known_count: int) -> int:
+        """A full call's transformer work (slot-blocks) over ``known_count`` known tokens, both CFG branches."""
+        return self.lazy.full_work(known_count, 1 if self.uncond is None else 2)
+
     def count_plain(self, *known_counts: int) -> None:
         """Full calls made outside the cache (one context per known count) in the work under reuse."""
         if self.lazy is not None:
-            plain = sum(self.lazy.full_work(known, 1 if self.uncond is None else 2) for known in known_counts)
+            plain = sum(self.plain_work(known) for known in known_counts)
             self.count_work(plain, plain)
 
     @property
