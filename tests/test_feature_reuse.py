@@ -224,7 +224,7 @@ def test_cspd_with_every_call_in_full_is_plain_cspd(verify):
 
 
 @pytest.mark.parametrize("verify, dtype", [("steps", torch.float32), ("merged", torch.float32),
-                                           ("merged", torch.bfloat16)])
+                                           ("merged", torch.bfloat16), ("steps", torch.float16)])
 def test_cspd_reuses_a_cache_only_for_the_context_it_holds(verify, dtype, monkeypatch):
     """Every reusing call (the draft inside a round; the target in merged mode) sees the context its cache's last
     call saw plus exactly the ``fresh`` positions: a dropped or replaced draft, or a token fixed without telling
