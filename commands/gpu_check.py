@@ -342,8 +342,10 @@ def kernel_lines(profiles: dict) -> list[str]:
             for window, k in entry.get("kernels", {}).items():
                 groups = ", ".join(f"{group} {ms:.2f}" for group, ms in k["groups_ms"].items())
                 busiest = k["top"][0] if k["top"] else {"name": "-", "ms": 0.0}
+                host = k.get("dynamo_host_ms", {})
                 lines.append(f"- {name}, batch {batch}, W={window}: {k['wall_ms']:.2f} wall, {k['busy_ms']:.2f} busy "
-                             f"({groups}); busiest {busiest['ms']:.3f} {busiest['name'][:80]}")
+                             f"({groups}); busiest {busiest['ms']:.3f} {busiest['name'][:80]}; dynamo on the host: "
+                             f"guards {host.get('guards', 0):.3f}, inputs {host.get('inputs', 0):.3f}")
     return lines or ["- no profile ran with --kernels"]
 
 

@@ -322,3 +322,54 @@ def test_8_bit_blocks_compile_to_eagers_tokens(fmt):
         want, _ = decode(eager, tiny_conditioning(eager), SAMPLING, spec, seed=0)
         got, _ = decode(compiled, tiny_conditioning(compiled), SAMPLING, spec, seed=0)
         assert torch.equal(got, want)
+
+
+def test_only_a_repeat_of_the_previous_call_skips_dynamos_full_guards(monkeypatch):
+    """A call that repeats its session's previous one (same argument shapes) evaluates only the guards that tell
+    graphs apart (compiled.py: a millisecond per call at 32 layers); any other call is guarded in full. Here a
+    session that keeps hidden states (what an EAGLE drafter reads) follows one that does not, with the same
+    shapes: only the full guards see the difference, and it gets its hidden states, as eager's."""
+    stances = []
+    real = torch.compiler.set_stance
+    monkeypatch.setattr(torch.compiler, "set_stance", lambda *a, **k: stances.append(k) or real(*a, **k))
+    eager, model = tiny_model(seed=6), compile_steps(tiny_model(seed=6))
+    tokens, start = torch.tensor([[1], [2]]), torch.tensor([3, 4])
+
+    def calls(session, n):
+        outputs = [session.forward(tokens, start) for _ in range(n)]
+        return outputs[-1], len(stances)
+
+    plain = model.start(tiny_conditioning(model), cfg=True, max_window=4)
+    assert calls(plain, 3)[1] == 2  # the first call guarded in full, its repeats not
+    kept = model.start(tiny_conditioning(model), cfg=True, max_window=4, hidden=True)
+    out, skipped = calls(kept, 2)
+    want = eager.start(tiny_conditioning(eager), cfg=True, max_window=4, hidden=True)
+    for _ in range(2):
+        expected = want.forward(tokens, start)
+    assert out.hidden is not None and torch.allclose(out.hidden, expected.hidden, atol=1e-5)
+    assert torch.allclose(out.cond, expected.cond, atol=1e-5)
+    assert skipped == 3  # another session: in full first
+    assert calls(plain, 1)[1] == 3 and calls(plain, 1)[1] == 4  # back to the first session: in full, then not
+    plain.forward(torch.tensor([[1, 2], [3, 4]]), start)  # another width: in full
+    assert len(stances) == 4 and all(s == {"skip_guard_eval_unsafe": True} for s in stances)
+    from fastar.commands.profile.kernels import kernel_breakdown
+
+    host = kernel_breakdown(lambda: plain.forward(tokens, start), torch.device("cpu"))["dynamo_host_ms"]
+    assert host["guards"] > 0 and host["inputs"] > 0  # what profile --kernels reports of a compiled step
+
+
+def test_a_repeat_whose_tensors_changed_is_guarded_in_full_again():
+    """Skipping guards still checks every tensor's dtype, shape and device; where one the step reads changed
+    since the previous call, no graph fits and the call runs again with full guards (it compiles), instead of
+    failing, or turning compiled steps off."""
+    from types import SimpleNamespace
+
+    from fastar.model_loaders.shared.compiled import CompiledStep
+
+    step = CompiledStep(lambda session, x: x * session.scale, "default")
+    session = SimpleNamespace(scale=torch.full((3,), 2.0))
+    for _ in range(2):
+        assert step(session, torch.ones(3), caller=1).tolist() == [2.0, 2.0, 2.0]
+    session.scale = torch.full((3,), 3.0, dtype=torch.float64)
+    got = step(session, torch.ones(3), caller=1)
+    assert got.dtype == torch.float64 and got.tolist() == [3.0, 3.0, 3.0] and step.failure is None

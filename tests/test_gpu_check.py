@@ -56,12 +56,13 @@ def test_the_report_states_the_speed_goals():
 
 def test_the_report_says_where_a_forward_spends_its_time():
     k = {"wall_ms": 6.5, "busy_ms": 5.0, "busy_share": 5 / 6.5, "groups_ms": {"matmul": 4.0, "attention": 1.0},
-         "top": [{"name": "sm90_xmma_gemm", "group": "matmul", "ms": 0.125, "calls": 4}]}
+         "top": [{"name": "sm90_xmma_gemm", "group": "matmul", "ms": 0.125, "calls": 4}],
+         "dynamo_host_ms": {"guards": 0.0625, "inputs": 0.03125}}
     lines = kernel_lines({"profile-7b-compiled": {"batches": {"2": {"kernels": {"1": k, "16": k | {"top": []}}}}}})
     assert lines == ["- profile-7b-compiled, batch 2, W=1: 6.50 wall, 5.00 busy (matmul 4.00, attention 1.00); "
-                     "busiest 0.125 sm90_xmma_gemm",
+                     "busiest 0.125 sm90_xmma_gemm; dynamo on the host: guards 0.062, inputs 0.031",
                      "- profile-7b-compiled, batch 2, W=16: 6.50 wall, 5.00 busy (matmul 4.00, attention 1.00); "
-                     "busiest 0.000 -"]
+                     "busiest 0.000 -; dynamo on the host: guards 0.062, inputs 0.031"]
     assert kernel_lines({"profile-mar": {"batches": {"2": {"head_ms": 1}}}}) == ["- no profile ran with --kernels"]
 
 

@@ -155,6 +155,7 @@ def test_kernels_say_where_a_forward_spends_its_time():
         assert {"matmul", "attention"} <= set(k["groups_ms"])
         assert next(t for t in k["top"] if t["name"] == "aten::mm")["group"] == "matmul"
     assert kernels["16"]["groups_ms"]["matmul"] > kernels["1"]["groups_ms"]["matmul"]
+    assert kernels["1"]["dynamo_host_ms"] == {"guards": 0.0, "inputs": 0.0}  # eager: no dynamo (compiled: test_compiled)
 
 
 @pytest.mark.parametrize("name, group", [

@@ -1,7 +1,8 @@
 """``profile --kernels``: where one forward's time goes, from torch.profiler. On CUDA: the device time of each
 kernel (inside CUDA graph replays too), grouped into matrix products, attention, copies and fused elementwise
 work, against the forward's wall time (the rest is the GPU waiting for launches). On the CPU: each operator's
-own time, grouped the same way."""
+own time, grouped the same way. On both, the host time a compiled step spends in dynamo before its graph runs:
+checking guards, and gathering the graph's inputs from the session and the model."""
 from __future__ import annotations
 
 import re
@@ -20,6 +21,7 @@ GROUPS = (("attention", r"flash|fmha|attention|sdpa|cudnn"),  # before matmul: C
           ("copy", r"memcpy|memset|index_put|scatter|gather|aten::(copy_|cat|index|fill_)\b"),
           ("elementwise", r"triton_|elementwise|reduce|aten::"))
 TOP = 12
+DYNAMO_HOST = {"TorchDynamo Cache Lookup": "guards", "Pregraph bytecode": "inputs"}  # profiler event -> what it is
 
 
 def group_of(name: str) -> str:
@@ -41,8 +43,10 @@ def kernel_breakdown(step, device: torch.device, repeats: int = 5) -> dict:
         if cuda:
             torch.cuda.synchronize(device)
         wall_ms = (time.perf_counter() - t0) * 1e3 / repeats
-    busy, calls = defaultdict(float), defaultdict(int)
+    busy, calls, host = defaultdict(float), defaultdict(int), dict.fromkeys(DYNAMO_HOST.values(), 0.0)
     for event in prof.events():
+        if event.name in DYNAMO_HOST:
+            host[DYNAMO_HOST[event.name]] += event.cpu_time_total / 1e3 / repeats
         if cuda and event.device_type == DeviceType.CUDA:
             busy[event.name] += event.time_range.elapsed_us() / 1e3
         elif not cuda and event.device_type == DeviceType.CPU and event.name.startswith("aten::"):
@@ -56,7 +60,7 @@ def kernel_breakdown(step, device: torch.device, repeats: int = 5) -> dict:
     total = sum(groups.values())
     top = sorted(busy, key=busy.get, reverse=True)[:TOP]
     return {"wall_ms": wall_ms, "busy_ms": total, "busy_share": total / wall_ms,
-            "groups_ms": dict(sorted(groups.items(), key=lambda kv: -kv[1])),
+            "groups_ms": dict(sorted(groups.items(), key=lambda kv: -kv[1])), "dynamo_host_ms": host,
             "top": [{"name": name[:160], "group": group_of(name), "ms": busy[name] / repeats,
                      "calls": calls[name] / repeats} for name in top]}
 
@@ -65,6 +69,10 @@ def print_breakdown(label: str, breakdown: dict) -> None:
     print(f"[profile]   {label}: {breakdown['wall_ms']:.2f} ms wall, {breakdown['busy_ms']:.2f} ms busy "
           f"({breakdown['busy_share']:.0%}): " + ", ".join(f"{group} {ms:.2f}" for group, ms
                                                            in breakdown["groups_ms"].items()), flush=True)
+    host = breakdown["dynamo_host_ms"]
+    if any(host.values()):
+        print(f"[profile]     host, dynamo: guards {host['guards']:.3f} ms, gathering inputs {host['inputs']:.3f} ms",
+              flush=True)
     for kernel in breakdown["top"][:5]:
         print(f"[profile]     {kernel['ms']:.3f} ms x{kernel['calls']:.0f} [{kernel['group']}] {kernel['name'][:90]}",
               flush=True)
