@@ -352,6 +352,10 @@ def test_only_a_repeat_of_the_previous_call_skips_dynamos_full_guards(monkeypatc
     assert calls(plain, 1)[1] == 3 and calls(plain, 1)[1] == 4  # back to the first session: in full, then not
     plain.forward(torch.tensor([[1, 2], [3, 4]]), start)  # another width: in full
     assert len(stances) == 4 and all(s == {"skip_guard_eval_unsafe": True} for s in stances)
+    from fastar.model_loaders.shared.compiled import guards_in_full
+
+    with guards_in_full():  # the profile's comparison: repeats guarded in full too
+        assert calls(plain, 2)[1] == 4
     from fastar.commands.profile.kernels import kernel_breakdown
 
     host = kernel_breakdown(lambda: plain.forward(tokens, start), torch.device("cpu"))["dynamo_host_ms"]

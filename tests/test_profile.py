@@ -51,6 +51,7 @@ def test_a_cpu_profile_times_every_window_and_decoder(tmp_path, compiled):
             assert entry["eager"]["same_tokens"] == {"ar": True, "sjd": True, "gsd": True, "spec": True}
             assert set(entry["eager"]["max_logit_gap"]) == {"1", "4", "16"}
             assert all(0 <= gap < 1e-4 for gap in entry["eager"]["max_logit_gap"].values())
+            assert set(entry["full_guards_forward_ms"]) == {"1", "4", "16"}  # timed again, guards in full
     assert report["drafter"] == "small-ar"
 
 

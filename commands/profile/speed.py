@@ -15,7 +15,8 @@ checkpoint (``--model``).
   random shape's ``spec`` drafts with a random 2-layer model of the same shape (its acceptance means nothing,
   its cost does); a checkpoint's takes ``--drafter``.
 - ``--compile``: the steps through torch.compile (model_loaders/shared/compiled.py), and the same measurements on an
-  eager twin with the same weights, side by side in the report (``eager``).
+  eager twin with the same weights, side by side in the report (``eager``); the compiled forwards again with every
+  call guarded in full (``full_guards_forward_ms``: what a repeated call saves by skipping most of dynamo's guards).
 - ``--gpu-weights GB``: the model with only that much of its weights on the GPU, its other blocks streamed from
   pinned host memory at every forward (model_loaders/shared/streaming.py); the floor then counts the streamed bytes at
   the measured host-to-device bandwidth.
@@ -37,7 +38,7 @@ import torch
 from ...errors import FastARError
 from ...model_loaders.drafters.small_ar import SmallARDrafter
 from ...model_loaders.chameleon.model import ChameleonConfig, ChameleonGPT
-from ...model_loaders.shared.compiled import compile_steps, compiled_mode
+from ...model_loaders.shared.compiled import compile_steps, compiled_mode, guards_in_full
 from ...model_loaders.drafters.loader import load_drafter
 from ...model_loaders.janus.model import JanusConfig, JanusGPT
 from ...model_loaders.llamagen.model import LlamaGenConfig, LlamaGenGPT
@@ -384,6 +385,9 @@ def token_batch(args, model, drafter, eager_twin, timing: Timing, batch: int, by
         entry["eager"] = {"forward_ms": {str(w): ms for w, ms in forward_costs(eager_twin, timing, batch,
                                                                               windows).items()},
                           "max_logit_gap": logit_gaps(model, eager_twin, batch, windows)}
+        with guards_in_full():  # what a repeated call saves by checking only the guards that tell graphs apart
+            entry["full_guards_forward_ms"] = {str(w): ms for w, ms in forward_costs(model, timing, batch,
+                                                                                    windows).items()}
     if args.no_decoders and not args.baselines:
         return entry
     runs = decoder_runs(model, drafter, batch, sampling)
@@ -421,6 +425,9 @@ def print_batch(batch: int, entry: dict) -> None:
               f"{eager['forward_ms']['1']:.2f} ms; " + ", ".join(
                   f"{decoder} {cost['image_s']:.3f} s per image" for decoder, cost in eager.get("decoders", {}).items()),
               flush=True)
+        print(f"[profile]   compiled, every call guarded in full: 1-token forward "
+              f"{entry['full_guards_forward_ms']['1']:.2f} ms (repeats skip most guards: "
+              f"{entry['forward_ms']['1']:.2f} ms)", flush=True)
         print("[profile]   compiled vs eager: largest |logit difference| "
               + ", ".join(f"W={w}: {gap:.1e}" for w, gap in eager["max_logit_gap"].items())
               + ("; same tokens for the same seed: " + ", ".join(

@@ -12,6 +12,7 @@ compiles there too.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import itertools
@@ -159,7 +160,7 @@ class CompiledStep:
         if self.failure is not None:
             return self.eager(session, *args, **kwargs)
         shape = tuple((a.shape, a.dtype, a.device) if torch.is_tensor(a) else a for a in args)
-        repeat = caller is not None and (caller, shape) == self.last_call
+        repeat = caller is not None and (caller, shape) == self.last_call and _skip_repeat_guards.get()
         call = functools.partial(self.compiled_or_eager, session, *args, repeat=repeat, **kwargs)
         out = call() if shape in self.shapes_run or not can_interrupt() else self.in_worker(call, args)
         self.shapes_run.add(shape)
@@ -226,6 +227,19 @@ class CompiledStep:
         if "error" in result:
             raise result["error"]
         return result["out"]
+
+
+_skip_repeat_guards: contextvars.ContextVar[bool] = contextvars.ContextVar("fastar_skip_repeat_guards", default=True)
+
+
+@contextlib.contextmanager
+def guards_in_full():
+    """Compiled calls made inside check every guard, repeats included (the profile times what skipping saves)."""
+    token = _skip_repeat_guards.set(False)
+    try:
+        yield
+    finally:
+        _skip_repeat_guards.reset(token)
 
 
 def copied(out):
