@@ -356,6 +356,10 @@ def test_only_a_repeat_of_the_previous_call_skips_dynamos_full_guards(monkeypatc
 
     with guards_in_full():  # the profile's comparison: repeats guarded in full too
         assert calls(plain, 2)[1] == 4
+    import fastar.model_loaders.shared.compiled as compiled
+
+    monkeypatch.setattr(compiled, "CAN_SKIP_GUARDS", False)  # torch < 2.6: no such stance, every call in full
+    assert calls(plain, 2)[1] == 4
     from fastar.commands.profile.kernels import kernel_breakdown
 
     host = kernel_breakdown(lambda: plain.forward(tokens, start), torch.device("cpu"))["dynamo_host_ms"]

@@ -15,6 +15,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import inspect
 import itertools
 import threading
 import time
@@ -39,6 +40,8 @@ CUDA_GRAPHS = "reduce-overhead"  # torch.compile's mode that replays each step a
 COMPILE_MODES = ("default", CUDA_GRAPHS, "max-autotune", "max-autotune-no-cudagraphs")
 GRAPH_MODES = (CUDA_GRAPHS, "max-autotune")  # the modes that replay CUDA graphs: static caches, copied outputs
 POLL_S = 0.1  # how often Cancel is checked while a first call compiles
+# torch >= 2.6 lets a call check only the guards that tell its graphs apart (CompiledStep); older torch checks all
+CAN_SKIP_GUARDS = "skip_guard_eval_unsafe" in inspect.signature(getattr(torch.compiler, "set_stance", len)).parameters
 
 
 def compile_steps(model, when: str = "on", mode: str | None = None):
@@ -160,7 +163,8 @@ class CompiledStep:
         if self.failure is not None:
             return self.eager(session, *args, **kwargs)
         shape = tuple((a.shape, a.dtype, a.device) if torch.is_tensor(a) else a for a in args)
-        repeat = caller is not None and (caller, shape) == self.last_call and _skip_repeat_guards.get()
+        repeat = CAN_SKIP_GUARDS and caller is not None and (caller, shape) == self.last_call and \
+            _skip_repeat_guards.get()
         call = functools.partial(self.compiled_or_eager, session, *args, repeat=repeat, **kwargs)
         out = call() if shape in self.shapes_run or not can_interrupt() else self.in_worker(call, args)
         self.shapes_run.add(shape)
