@@ -163,13 +163,17 @@ class CompiledStep:
         if self.failure is not None:
             return self.eager(session, *args, **kwargs)
         shape = tuple((a.shape, a.dtype, a.device) if torch.is_tensor(a) else a for a in args)
-        repeat = CAN_SKIP_GUARDS and caller is not None and (caller, shape) == self.last_call and \
-            _skip_repeat_guards.get()
+        repeat = self.repeats_last_call(caller, shape)
         call = functools.partial(self.compiled_or_eager, session, *args, repeat=repeat, **kwargs)
         out = call() if shape in self.shapes_run or not can_interrupt() else self.in_worker(call, args)
         self.shapes_run.add(shape)
         self.last_call = (caller, shape)
         return out
+
+    def repeats_last_call(self, caller: int | None, shape: tuple) -> bool:
+        """Whether this call may check only the guards that tell graphs apart (see the class doc)."""
+        return (CAN_SKIP_GUARDS and _skip_repeat_guards.get() and caller is not None
+                and (caller, shape) == self.last_call)
 
     def compiled_or_eager(self, session, *args, repeat: bool = False, **kwargs):
         try:
