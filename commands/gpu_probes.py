@@ -88,6 +88,9 @@ def probe_memory(device: str, out: Path) -> dict:
 
 BLOCK_LINEARS_7B = {"q": (4096, 4096), "k": (4096, 4096), "v": (4096, 4096), "o": (4096, 4096),
                     "w1": (11008, 4096), "w3": (11008, 4096), "w2": (4096, 11008)}  # (out, in) of a 7B block
+# the fused kernel's tiles (BLOCK_M, BLOCK_N, BLOCK_K) the probe times on a block's linears beside block_sizes's
+# choice: one M tile for a whole window (64 rows read each weight tile once, 2 x 32 rows twice), wider N, longer K
+TILES = ((16, 32, 256), (16, 64, 128), (32, 64, 128), (64, 64, 128), (64, 32, 128), (64, 64, 64), (16, 128, 128))
 
 
 def probe_w8(device: str, out: Path, shapes: dict = BLOCK_LINEARS_7B, timed=None) -> dict:
@@ -119,12 +122,29 @@ def probe_w8(device: str, out: Path, shapes: dict = BLOCK_LINEARS_7B, timed=None
         layers[fmt] = {n: QuantizedLinear(lin, fmt) for n, lin in linears.items()}
         layers[f"{fmt} dequantised"] = {n: (lambda x, q=q: F.linear(x, q.weight_for(x)))
                                         for n, q in layers[fmt].items()}
+    result["int8_tiles_ms"] = {}  # block_sizes's choice is the one ms_per_block_linears times
     for rows in (4, 64):
         xs = {n: torch.randn(rows, i, device=device, dtype=torch.bfloat16) for n, (o, i) in shapes.items()}
         for name, block in layers.items():
             result["ms_per_block_linears"][f"{name} rows {rows}"] = round(
                 (timed or graph_ms)(lambda: [block[n](x) for n, x in xs.items()]), 4)
+        if result["int8_fused"]:
+            result["int8_tiles_ms"][f"rows {rows}"] = tile_times(layers["int8"], xs, timed or graph_ms)
     return result
+
+
+def tile_times(block: dict, xs: dict, timed) -> dict:
+    """ms of ``block``'s 8-bit linears on inputs ``xs`` with each of TILES that divides their weights."""
+    from ..model_loaders.shared.w8_matmul import fused_matmul
+
+    times = {}
+    for m, n, k in TILES:
+        if any(q.out_features % n or q.in_features % k for q in block.values()):
+            continue
+        blocks = {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "num_warps": 4, "num_stages": 4}
+        times[f"{m}x{n}x{k}"] = round(timed(lambda: [fused_matmul(x, block[name].weight, block[name].weight_scale,
+                                                                  None, blocks) for name, x in xs.items()]), 4)
+    return times
 
 
 def graph_ms(work, replays: int = 50) -> float:

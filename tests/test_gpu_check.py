@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import torch
+
 from fastar.commands.gpu_check import Step, goal_lines, judge, kernel_lines
 
 
@@ -115,5 +117,22 @@ def test_the_8_bit_kernel_probe_runs_its_code_on_the_cpu():
                                              for d in ("bfloat16", "float16") for r in (1, 4, 64)}
     assert max(result["relative_error"].values()) < 1e-2
     assert result["int8_fused"] is False and calls == [2] * 10  # 5 variants x 2 row counts, both linears each
+    assert result["int8_tiles_ms"] == {}  # the tiles are the fused kernel's, which runs on a GPU (tile_times below)
     assert set(result["ms_per_block_linears"]) == {f"{v} rows {r}" for v in ("bf16", "int8", "int8 dequantised",
                                                                             "fp8", "fp8 dequantised") for r in (4, 64)}
+
+
+def test_the_tile_sweep_times_every_tile_that_divides_the_weights(monkeypatch):
+    """The w8 probe's tile sweep (gpu_probes.tile_times) with the kernel stubbed: each of TILES whose N and K
+    tiles divide every weight, passed to the kernel as its blocks."""
+    from types import SimpleNamespace
+
+    from fastar.commands import gpu_probes
+    from fastar.model_loaders.shared import w8_matmul
+
+    seen = []
+    monkeypatch.setattr(w8_matmul, "fused_matmul", lambda x, codes, scale, bias, blocks: seen.append(blocks) or x)
+    layer = SimpleNamespace(out_features=96, in_features=256, weight=None, weight_scale=None)
+    times = gpu_probes.tile_times({"a": layer}, {"a": torch.zeros(4, 256)}, lambda work: len(work()) / 4)
+    assert times == {"16x32x256": 0.25, "64x32x128": 0.25}  # 96 outputs: only the N tiles of 32 divide them
+    assert [(b["BLOCK_M"], b["BLOCK_N"], b["BLOCK_K"]) for b in seen] == [(16, 32, 256), (64, 32, 128)]

@@ -36,6 +36,14 @@ for fmt in ("int8", "fp8"):
             assert got.dtype == torch.float16 and got.shape == want.shape
             worst = max(worst, ((got.float() - want).abs().max() / want.abs().max()).item())
 assert not fused_matmul_applies(torch.zeros(0, 256).half(), codes)  # no rows: no kernel launch (an empty grid)
+# other tiles (the GPU check times a few): the same product; rows past a 64-row tile and one that covers them all
+codes, scale = quantize_rows(torch.randn(64, 256, generator=g), "int8")
+x = torch.randn(70, 256, generator=g).half()
+default = fused_matmul(x, codes, scale, None)
+for tiles in ((64, 64, 128), (16, 64, 64), (64, 32, 256)):
+    blocks = dict(zip(("BLOCK_M", "BLOCK_N", "BLOCK_K"), tiles), num_warps=4, num_stages=4)
+    assert ((fused_matmul(x, codes, scale, None, blocks).float() - default.float()).abs().max()
+            <= 1e-3 * default.float().abs().max())
 # the layer takes the kernel in half precision, and gives the dequantised product's values
 layer = QuantizedLinear(torch.nn.Linear(256, 64).half(), "int8")
 x = torch.randn(5, 256, generator=g).half()

@@ -43,13 +43,14 @@ def fused_matmul_applies(x: torch.Tensor, codes: torch.Tensor) -> bool:
 
 
 def fused_matmul(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor,
-                 bias: torch.Tensor | None) -> torch.Tensor:
+                 bias: torch.Tensor | None, blocks: dict | None = None) -> torch.Tensor:
     """``F.linear(x, codes * scale[:, None], bias)`` in ``x``'s dtype, for x [..., in], codes [out, in] (int8 or
-    float8), scale [out] fp32. Only where ``fused_matmul_applies``."""
+    float8), scale [out] fp32. Only where ``fused_matmul_applies``. ``blocks``: other tiles than ``block_sizes``'s
+    (the GPU check times a few), dividing the weight as they do."""
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     m, k = rows.shape
     n = codes.shape[0]
-    blocks = block_sizes(m, n, k)
+    blocks = blocks or block_sizes(m, n, k)
     out = torch.empty(m, n, device=x.device, dtype=x.dtype)
     grid = (n // blocks["BLOCK_N"], triton.cdiv(m, blocks["BLOCK_M"]))
     _w8_matmul_kernel[grid](rows, codes, scale, bias if bias is not None else scale, out, m, n, k,
