@@ -38,7 +38,7 @@ import torch
 from ...errors import FastARError
 from ...model_loaders.drafters.small_ar import SmallARDrafter
 from ...model_loaders.chameleon.model import ChameleonConfig, ChameleonGPT
-from ...model_loaders.shared.compiled import compile_steps, compiled_mode, guards_in_full
+from ...model_loaders.shared.compiled import compile_steps, compiled_mode, graph_breaks, guards_in_full, unique_graphs
 from ...model_loaders.drafters.loader import load_drafter
 from ...model_loaders.janus.model import JanusConfig, JanusGPT
 from ...model_loaders.llamagen.model import LlamaGenConfig, LlamaGenGPT
@@ -343,6 +343,7 @@ def run_profile(args) -> dict:
           + (f"; {report['streamed_gb']:.2f} GB of weights streamed from host memory at "
              f"{report['host_bandwidth_gb_s']:.1f} GB/s" if host_bytes_per_s else ""), flush=True)
     rounds = min(args.repeats, 5)
+    graphs, breaks = unique_graphs(), graph_breaks()
     for batch in args.batches:
         if mar:
             entry = mar_batch(model, drafter, timing, batch, bytes_per_s, not args.no_decoders, rounds)
@@ -352,6 +353,14 @@ def run_profile(args) -> dict:
                                 host_bytes_per_s)
             print_batch(batch, entry)
         report["batches"][str(batch)] = entry
+    if report["compiled"]:
+        report["dynamo"] = {"graphs": unique_graphs() - graphs,
+                            "graph_breaks": {reason[:200]: n - breaks.get(reason, 0) for reason, n in graph_breaks().items()
+                                             if n > breaks.get(reason, 0)}}
+        print(f"[profile] dynamo compiled {report['dynamo']['graphs']} graphs for this profile's steps, with "
+              f"{sum(report['dynamo']['graph_breaks'].values())} graph breaks"
+              + "".join(f"\n[profile]   break: {reason[:150]}" for reason in report["dynamo"]["graph_breaks"]),
+              flush=True)
     return write_report(report, args.out)
 
 

@@ -270,3 +270,9 @@ COMPILE_CLOCK = CompileClock()
 
 def unique_graphs() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def graph_breaks() -> dict[str, int]:
+    """The graph breaks dynamo has met in this process, by reason. A compiled step should have none: each one
+    splits the step into graphs with Python between them (and its CUDA graph into several)."""
+    return dict(torch._dynamo.utils.counters["graph_break"])
