@@ -354,14 +354,19 @@ def run_profile(args) -> dict:
             print_batch(batch, entry)
         report["batches"][str(batch)] = entry
     if report["compiled"]:
-        report["dynamo"] = {"graphs": unique_graphs() - graphs,
-                            "graph_breaks": {reason[:200]: n - breaks.get(reason, 0) for reason, n in graph_breaks().items()
-                                             if n > breaks.get(reason, 0)}}
+        report["dynamo"] = dynamo_since(graphs, breaks)
         print(f"[profile] dynamo compiled {report['dynamo']['graphs']} graphs for this profile's steps, with "
               f"{sum(report['dynamo']['graph_breaks'].values())} graph breaks"
               + "".join(f"\n[profile]   break: {reason[:150]}" for reason in report["dynamo"]["graph_breaks"]),
               flush=True)
     return write_report(report, args.out)
+
+
+def dynamo_since(graphs: int, breaks: dict) -> dict:
+    """The graphs dynamo compiled and the graph breaks it met (by reason) since the counts ``graphs`` and ``breaks``."""
+    new_breaks = {reason[:200]: n - breaks.get(reason, 0) for reason, n in graph_breaks().items()
+                  if n > breaks.get(reason, 0)}
+    return {"graphs": unique_graphs() - graphs, "graph_breaks": new_breaks}
 
 
 def write_report(report: dict, out: str | None) -> dict:
