@@ -89,8 +89,10 @@ def probe_memory(device: str, out: Path) -> dict:
 BLOCK_LINEARS_7B = {"q": (4096, 4096), "k": (4096, 4096), "v": (4096, 4096), "o": (4096, 4096),
                     "w1": (11008, 4096), "w3": (11008, 4096), "w2": (4096, 11008)}  # (out, in) of a 7B block
 # the fused kernel's tiles (BLOCK_M, BLOCK_N, BLOCK_K) the probe times on a block's linears beside block_sizes's
-# choice: one M tile for a whole window (64 rows read each weight tile once, 2 x 32 rows twice), wider N, longer K
-TILES = ((16, 32, 256), (16, 64, 128), (32, 64, 128), (64, 64, 128), (64, 32, 128), (64, 64, 64), (16, 128, 128))
+# choice: one M tile for a whole window (64 rows read each weight tile once, 2 x 32 rows twice), narrower N tiles
+# (more programs than the GPU has SMs: 4096 outputs in tiles of 32 are 128 programs), wider N, shorter K
+TILES = ((16, 16, 256), (16, 32, 256), (16, 32, 128), (16, 64, 128), (32, 64, 128), (64, 64, 128), (64, 32, 128),
+         (64, 64, 64))
 
 
 def probe_w8(device: str, out: Path, shapes: dict = BLOCK_LINEARS_7B, timed=None) -> dict:

@@ -134,5 +134,6 @@ def test_the_tile_sweep_times_every_tile_that_divides_the_weights(monkeypatch):
     monkeypatch.setattr(w8_matmul, "fused_matmul", lambda x, codes, scale, bias, blocks: seen.append(blocks) or x)
     layer = SimpleNamespace(out_features=96, in_features=256, weight=None, weight_scale=None)
     times = gpu_probes.tile_times({"a": layer}, {"a": torch.zeros(4, 256)}, lambda work: len(work()) / 4)
-    assert times == {"16x32x256": 0.25, "64x32x128": 0.25}  # 96 outputs: only the N tiles of 32 divide them
-    assert [(b["BLOCK_M"], b["BLOCK_N"], b["BLOCK_K"]) for b in seen] == [(16, 32, 256), (64, 32, 128)]
+    assert times == {"16x16x256": 0.25, "16x32x256": 0.25, "16x32x128": 0.25, "64x32x128": 0.25}  # 96 outputs: N tiles
+    assert [(b["BLOCK_M"], b["BLOCK_N"], b["BLOCK_K"]) for b in seen] == [  # of 16 and 32 divide them, not of 64
+        (16, 16, 256), (16, 32, 256), (16, 32, 128), (64, 32, 128)]
