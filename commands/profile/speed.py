@@ -15,8 +15,9 @@ checkpoint (``--model``).
   random shape's ``spec`` drafts with a random 2-layer model of the same shape (its acceptance means nothing,
   its cost does); a checkpoint's takes ``--drafter``.
 - ``--compile``: the steps through torch.compile (model_loaders/shared/compiled.py), and the same measurements on an
-  eager twin with the same weights, side by side in the report (``eager``); the compiled forwards again with every
-  call guarded in full (``full_guards_forward_ms``: what a repeated call saves by skipping most of dynamo's guards).
+  eager twin with the same weights, side by side in the report (``eager``); the compiled forwards and ``sjd`` images
+  again with every call guarded in full (``full_guards_forward_ms``, ``full_guards_decoders``: what a repeated call
+  saves by skipping most of dynamo's guards); the graphs dynamo compiled and any graph break (``dynamo``).
 - ``--gpu-weights GB``: the model with only that much of its weights on the GPU, its other blocks streamed from
   pinned host memory at every forward (model_loaders/shared/streaming.py); the floor then counts the streamed bytes at
   the measured host-to-device bandwidth.
@@ -192,6 +193,16 @@ def logit_gaps(model, twin, batch: int, windows: list[int]) -> dict:
                     (each.start(conditioning(each, batch), cfg=True, max_window=max(windows)) for each in (model, twin)))
     return {str(w): max((ours[w].cond - theirs[w].cond).abs().max().item(),
                         (ours[w].uncond - theirs[w].uncond).abs().max().item()) for w in windows}
+
+
+FULL_GUARDS = "guards in full:"  # runs whose compiled calls check every guard, repeats included
+
+
+def guarded_in_full(run):
+    def image(seed):
+        with guards_in_full():
+            return run(seed)
+    return image
 
 
 def decoder_runs(model, drafter, batch: int, sampling: SamplingSettings) -> dict:
@@ -410,11 +421,15 @@ def token_batch(args, model, drafter, eager_twin, timing: Timing, batch: int, by
     if eager_twin is not None:
         runs |= {f"eager {k}": run for k, run in decoder_runs(eager_twin, drafter, batch, sampling).items()
                  if k in runs}
+    in_full = {f"{FULL_GUARDS} {k}": guarded_in_full(runs[k]) for k in ("sjd",) if eager_twin is not None and k in runs}
     baselines = baseline_runs(eager_twin or model, batch, sampling) if args.baselines else {}
-    costs, codes = image_costs(runs | baselines, timing, rounds)
+    costs, codes = image_costs(runs | in_full | baselines, timing, rounds)
     for cost in costs.values():
         cost["over_floor"] = cost["ms_per_iteration"] / floor_ms
     entry["decoders"] = {k: c for k, c in costs.items() if k in runs and not k.startswith("eager ")}
+    if in_full:  # one sync per iteration: the host's time between steps is the GPU's idle time
+        entry["full_guards_decoders"] = {k[len(FULL_GUARDS) + 1:]: costs[k] | {
+            "same_tokens": torch.equal(codes[k], codes[k[len(FULL_GUARDS) + 1:]])} for k in in_full}
     if eager_twin is not None:  # the evidence that compiled steps may be on by default on this device
         entry["eager"]["decoders"] = {k[len("eager "):]: c for k, c in costs.items() if k.startswith("eager ")}
         entry["eager"]["same_tokens"] = {k: torch.equal(codes[k], codes[f"eager {k}"]) for k in entry["decoders"]}
@@ -431,6 +446,10 @@ def print_batch(batch: int, entry: dict) -> None:
         print(f"[profile]   {decoder}: {cost['ms_per_iteration']:.2f} ms per iteration "
               f"({cost['over_floor']:.2f}x floor), {cost['target_forwards']:.0f} iterations per image, "
               f"{cost['image_s']:.3f} s per image", flush=True)
+    for decoder, cost in entry.get("full_guards_decoders", {}).items():
+        print(f"[profile]   {decoder}, every compiled call guarded in full: {cost['ms_per_iteration']:.2f} ms per "
+              f"iteration ({cost['over_floor']:.2f}x floor), {cost['image_s']:.3f} s per image; the same tokens: "
+              f"{'yes' if cost['same_tokens'] else 'NO'}", flush=True)
     for window, breakdown in entry.get("kernels", {}).items():
         print_breakdown(f"where a {window}-token forward's time goes", breakdown)
     if "eager" in entry:
