@@ -248,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "FastAR's ar: a plain per-token loop without static cache (LlamaGen class-to-image) or "
                       "transformers' generate (Janus shapes; needs transformers)")
     prof.add_argument("--compile", action="store_true", help="the steps through torch.compile (each window compiles "
-                      "once before it is timed), beside an eager twin with the same weights")
+                      "once before it is timed), beside an eager twin with the same weights and again with every call "
+                      "guarded in full; the graphs dynamo compiled and any graph break")
     prof.add_argument("--compile-mode", choices=COMPILE_MODES,
                       help="torch.compile's mode for --compile (default: reduce-overhead on CUDA, default elsewhere); "
                       "max-autotune-no-cudagraphs / max-autotune try GEMM configurations (minutes per width)")
