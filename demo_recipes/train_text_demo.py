@@ -33,6 +33,7 @@ from torch import nn
 from ..model_loaders import load_ar_model, load_image_decoder
 from ..model_loaders.chameleon.loader import BOI, EOI, LUMINA_TEMPLATE, ROW_END, TURN_END, build_chameleon, size_token
 from ..model_loaders.shared.demo import DEMO_AR, DEMO_TEXT, DEMO_VQ, DEMO_VQGAN
+from ..model_loaders.shared.joined import parted_state_dict
 from ..model_loaders.shared.protocol import PromptConditioning
 from ..model_loaders.llamagen.vq import VQModel
 from .demo_common import tokenised
@@ -112,20 +113,18 @@ def hf_config(vocab: dict[str, int], vq: VQModel, dim: int, layers: int, heads: 
 
 def warm_start(model, gpt) -> None:
     """The demo GPT's weights where the shapes match: image code embeddings and output rows, the blocks
-    (fused q|k|v split), the norms. Text and layout embeddings keep their random init."""
+    (its wqkv as our qkv, its w1 and w3 as our gate and up), the norms. Text and layout embeddings keep their random
+    init."""
     ids = model.image_ids
     with torch.no_grad():
         model.model.embed_tokens.weight[ids] = gpt.tok_embeddings.weight
         model.lm_head.weight[ids] = gpt.output.weight
         model.model.norm.weight.copy_(gpt.norm.weight)
         for ours, theirs in zip(model.model.layers, gpt.layers):
-            attn = ours.self_attn
-            q, k, v = theirs.attention.wqkv.weight.split([attn.q_proj.out_features, attn.k_proj.out_features,
-                                                          attn.v_proj.out_features])
-            for linear, weight in ((attn.q_proj, q), (attn.k_proj, k), (attn.v_proj, v),
-                                   (attn.o_proj, theirs.attention.wo.weight), (ours.mlp.gate_proj, theirs.feed_forward.w1.weight),
-                                   (ours.mlp.up_proj, theirs.feed_forward.w3.weight),
-                                   (ours.mlp.down_proj, theirs.feed_forward.w2.weight)):
+            attn = ours.self_attn  # q, k, v stacked in the same order as LlamaGen's wqkv
+            gate_up = torch.cat([theirs.feed_forward.w1.weight, theirs.feed_forward.w3.weight])
+            for linear, weight in ((attn.qkv_proj, theirs.attention.wqkv.weight), (attn.o_proj, theirs.attention.wo.weight),
+                                   (ours.mlp.gate_up_proj, gate_up), (ours.mlp.down_proj, theirs.feed_forward.w2.weight)):
                 linear.weight.copy_(weight)
             ours.input_layernorm.weight.copy_(theirs.attention_norm.weight)
             ours.post_attention_layernorm.weight.copy_(theirs.ffn_norm.weight)
@@ -215,7 +214,7 @@ def main(argv=None):
             print(f"  val loss {val_loss(model, val_prompts, val_codes):.4f}", flush=True)
 
     model.eval()
-    weights = {k: v.detach().half().contiguous() for k, v in model.state_dict().items()}
+    weights = {k: v.detach().half().contiguous() for k, v in parted_state_dict(model).items()}  # the release's names
     save_file(weights, str(staging / "model.safetensors"))
     shutil.rmtree(out, ignore_errors=True)
     staging.rename(out)

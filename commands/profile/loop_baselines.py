@@ -20,6 +20,7 @@ import torch
 from ...errors import FastARError
 from ...model_loaders.janus.model import JanusGPT
 from ...model_loaders.llamagen.model import LlamaGenGPT, rope_2d_table
+from ...model_loaders.shared.joined import parted_state_dict
 from ...model_loaders.shared.protocol import ModelOutput
 from ...samplers.processing import SamplingSettings, probabilities
 
@@ -88,7 +89,7 @@ def transformers_janus(model: JanusGPT):
     with torch.device(model.device):  # randomly initialised, then given the profiled model's tensors
         reference = JanusForConditionalGeneration._from_config(config, dtype=model.dtype)
     weights = {}
-    for name, tensor in model.state_dict().items():
+    for name, tensor in parted_state_dict(model).items():  # q, k, v apart: views of the joined weights, not copies
         for pattern, new in TO_TRANSFORMERS:
             name = re.sub(pattern, new, name)
         weights[name] = tensor

@@ -22,6 +22,7 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from ...errors import FastARError
+from .joined import JoinedWeights, joined_parts, missing_parts
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 WEIGHT_SUFFIXES = (".safetensors", *PICKLE_SUFFIXES)
@@ -380,17 +381,21 @@ def select(sd: Mapping, names: dict[str, str]) -> Mapping:
 
 
 def shape_of(sd: Mapping, key: str) -> tuple[int, ...]:
-    return sd.shape(key) if isinstance(sd, ShardedWeights) else tuple(sd[key].shape)
+    """Without reading the tensor where ``sd`` can say (shards, ``JoinedWeights``)."""
+    return sd.shape(key) if hasattr(sd, "shape") else tuple(sd[key].shape)
 
 
 def load_weights(model: nn.Module, sd: Mapping[str, torch.Tensor], source: str, device=None, dtype=None) -> None:
     """Put ``sd`` into ``model`` (built on the meta device) strictly: every key present, none extra, same
     shapes; otherwise a FastARError naming a few keys and what they suggest. Shards (``ShardedWeights``) go
     in tensor by tensor, each cast to ``dtype`` on ``device`` as it is read, so that host memory holds one
-    tensor beyond the model (none of it when ``device`` is a GPU)."""
-    expected = model.state_dict()
-    missing = [k for k in expected if k not in sd]
-    unexpected = [k for k in sd if k not in expected]
+    tensor beyond the model (none of it when ``device`` is a GPU). A joined layer (joined.py) is filled from its
+    parts, and the messages name the parts a checkpoint holds."""
+    expected, parts = model.state_dict(), joined_parts(model)
+    stored, sd = sd, JoinedWeights(sd, parts)
+    missing = [name for k in expected if k not in sd for name in missing_parts(k, stored, parts)]
+    part_names = {name for pieces in parts.values() for name, _ in pieces}
+    unexpected = [k for k in sd if k not in expected and k not in part_names]
     wrong = [f"{k} {shape_of(sd, k)} vs {tuple(t.shape)}" for k, t in expected.items()
              if k in sd and shape_of(sd, k) != tuple(t.shape)]
     problems = []
@@ -405,8 +410,8 @@ def load_weights(model: nn.Module, sd: Mapping[str, torch.Tensor], source: str, 
                         "the weights does not match them)")
     if problems:
         raise FastARError(f"{source} does not fit the model it describes: " + "; ".join(problems))
-    if not isinstance(sd, ShardedWeights):
-        model.load_state_dict(sd, strict=True, assign=True)
+    if not isinstance(stored, ShardedWeights):
+        model.load_state_dict({k: sd[k] for k in expected}, strict=True, assign=True)
         return
     for name in expected:
         tensor = sd[name]

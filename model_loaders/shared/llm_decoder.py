@@ -108,9 +108,9 @@ class Attention(nn.Module):
     def __init__(self, cfg: DecoderConfig):
         super().__init__()
         self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.n_head * cfg.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.n_kv_head * cfg.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.n_kv_head * cfg.head_dim, bias=False)
+        q_rows, kv_rows = cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, q_rows + 2 * kv_rows, bias=False)  # q, k, v: one matmul
+        self.joined = {"qkv_proj": (("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows))}  # joined.py
         self.o_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.hidden_size, bias=False)
         if cfg.qk_norm:
             q_rows, k_rows = cfg.qk_norm_rows or (None, None)
@@ -121,11 +121,11 @@ class Attention(nn.Module):
         """Attention of ``x`` [B, T, D] over the cache (after writing its keys at ``slots``), or over ``x``
         itself without a cache (training)."""
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim)
-        k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim)
+        q, k, v = self.qkv_proj(x).split([self.n_head * self.head_dim, *[self.n_kv_head * self.head_dim] * 2], -1)
+        q, k = q.reshape(B, T, self.n_head, self.head_dim), k.reshape(B, T, self.n_kv_head, self.head_dim)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
-        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim)
+        v = v.reshape(B, T, self.n_kv_head, self.head_dim)
         cos, sin = rope
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         keys, values = cache.write(k, v, slots) if cache is not None else (k.transpose(1, 2), v.transpose(1, 2))
@@ -137,12 +137,13 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, dim: int, hidden: int):
         super().__init__()
-        self.gate_proj = nn.Linear(dim, hidden, bias=False)
-        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.gate_up_proj = nn.Linear(dim, 2 * hidden, bias=False)  # gate and up: one matmul
+        self.joined = {"gate_up_proj": (("gate_proj", hidden), ("up_proj", hidden))}  # joined.py
         self.down_proj = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
