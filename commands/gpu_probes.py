@@ -86,8 +86,8 @@ def probe_memory(device: str, out: Path) -> dict:
     return result
 
 
-BLOCK_LINEARS_7B = {"q": (4096, 4096), "k": (4096, 4096), "v": (4096, 4096), "o": (4096, 4096),
-                    "w1": (11008, 4096), "w3": (11008, 4096), "w2": (4096, 11008)}  # (out, in) of a 7B block
+# (out, in) of a 7B block's linears as FastAR runs them: q, k, v joined, and gate, up (joined.py)
+BLOCK_LINEARS_7B = {"qkv": (12288, 4096), "o": (4096, 4096), "gate_up": (22016, 4096), "down": (4096, 11008)}
 # the fused kernel's tiles (BLOCK_M, BLOCK_N, BLOCK_K) the probe times on a block's linears beside block_sizes's
 # choice: one M tile for a whole window (64 rows read each weight tile once, 2 x 32 rows twice), narrower N tiles
 # (more programs than the GPU has SMs: 4096 outputs in tiles of 32 are 128 programs), wider N, shorter K
@@ -97,7 +97,7 @@ TILES = ((16, 16, 256), (16, 32, 256), (16, 32, 128), (16, 64, 128), (32, 64, 12
 
 def probe_w8(device: str, out: Path, shapes: dict = BLOCK_LINEARS_7B, timed=None) -> dict:
     """The fused 8-bit kernel (w8_matmul.py) on this GPU: its products against the fp32 product of the same codes
-    (bf16 and fp16, int8 and fp8, a step's rows and a window's), and the 7 linears of a 7B block replayed as a CUDA
+    (bf16 and fp16, int8 and fp8, a step's rows and a window's), and the 4 linears of a 7B block replayed as a CUDA
     graph, bf16 weights against the kernel and against the dequantised path, at batch 2 with CFG (4 rows for one
     token, 64 for a 16-token window). ``shapes`` and ``timed`` (graph_ms) are the CPU test's to shrink and stub."""
     import torch
@@ -111,7 +111,7 @@ def probe_w8(device: str, out: Path, shapes: dict = BLOCK_LINEARS_7B, timed=None
                for name, (o, i) in shapes.items()}
     result = {"relative_error": {}, "ms_per_block_linears": {}}
     for fmt in ("int8", "fp8"):
-        layer = QuantizedLinear(linears["w2"], fmt)
+        layer = QuantizedLinear(linears["down"], fmt)
         for dtype in (torch.bfloat16, torch.float16):
             for rows in (1, 4, 64):
                 x = torch.randn(rows, layer.in_features, device=device, dtype=dtype)

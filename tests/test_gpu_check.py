@@ -111,7 +111,7 @@ def test_the_8_bit_kernel_probe_runs_its_code_on_the_cpu():
     from fastar.commands import gpu_probes
 
     calls = []
-    result = gpu_probes.probe_w8("cpu", None, shapes={"q": (64, 32), "w2": (32, 64)},
+    result = gpu_probes.probe_w8("cpu", None, shapes={"qkv": (64, 32), "down": (32, 64)},
                                  timed=lambda work: calls.append(len(work())) or 1.0)
     assert set(result["relative_error"]) == {f"{f} {d} rows {r}" for f in ("int8", "fp8")
                                              for d in ("bfloat16", "float16") for r in (1, 4, 64)}
