@@ -137,13 +137,13 @@ def probe_w8(device: str, out: Path, shapes: dict = BLOCK_LINEARS_7B, timed=None
 
 def tile_times(block: dict, xs: dict, timed) -> dict:
     """ms of ``block``'s 8-bit linears on inputs ``xs`` with each of TILES that divides their weights."""
-    from ..model_loaders.shared.w8_matmul import fused_matmul
+    from ..model_loaders.shared.w8_matmul import fused_matmul, tiles
 
     times = {}
     for m, n, k in TILES:
         if any(q.out_features % n or q.in_features % k for q in block.values()):
             continue
-        blocks = {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "num_warps": 4, "num_stages": 4}
+        blocks = tiles(m, n, k)
         times[f"{m}x{n}x{k}"] = round(timed(lambda: [fused_matmul(x, block[name].weight, block[name].weight_scale,
                                                                   None, blocks) for name, x in xs.items()]), 4)
     return times

@@ -16,7 +16,7 @@ triton = pytest.importorskip("triton", reason="Triton is a test requirement (.ci
 INTERPRETED_CHECKS = r"""
 import torch, torch.nn.functional as F
 from fastar.model_loaders.shared.quantized import QuantizedLinear, dequantize, quantize_rows
-from fastar.model_loaders.shared.w8_matmul import INTERPRETED, fused_matmul, fused_matmul_applies
+from fastar.model_loaders.shared.w8_matmul import INTERPRETED, fused_matmul, fused_matmul_applies, tiles
 
 assert INTERPRETED
 g = torch.Generator().manual_seed(0)
@@ -40,9 +40,8 @@ assert not fused_matmul_applies(torch.zeros(0, 256).half(), codes)  # no rows: n
 codes, scale = quantize_rows(torch.randn(64, 256, generator=g), "int8")
 x = torch.randn(70, 256, generator=g).half()
 default = fused_matmul(x, codes, scale, None)
-for tiles in ((64, 64, 128), (16, 64, 64), (64, 32, 256)):
-    blocks = dict(zip(("BLOCK_M", "BLOCK_N", "BLOCK_K"), tiles), num_warps=4, num_stages=4)
-    assert ((fused_matmul(x, codes, scale, None, blocks).float() - default.float()).abs().max()
+for shape in ((64, 64, 128), (16, 64, 64), (64, 32, 256)):
+    assert ((fused_matmul(x, codes, scale, None, tiles(*shape)).float() - default.float()).abs().max()
             <= 1e-3 * default.float().abs().max())
 # the layer takes the kernel in half precision, and gives the dequantised product's values
 layer = QuantizedLinear(torch.nn.Linear(256, 64).half(), "int8")

@@ -195,7 +195,7 @@ def logit_gaps(model, twin, batch: int, windows: list[int]) -> dict:
                         (ours[w].uncond - theirs[w].uncond).abs().max().item()) for w in windows}
 
 
-FULL_GUARDS = "guards in full:"  # runs whose compiled calls check every guard, repeats included
+SJD_IN_FULL = "sjd, guards in full"  # sjd with every compiled call checking every guard, repeats included
 
 
 def guarded_in_full(run):
@@ -421,15 +421,15 @@ def token_batch(args, model, drafter, eager_twin, timing: Timing, batch: int, by
     if eager_twin is not None:
         runs |= {f"eager {k}": run for k, run in decoder_runs(eager_twin, drafter, batch, sampling).items()
                  if k in runs}
-    in_full = {f"{FULL_GUARDS} {k}": guarded_in_full(runs[k]) for k in ("sjd",) if eager_twin is not None and k in runs}
+    in_full = {SJD_IN_FULL: guarded_in_full(runs["sjd"])} if eager_twin is not None and "sjd" in runs else {}
     baselines = baseline_runs(eager_twin or model, batch, sampling) if args.baselines else {}
     costs, codes = image_costs(runs | in_full | baselines, timing, rounds)
     for cost in costs.values():
         cost["over_floor"] = cost["ms_per_iteration"] / floor_ms
     entry["decoders"] = {k: c for k, c in costs.items() if k in runs and not k.startswith("eager ")}
     if in_full:  # one sync per iteration: the host's time between steps is the GPU's idle time
-        entry["full_guards_decoders"] = {k[len(FULL_GUARDS) + 1:]: costs[k] | {
-            "same_tokens": torch.equal(codes[k], codes[k[len(FULL_GUARDS) + 1:]])} for k in in_full}
+        entry["full_guards_decoders"] = {"sjd": costs[SJD_IN_FULL] | {
+            "same_tokens": torch.equal(codes[SJD_IN_FULL], codes["sjd"])}}
     if eager_twin is not None:  # the evidence that compiled steps may be on by default on this device
         entry["eager"]["decoders"] = {k[len("eager "):]: c for k, c in costs.items() if k.startswith("eager ")}
         entry["eager"]["same_tokens"] = {k: torch.equal(codes[k], codes[f"eager {k}"]) for k in entry["decoders"]}

@@ -108,10 +108,10 @@ class Attention(nn.Module):
     def __init__(self, cfg: DecoderConfig):
         super().__init__()
         self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
-        q_rows, kv_rows = cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, q_rows + 2 * kv_rows, bias=False)  # q, k, v: one matmul
-        self.joined = {"qkv_proj": (("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows))}  # joined.py
-        self.o_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.hidden_size, bias=False)
+        q_width, kv_width = cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, q_width + 2 * kv_width, bias=False)  # q, k, v: one matmul
+        self.joined = {"qkv_proj": (("q_proj", q_width), ("k_proj", kv_width), ("v_proj", kv_width))}  # joined.py
+        self.o_proj = nn.Linear(q_width, cfg.hidden_size, bias=False)
         if cfg.qk_norm:
             q_rows, k_rows = cfg.qk_norm_rows or (None, None)
             self.q_norm = HeadLayerNorm(cfg.n_head, cfg.head_dim, q_rows)

@@ -33,6 +33,11 @@ def block_sizes(rows: int, out_features: int, in_features: int) -> dict | None:
         block_k //= 2
     if out_features % block_n or in_features % block_k:
         return None
+    return tiles(block_m, block_n, block_k)
+
+
+def tiles(block_m: int, block_n: int, block_k: int) -> dict:
+    """The kernel's launch settings for tiles of ``block_m`` rows, ``block_n`` outputs and ``block_k`` inputs."""
     return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": 4, "num_stages": 4}
 
 
