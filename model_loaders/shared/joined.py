@@ -42,12 +42,11 @@ class JoinedWeights(Mapping):
         return self.sd[key]
 
     def shape(self, key: str) -> tuple[int, ...]:
-        """Without reading shards."""
-        from .checkpoint import shape_of  # checkpoint.py reads checkpoints through this view
-
+        """Without reading shards (as checkpoint.shape_of, which reads checkpoints through this view: no import)."""
+        stored = getattr(self.sd, "shape", lambda name: tuple(self.sd[name].shape))
         if key not in self.parts:
-            return shape_of(self.sd, key)
-        shapes = [shape_of(self.sd, name) for name in self.parts[key]]
+            return stored(key)
+        shapes = [stored(name) for name in self.parts[key]]
         return (sum(s[0] for s in shapes), *shapes[0][1:])
 
     def __iter__(self):
