@@ -173,7 +173,7 @@ class LanternRule(ExactRule):
         if not self.greedy:
             return p
         # the same pipeline, untempered, so the neighbours carry mass
-        return probabilities(out, replace(sampling, temperature=1.0))
+        return probabilities(out, replace(sampling, temperature=1.0), watch=None)  # p's logits are noted already
 
     def neighbourhood(self, p, x):
         """x's candidate neighbours [..., k-1], their target mass, and which of them form A. A is empty for a

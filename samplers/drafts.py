@@ -10,7 +10,7 @@ import torch
 
 from ..errors import check_choice
 from .acceptance import ExactRule, positive_residual
-from .processing import counter_gumbel, counter_key, sample, uniform
+from .processing import counter_gumbel, counter_key, random_codes, sample, uniform
 
 INIT_STRATEGIES = ("random", "horizontal", "vertical", "sample-left", "sample-above")
 COUPLINGS = ("independent", "maximal", "gumbel")
@@ -41,24 +41,27 @@ class DraftSource:
             idx = (positions % self.ring).unsqueeze(-1).expand_as(p)
             self.history.scatter_(1, idx, p)
 
-    def couple(self, p, x, q, positions) -> torch.Tensor:
+    def couple(self, p, x, q, positions, noise=None) -> torch.Tensor:
         """Next drafts for every output slot ``[B, L+1]`` given outputs ``p`` [B, L+1, V] and the
-        current drafts ``x``, ``q``; each has law exactly ``p`` of its slot."""
+        current drafts ``x``, ``q``; each has law exactly ``p`` of its slot. ``noise``: where random numbers
+        come from (default: the generation's generator; a compiled loop step's draws)."""
+        noise = self.gen if noise is None else noise
         if self.coupling == "gumbel":
             return (p.log() + counter_gumbel(self.noise_key, positions, self.V)).argmax(-1)
-        fresh = sample(p, self.gen)
+        fresh = sample(p, noise)
         if self.coupling == "independent":
             return fresh
         # maximal coupling: keep a draft with probability min(1, p/q), else draw from the residual
-        keep = uniform(x.shape, self.gen) < ExactRule().accept_probability(p[:, :-1], q, x)
-        redrawn = sample(positive_residual(p[:, :-1], q), self.gen)
+        keep = uniform(x.shape, noise) < ExactRule().accept_probability(p[:, :-1], q, x)
+        redrawn = sample(positive_residual(p[:, :-1], q), noise)
         return torch.cat([torch.where(keep, x, redrawn), fresh[:, -1:]], dim=1)
 
-    def initial(self, seq, start, carried, p_last) -> tuple[torch.Tensor, torch.Tensor]:
+    def initial(self, seq, start, carried, p_last, noise=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Drafts ``[B, L]`` and their q ``[B, L, V]`` for window slots at positions ``start + i``;
         only slots ``i >= carried`` (the fresh ones) are meant to be used. ``seq`` holds the fixed tokens
         and the carried drafts, i.e. every position below ``start + carried``; ``p_last`` is the target
-        distribution of the last of them."""
+        distribution of the last of them. ``noise``: as ``couple``'s."""
+        noise = self.gen if noise is None else noise
         B, L, V = seq.shape[0], self.L, self.V
         known = (start + carried).unsqueeze(1)  # positions below this hold a token (fixed or a carried draft)
         positions = start.unsqueeze(1) + torch.arange(L, device=seq.device)
@@ -66,7 +69,7 @@ class DraftSource:
         # the token above is known unless the window reaches more than a row ahead: then the left one is used
         above_known = (positions >= self.width) & (positions - self.width < known)
         if self.init == "random":
-            x = torch.randint(V, (B, L), generator=self.gen, device=seq.device)
+            x = random_codes(V, (B, L), noise)
             return x, self.uniform_q
         if self.init in ("horizontal", "vertical"):
             source = left_pos
@@ -78,4 +81,4 @@ class DraftSource:
         if self.init == "sample-above":  # the history holds the latest p of every known position
             above = self.history.gather(1, ((positions - self.width) % self.ring).unsqueeze(-1).expand(B, L, V))
             dist = torch.where(above_known.unsqueeze(-1), above, dist)
-        return sample(dist, self.gen), dist
+        return sample(dist, noise), dist

@@ -10,15 +10,18 @@ the device.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 
+
 from .acceptance import ExactRule
 from .drafts import DraftSource
-from .processing import SamplingSettings, probabilities, sample
+from .loop_step import LoopStep
+from .processing import SamplingSettings, current_watch, probabilities, sample
 from .stats import Stopwatch
-from .verifier import ProgressFn, TokenBuffer, begin, finish, progress, verify_window
+from .verifier import ProgressFn, TokenBuffer, WindowVerifier, begin, finish, progress
 
 DrawFn = Callable[[torch.Tensor, int], torch.Tensor]  # (distributions [B, V], position) -> codes [B]
 
@@ -82,41 +85,52 @@ def jacobi_decode(
     drafts = DraftSource(init, coupling, batch=B, drafts=L, grid=(h, w), vocab=V, generator=generator)
 
     buffer = TokenBuffer.empty(B, N, L, dev)
-    seq = buffer.seq
-    seq[:, 0] = sample(p0, generator)
+    buffer.seq[:, 0] = sample(p0, generator)
     n = torch.ones(B, dtype=torch.long, device=dev)
     drafts.record(torch.zeros(B, 1, dtype=torch.long, device=dev), p0.unsqueeze(1))
-    x, q = drafts.initial(seq, n, torch.zeros_like(n), p0)
+    x, q = drafts.initial(buffer.seq, n, torch.zeros_like(n), p0)
+    iteration = torch.zeros((), dtype=torch.long, device=dev)  # on the device: no copy from the host per iteration
 
-    slots = torch.arange(L + 1, device=dev)
+    after_forward = LoopStep(JacobiIteration(rule, sampling, buffer, current_watch(), drafts), session, generator)
     fixed_counts = []
-    iteration = 0
     while True:
-        iteration += 1
-        inputs = torch.cat([seq.gather(1, (n - 1).unsqueeze(1)), x], dim=1)
+        inputs = torch.cat([buffer.seq.gather(1, (n - 1).unsqueeze(1)), x], dim=1)
         out = session.forward(inputs, n - 1)
-        p = probabilities(out, sampling)  # slot j predicts position n + j
         stats.target_forwards += 1
         watch.lap("forward")
-        positions = n.unsqueeze(1) + slots
-        drafts.record(positions, p)
-        k, count = verify_window(rule, out, p, sampling, q, x, n, buffer, iteration, generator)
+        x, q, n, count, iteration = after_forward(out.cond, out.uncond, x, q, n, iteration)
         fixed_counts.append(count)
-
-        # next window: slot i continues old slot k+1+i (refined by the coupling), the rest is fresh
-        proposals = drafts.couple(p, x, q, positions)
-        source = (k.unsqueeze(1) + 1 + slots[:L]).clamp(max=L)
-        carried = (k.unsqueeze(1) + 1 + slots[:L]) <= L
-        n = n + count
-        x_next = proposals.gather(1, source)
-        q_next = p.gather(1, source.unsqueeze(-1).expand(B, L, V))
-        seq.scatter_(1, torch.where(carried, n.unsqueeze(1) + slots[:L], buffer.scratch), x_next)
-        x_new, q_new = drafts.initial(seq, n, carried.sum(1), p[:, L])
-        x = torch.where(carried, x_next, x_new)
-        q = torch.where(carried.unsqueeze(-1), q_next, q_new)
         watch.lap("verify")
 
         if progress(n, buffer, on_iteration):
             break
     finish(stats, watch, fixed_counts, buffer.fixed_at, N)
     return buffer.tokens().clone(), stats
+
+
+@dataclass(eq=False)
+class JacobiIteration(WindowVerifier):
+    """A Jacobi iteration after its forward: verification, then the next window's drafts (slot i continues old
+    slot k+1+i, refined by the coupling; the rest are fresh)."""
+
+    drafts: DraftSource
+
+    def body(self, noise, cond, uncond, x, q, n, iteration):
+        iteration = iteration + 1
+        p, k, count = self.verify(noise, cond, uncond, q, x, n, iteration)
+        B, L, V = *x.shape, p.shape[-1]
+        slots = torch.arange(L + 1, device=p.device)
+        positions = n.unsqueeze(1) + slots
+        self.drafts.record(positions, p)
+        proposals = self.drafts.couple(p, x, q, positions, noise)
+        source = (k.unsqueeze(1) + 1 + slots[:L]).clamp(max=L)
+        carried = (k.unsqueeze(1) + 1 + slots[:L]) <= L
+        n = n + count
+        x_next = proposals.gather(1, source)
+        q_next = p.gather(1, source.unsqueeze(-1).expand(B, L, V))
+        seq = self.buffer.seq
+        seq.scatter_(1, torch.where(carried, n.unsqueeze(1) + slots[:L], self.buffer.scratch), x_next)
+        x_new, q_new = self.drafts.initial(seq, n, carried.sum(1), p[:, L], noise)
+        x = torch.where(carried, x_next, x_new)
+        q = torch.where(carried.unsqueeze(-1), q_next, q_new)
+        return x, q, n, count, iteration

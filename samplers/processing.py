@@ -38,6 +38,28 @@ class SamplingSettings:
         return self
 
 
+@dataclass(frozen=True)
+class Pipeline:
+    """``SamplingSettings`` as ``probabilities`` reads them, their branches decided beforehand. A compiled loop step
+    (loop_step.py) that holds one specialises on the booleans and top-k alone and takes the cfg scale, the
+    temperature and top-p as inputs, so a slider's new value reuses its graph (comparing those floats inside
+    the step would tie the graph to each value)."""
+
+    cfg_scale: float
+    temperature: float
+    top_k: int
+    top_p: float
+    greedy: bool
+    nucleus: bool  # top-p on
+
+    @classmethod
+    def of(cls, settings: "SamplingSettings | Pipeline") -> "Pipeline":
+        if isinstance(settings, Pipeline):
+            return settings
+        return cls(settings.cfg_scale, settings.temperature, settings.top_k, settings.top_p,
+                   greedy=settings.temperature == 0.0, nucleus=settings.top_p < 1.0)
+
+
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
@@ -77,26 +99,39 @@ def finite_logits(dtype: torch.dtype):
                           "ComfyUI)")
 
 
-def probabilities(out: ModelOutput, settings: SamplingSettings) -> torch.Tensor:
-    """Processed next-token distributions ``[..., V]`` in fp32."""
+def current_watch() -> NonFiniteWatch | None:
+    """The generation's watch, for code that cannot read a context variable (a compiled loop step: dynamo
+    breaks its graph there) and passes it to ``probabilities`` itself."""
+    return _watch.get()
+
+
+_CURRENT = object()  # probabilities' default watch: the generation's
+
+
+def probabilities(out: ModelOutput, settings: SamplingSettings | Pipeline, watch=_CURRENT) -> torch.Tensor:
+    """Processed next-token distributions ``[..., V]`` in fp32. ``watch``: where non-finite logits are noted
+    (default: the generation's; None: nowhere, for logits noted once already)."""
+    settings = Pipeline.of(settings)
     logits = out.cond.float()
     if out.uncond is not None:
         logits = out.uncond.float() + (logits - out.uncond.float()) * settings.cfg_scale
-    watch = _watch.get()
+    watch = _watch.get() if watch is _CURRENT else watch
     if watch is not None:
         watch.note(logits)
-    if settings.temperature == 0.0:
+    if settings.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
     logits = logits / settings.temperature
     if 0 < settings.top_k < logits.shape[-1]:
         kth = torch.topk(logits, settings.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))  # ties with the k-th stay, as upstream
-    if settings.top_p < 1.0:
-        ordered, order = torch.sort(logits, dim=-1, descending=True)
+    if settings.nucleus:
+        ordered = torch.sort(logits, dim=-1, descending=True).values
         ordered_probs = ordered.softmax(-1)
         mass_before = ordered_probs.cumsum(-1) - ordered_probs  # keeps the token that crosses top_p
-        drop = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, order, mass_before > settings.top_p)
-        logits = logits.masked_fill(drop, float("-inf"))
+        kept = (mass_before <= settings.top_p).sum(-1, keepdim=True).clamp_(min=1)  # a prefix of the order
+        # ties with the last kept code stay, as top-k's do (whatever order an unstable sort gave them, so every
+        # device keeps the same codes); a cut by value, not a scatter back (compiled for a CPU, 5x slower)
+        logits = logits.masked_fill(logits < ordered.gather(-1, kept - 1), float("-inf"))
     return logits.softmax(-1)
 
 
@@ -111,8 +146,19 @@ def sample(dist: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return torch.searchsorted(cdf, u).clamp_(max=flat.shape[-1] - 1).view(dist.shape[:-1])
 
 
-def uniform(shape, generator: torch.Generator) -> torch.Tensor:
-    return torch.rand(shape, generator=generator, device=generator.device)
+def uniform(shape, generator) -> torch.Tensor:
+    """Uniform [0, 1) numbers from ``generator``: a torch.Generator, or the draws a compiled loop step was
+    given (drawn_noise.py)."""
+    if isinstance(generator, torch.Generator):
+        return torch.rand(shape, generator=generator, device=generator.device)
+    return generator.rand(shape)
+
+
+def random_codes(vocab: int, shape, generator) -> torch.Tensor:
+    """Codes uniform over ``vocab``, from a torch.Generator or a compiled loop step's draws, as ``uniform``."""
+    if isinstance(generator, torch.Generator):
+        return torch.randint(vocab, shape, generator=generator, device=generator.device)
+    return generator.randint(vocab, shape)
 
 
 _MASK32 = 0xFFFFFFFF
@@ -133,12 +179,13 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def counter_key(generator: torch.Generator) -> int:
-    """A 32-bit key for ``counter_gumbel``, drawn once from the generation's generator."""
-    return int(torch.randint(0, 2**32, (1,), generator=generator, device=generator.device, dtype=torch.int64))
+def counter_key(generator: torch.Generator) -> torch.Tensor:
+    """A 32-bit key for ``counter_gumbel`` (0-d int64 on the generator's device: no host sync, and a compiled loop
+    step reads it as data, not as a number baked into its graph), drawn once from the generation's generator."""
+    return torch.randint(0, 2**32, (), generator=generator, device=generator.device, dtype=torch.int64)
 
 
-def counter_gumbel(key: int, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+def counter_gumbel(key: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
     """Gumbel(0, 1) noise ``[B, W, V]`` for every (row, absolute position, code): a hash of the key and
     those three counters, so the same position always gets the same noise whatever the window or the
     schedule, and memory is only that of the window."""
@@ -146,7 +193,7 @@ def counter_gumbel(key: int, positions: torch.Tensor, vocab: int) -> torch.Tenso
     dev = positions.device
     rows = torch.arange(B, device=dev).view(B, 1, 1)
     codes = torch.arange(vocab, device=dev).view(1, 1, vocab)
-    h = _mix32((rows + ((key * 0x9E3779B9) & _MASK32)) & _MASK32)  # a stream per row, then per position, then per code
+    h = _mix32((rows + _mul32(key.to(dev), 0x9E3779B9)) & _MASK32)  # a stream per row, then per position, then per code
     h = _mix32(h ^ (positions.unsqueeze(-1).long() & _MASK32))
     h = _mix32((h + codes * 0x9E3779B9) & _MASK32)
     u = (h.double() + 0.5) / 2.0**32  # in (0, 1), never 0 or 1

@@ -18,9 +18,10 @@ from typing import Optional
 import torch
 
 from .acceptance import ExactRule
-from .processing import SamplingSettings, probabilities, sample
+from .loop_step import LoopStep
+from .processing import SamplingSettings, current_watch, probabilities, sample
 from .stats import Stopwatch
-from .verifier import ProgressFn, TokenBuffer, begin, finish, progress, verify_window
+from .verifier import ProgressFn, TokenBuffer, WindowVerifier, begin, finish, progress
 
 DRAFTS = ("sampled", "top")  # how a drafter proposes: a draw from its q, or its most likely code
 
@@ -56,10 +57,10 @@ def speculative_decode(
     buffer.seq[:, 0] = sample(p0, generator)
     n = torch.ones(B, dtype=torch.long, device=dev)
     last_out, last_start = session.first, torch.full_like(n, -1)
+    iteration = torch.zeros((), dtype=torch.long, device=dev)  # on the device: no copy from the host per iteration
+    after_forward = LoopStep(WindowVerifier(rule, sampling, buffer, current_watch()), session, generator)
     fixed_counts = []
-    iteration = 0
     while True:
-        iteration += 1
         x, q = draft_chain(draft_session, buffer.seq, n, last_out, last_start, L, sampling, generator,
                            top=drafts == "top")
         stats.drafter_forwards += L
@@ -67,13 +68,11 @@ def speculative_decode(
 
         inputs = torch.cat([buffer.seq.gather(1, (n - 1).unsqueeze(1)), x], dim=1)
         out = session.forward(inputs, n - 1)
-        p = probabilities(out, sampling)  # slot j predicts position n + j
         stats.target_forwards += 1
         watch.lap("forward")
-        _, count = verify_window(rule, out, p, sampling, q, x, n, buffer, iteration, generator)
-        fixed_counts.append(count)
         last_out, last_start = out, n - 1
-        n = n + count
+        n, count, iteration = after_forward(out.cond, out.uncond, q, x, n, iteration)
+        fixed_counts.append(count)
         watch.lap("verify")
 
         if progress(n, buffer, on_iteration):

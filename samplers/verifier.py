@@ -12,8 +12,9 @@ from typing import Callable
 
 import torch
 
+from ..model_loaders.shared.protocol import ModelOutput
 from .acceptance import leading_accepts
-from .processing import SamplingSettings, probabilities, sample, uniform
+from .processing import Pipeline, SamplingSettings, probabilities, sample, uniform
 from .stats import DecodeStats, Stopwatch
 
 # called after every iteration with (tokens fixed in the slowest row, tokens per row, token buffer)
@@ -68,9 +69,10 @@ def progress(n: torch.Tensor, buffer: TokenBuffer, on_iteration) -> bool:
     return slowest >= buffer.num_tokens
 
 
-def verify_window(rule, out, p, sampling, q, x, n, buffer: TokenBuffer, iteration: int, generator):
+def verify_window(rule, out, p, sampling, q, x, n, buffer: TokenBuffer, iteration, generator):
     """Verify drafts ``x`` [B, L] (drawn from ``q`` [B, L, V]) against the window's target ``p``
-    [B, L+1, V] (from model output ``out``), commit the accepted run and the fixed token.
+    [B, L+1, V] (from model output ``out``), commit the accepted run and the fixed token (stamped with
+    ``iteration``). ``generator``: a torch.Generator, or a compiled loop step's draws (drawn_noise.py).
 
     Returns ``k`` (drafts accepted per row) and ``count`` (tokens fixed per row, never past the end)."""
     L, N = x.shape[1], buffer.num_tokens
@@ -79,8 +81,35 @@ def verify_window(rule, out, p, sampling, q, x, n, buffer: TokenBuffer, iteratio
     k, run, count = verify_run(rule, judged, p, q, x, N - n, generator)
     target = torch.where(slots < count.unsqueeze(1), n.unsqueeze(1) + slots, buffer.scratch)
     buffer.seq.scatter_(1, target, run)
-    buffer.fixed_at.scatter_(1, target, torch.full_like(target, iteration))
+    buffer.fixed_at.scatter_(1, target, torch.zeros_like(target) + iteration)  # an int, or a 0-d tensor
     return k, count
+
+
+@dataclass(eq=False)
+class WindowVerifier:
+    """What follows a verified forward in every speculative loop, as a loop step's state (loop_step.py: compiled
+    where the model's steps are): the window's distributions from its logits, then ``verify_window``."""
+
+    rule: object
+    sampling: SamplingSettings
+    buffer: TokenBuffer
+    watch: object  # the generation's NonFiniteWatch, or None
+
+    def __post_init__(self):
+        self.pipeline = Pipeline.of(self.sampling)  # a new slider value reuses the compiled step
+
+    def verify(self, noise, cond, uncond, q, x, n, iteration):
+        """``p`` [B, L+1, V] from the window's logits, and ``verify_window``'s ``k`` and ``count``."""
+        out = ModelOutput(cond=cond, uncond=uncond)
+        p = probabilities(out, self.pipeline, self.watch)  # slot j predicts position n + j
+        return (p, *verify_window(self.rule, out, p, self.sampling, q, x, n, self.buffer, iteration, noise))
+
+    def body(self, noise, cond, uncond, q, x, n, iteration):
+        """A drafter chain's iteration after its forward: returns the rows' progress, the tokens fixed and the
+        iteration's number."""
+        iteration = iteration + 1
+        _, _, count = self.verify(noise, cond, uncond, q, x, n, iteration)
+        return n + count, count, iteration
 
 
 def verify_run(rule, judged, p, q, x, room, generator):

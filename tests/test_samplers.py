@@ -42,9 +42,11 @@ def test_cfg_temperature_topk_topp_follow_the_official_order():
     assert probs[0, 0] < 0.99 < probs[0, :2].sum()
 
 
-def test_topk_keeps_ties_and_greedy_is_one_hot():
+def test_topk_and_topp_keep_ties_and_greedy_is_one_hot():
     out = ModelOutput(torch.tensor([[1.0, 3.0, 3.0, 0.0]]))
     assert (probabilities(out, SamplingSettings(cfg_scale=1.0, top_k=1)) > 0).sum() == 2
+    # the first 3.0 alone holds 0.45 of the mass, crossing 0.3: its tie stays too, whichever the sort put first
+    assert (probabilities(out, SamplingSettings(cfg_scale=1.0, top_p=0.3)) > 0).tolist() == [[False, True, True, False]]
     greedy = probabilities(out, SamplingSettings(cfg_scale=1.0, temperature=0.0))
     assert greedy.sum() == 1 and greedy.max() == 1
 

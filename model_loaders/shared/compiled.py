@@ -133,6 +133,14 @@ def compiled_forward(session_class: type, mode: str) -> "CompiledStep":
     return CompiledStep(session_class.forward, mode)
 
 
+@functools.cache
+def compiled_function(function, mode: str) -> "CompiledStep":
+    """``function(state, *tensors)`` compiled once per mode, for every state (a decoder's loop step: loop_step.py).
+    Dynamic where a later call differs (dynamo's automatic dynamic): a slider's new cfg scale or temperature
+    reuses the graph instead of compiling another."""
+    return CompiledStep(function, mode, dynamic=None)
+
+
 class CompiledStep:
     """``forward`` through torch.compile; where compiling fails on this machine (no C++ compiler for the CPU
     kernels, an unsupported platform or op) it warns once and runs eagerly from then on: same tokens, eager's
@@ -152,8 +160,8 @@ class CompiledStep:
     fixed at start), and dynamo tries the graph the previous call ran first. Any other call, a session's first
     of each shape included, is guarded in full."""
 
-    def __init__(self, forward, mode: str):
-        self.eager, self.compiled, self.mode = forward, torch.compile(forward, mode=mode, dynamic=False), mode
+    def __init__(self, forward, mode: str, dynamic: bool | None = False):
+        self.eager, self.compiled, self.mode = forward, torch.compile(forward, mode=mode, dynamic=dynamic), mode
         self.failure: str | None = None
         self.shapes_run: set = set()  # argument shapes that have run: their graph exists
         self.compiling = threading.Lock()  # held while a first call runs in a worker thread

@@ -1,0 +1,105 @@
+"""Compiled loop steps (samplers/loop_step.py): the work of a Jacobi or drafter-chain iteration after its forward
+(sampling, verification, the next drafts) runs through torch.compile where the model's steps do, with its random
+numbers drawn beforehand (samplers/drawn_noise.py), and a seed gives eager's very tokens: every rule, draft
+initialisation and coupling, greedy and sampled, CFG, top-k and top-p, batch 2."""
+import pytest
+import torch
+
+from fastar.errors import FastARError
+from fastar.model_loaders.drafters.small_ar import SmallARDrafter
+from fastar.model_loaders.shared.compiled import compile_steps, compiled_function, unique_graphs
+from fastar.samplers.decoders import DecoderSpec, decode
+from fastar.samplers.drawn_noise import Drawn, Recording, draw
+from fastar.samplers.loop_step import run_drawn
+from fastar.samplers.processing import SamplingSettings, random_codes, uniform
+from tiny_llamagen import tiny_conditioning, tiny_model
+
+SAMPLING = SamplingSettings(cfg_scale=2.0, temperature=0.9, top_k=20, top_p=0.95)
+VARIANTS = {  # each a loop step of its own: another rule, draft source or pipeline branch
+    "gsd": (DecoderSpec("gsd", window=5, group=4), SAMPLING),
+    "sample-above-gumbel": (DecoderSpec("sjd", window=6, init="sample-above", coupling="gumbel"), SAMPLING),
+    "vertical-maximal": (DecoderSpec("sjd", window=4, init="vertical", coupling="maximal"),
+                         SamplingSettings(cfg_scale=1.0, temperature=1.3)),
+    "greedy-lantern": (DecoderSpec("lantern", window=4, lantern_k=8, lantern_delta=0.2),
+                       SamplingSettings(cfg_scale=3.0, temperature=0.0)),
+}
+
+
+@pytest.fixture(scope="module")
+def models():
+    return tiny_model(seed=5), compile_steps(tiny_model(seed=5))
+
+
+def loop_step():
+    return compiled_function(run_drawn, "default")
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_compiled_loop_steps_give_eagers_tokens(models, name):
+    eager, compiled = models
+    spec, sampling = VARIANTS[name]
+    codebook = eager.code_embeddings() if spec.decoder == "lantern" else None
+    ran = len(loop_step().shapes_run)
+    for seed in (0, 1):
+        want, _ = decode(eager, tiny_conditioning(eager), sampling, spec, seed=seed, codebook=codebook)
+        got, stats = decode(compiled, tiny_conditioning(compiled), sampling, spec, seed=seed, codebook=codebook)
+        assert torch.equal(got, want)
+    assert stats.target_forwards < got.shape[1] - 1 or name == "greedy-lantern"  # windows really fixed several
+    assert loop_step().failure is None and len(loop_step().shapes_run) > ran  # it ran compiled, not eagerly
+
+
+def test_a_drafter_chains_verification_compiles_to_eagers_tokens(models):
+    eager, compiled = models
+    drafter = SmallARDrafter(tiny_model(seed=6))
+    spec = DecoderSpec("spec", gamma=3)
+    calls = loop_step().shapes_run.copy()
+    for seed in (0, 1):
+        want, _ = decode(eager, tiny_conditioning(eager), SAMPLING, spec, seed=seed, drafter=drafter)
+        got, _ = decode(compiled, tiny_conditioning(compiled), SAMPLING, spec, seed=seed, drafter=drafter)
+        assert torch.equal(got, want)
+    assert loop_step().shapes_run - calls
+
+
+def test_a_new_slider_value_reuses_the_compiled_loop_step(models):
+    """Moving the cfg scale or temperature must not compile the step again each time (dynamo would specialise
+    on every float; the loop step is dynamic where calls differ): at most one more graph for three new values."""
+    _, compiled = models
+    spec = DecoderSpec("sjd", window=3)
+    decode(compiled, tiny_conditioning(compiled), SAMPLING, spec, seed=0)
+    before = unique_graphs()
+    for cfg, temperature in ((2.5, 0.8), (3.5, 1.1), (4.5, 0.7)):
+        sampling = SamplingSettings(cfg_scale=cfg, temperature=temperature, top_k=20, top_p=0.95)
+        decode(compiled, tiny_conditioning(compiled), sampling, spec, seed=0)
+    assert unique_graphs() - before <= 1, unique_graphs() - before
+
+
+def test_an_eager_model_runs_its_loop_steps_eagerly(models):
+    eager, _ = models
+    calls = loop_step().shapes_run.copy()
+    decode(eager, tiny_conditioning(eager), SAMPLING, DecoderSpec("sjd", window=9), seed=0)
+    assert loop_step().shapes_run == calls
+
+
+def test_recorded_draws_repeat_the_generators_numbers():
+    """Drawn beforehand in the recorded order, a step's numbers are the ones it would have drawn in place."""
+    in_place, recorded, again = (torch.Generator().manual_seed(7) for _ in range(3))
+    want = [uniform((2, 3), in_place), random_codes(50, (2, 4), in_place), uniform((5, 1), in_place)]
+    recording = Recording(recorded)
+    made = [uniform((2, 3), recording), random_codes(50, (2, 4), recording), uniform((5, 1), recording)]
+    drawn = Drawn(draw(recording.calls, again))
+    replayed = [uniform((2, 3), drawn), random_codes(50, (2, 4), drawn), uniform((5, 1), drawn)]
+    drawn.check_all_used()
+    for a, b, c in zip(want, made, replayed):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    assert torch.equal(uniform((3,), in_place), uniform((3,), again))  # both generators moved on alike
+
+
+def test_a_step_whose_draws_depend_on_data_is_refused():
+    drawn = Drawn((torch.rand(2, 3), torch.randint(9, (4,))))
+    with pytest.raises(FastARError, match="must not depend on data"):
+        uniform((2, 4), drawn)  # another shape than was recorded
+    uniform((2, 3), drawn)
+    with pytest.raises(FastARError, match="must not depend on data"):
+        uniform((4,), drawn)  # codes were drawn here, not uniform numbers
+    with pytest.raises(FastARError, match="used 1 of the 2"):
+        drawn.check_all_used()
