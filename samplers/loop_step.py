@@ -9,12 +9,25 @@ the same draws either way. Elsewhere it runs eagerly, drawing in place, exactly 
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import weakref
 
 from ..model_loaders.shared.compiled import CUDA_GRAPHS, BoundStep, compiled_function
 from .drawn_noise import Drawn, Recording, draw
 
 WITHOUT_GRAPHS = {CUDA_GRAPHS: "default", "max-autotune": "max-autotune-no-cudagraphs"}
+_compiling: contextvars.ContextVar[bool] = contextvars.ContextVar("fastar_compiled_loop_steps", default=True)
+
+
+@contextlib.contextmanager
+def eager_loop_steps():
+    """Loop steps made inside run eagerly whatever the model's steps do (the profile times what compiling saves)."""
+    token = _compiling.set(False)
+    try:
+        yield
+    finally:
+        _compiling.reset(token)
 
 
 def run_drawn(work, draws: int, *args):
@@ -34,7 +47,7 @@ class LoopStep:
     def __init__(self, work, session, generator):
         self.work, self.generator, self.calls, self.compiled = work, generator, None, None
         forward = getattr(session, "forward", None)
-        self.forward_step = forward.step if isinstance(forward, BoundStep) else None
+        self.forward_step = forward.step if isinstance(forward, BoundStep) and _compiling.get() else None
 
     def __call__(self, *tensors):
         forward = self.forward_step

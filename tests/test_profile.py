@@ -53,6 +53,8 @@ def test_a_cpu_profile_times_every_window_and_decoder(tmp_path, compiled):
             assert all(0 <= gap < 1e-4 for gap in entry["eager"]["max_logit_gap"].values())
             assert set(entry["full_guards_forward_ms"]) == {"1", "4", "16"}  # timed again, guards in full
             assert set(entry["full_guards_decoders"]) == {"sjd"} and entry["full_guards_decoders"]["sjd"]["same_tokens"]
+            eager_steps = entry["eager_loop_step_decoders"]["sjd"]  # the same draws, so the same tokens
+            assert eager_steps["same_tokens"] and eager_steps["target_forwards"] == entry["decoders"]["sjd"]["target_forwards"]
     if compiled:  # no step split by a graph break (the graphs may come from the kernel cache of an earlier test)
         assert report["dynamo"]["graph_breaks"] == {}
     assert report["drafter"] == "small-ar"

@@ -17,7 +17,9 @@ checkpoint (``--model``).
 - ``--compile``: the steps through torch.compile (model_loaders/shared/compiled.py), and the same measurements on an
   eager twin with the same weights, side by side in the report (``eager``); the compiled forwards and ``sjd`` images
   again with every call guarded in full (``full_guards_forward_ms``, ``full_guards_decoders``: what a repeated call
-  saves by skipping most of dynamo's guards); the graphs dynamo compiled and any graph break (``dynamo``).
+  saves by skipping most of dynamo's guards), and ``sjd`` images with each iteration's sampling, verification and
+  drafts eager (``eager_loop_step_decoders``: what compiling them saves, samplers/loop_step.py); the graphs dynamo
+  compiled and any graph break (``dynamo``).
 - ``--gpu-weights GB``: the model with only that much of its weights on the GPU, its other blocks streamed from
   pinned host memory at every forward (model_loaders/shared/streaming.py); the floor then counts the streamed bytes at
   the measured host-to-device bandwidth.
@@ -50,6 +52,7 @@ from ...model_loaders.shared.streaming import make_streamable, model_bytes, plac
 from ...memory import kv_cache_bytes
 from ...pipeline import DTYPES, check_gpu_weights, resolve_device
 from ...samplers.decoders import DecoderSpec, decode
+from ...samplers.loop_step import eager_loop_steps
 from ...samplers.processing import SamplingSettings
 from .loop_baselines import baseline_for
 from .mar import MAR_SHAPES, build_mar, check_mar_options, mar_batch, print_mar_batch, random_draft
@@ -195,12 +198,15 @@ def logit_gaps(model, twin, batch: int, windows: list[int]) -> dict:
                         (ours[w].uncond - theirs[w].uncond).abs().max().item()) for w in windows}
 
 
-SJD_IN_FULL = "sjd, guards in full"  # sjd with every compiled call checking every guard, repeats included
+# sjd's compiled variants, each timed beside the default: every compiled call checking every guard (repeats
+# included), and each iteration's sampling, verification and drafts run eagerly
+SJD_VARIANTS = {"sjd, guards in full": ("full_guards_decoders", guards_in_full),
+                "sjd, eager loop steps": ("eager_loop_step_decoders", eager_loop_steps)}
 
 
-def guarded_in_full(run):
+def under(context, run):
     def image(seed):
-        with guards_in_full():
+        with context():
             return run(seed)
     return image
 
@@ -421,15 +427,15 @@ def token_batch(args, model, drafter, eager_twin, timing: Timing, batch: int, by
     if eager_twin is not None:
         runs |= {f"eager {k}": run for k, run in decoder_runs(eager_twin, drafter, batch, sampling).items()
                  if k in runs}
-    in_full = {SJD_IN_FULL: guarded_in_full(runs["sjd"])} if eager_twin is not None and "sjd" in runs else {}
+    variants = ({name: under(context, runs["sjd"]) for name, (_, context) in SJD_VARIANTS.items()}
+                if eager_twin is not None and "sjd" in runs else {})
     baselines = baseline_runs(eager_twin or model, batch, sampling) if args.baselines else {}
-    costs, codes = image_costs(runs | in_full | baselines, timing, rounds)
+    costs, codes = image_costs(runs | variants | baselines, timing, rounds)
     for cost in costs.values():
         cost["over_floor"] = cost["ms_per_iteration"] / floor_ms
     entry["decoders"] = {k: c for k, c in costs.items() if k in runs and not k.startswith("eager ")}
-    if in_full:  # one sync per iteration: the host's time between steps is the GPU's idle time
-        entry["full_guards_decoders"] = {"sjd": costs[SJD_IN_FULL] | {
-            "same_tokens": torch.equal(codes[SJD_IN_FULL], codes["sjd"])}}
+    for name in variants:  # one sync per iteration: the host's time between steps is the GPU's idle time
+        entry[SJD_VARIANTS[name][0]] = {"sjd": costs[name] | {"same_tokens": torch.equal(codes[name], codes["sjd"])}}
     if eager_twin is not None:  # the evidence that compiled steps may be on by default on this device
         entry["eager"]["decoders"] = {k[len("eager "):]: c for k, c in costs.items() if k.startswith("eager ")}
         entry["eager"]["same_tokens"] = {k: torch.equal(codes[k], codes[f"eager {k}"]) for k in entry["decoders"]}
@@ -446,10 +452,12 @@ def print_batch(batch: int, entry: dict) -> None:
         print(f"[profile]   {decoder}: {cost['ms_per_iteration']:.2f} ms per iteration "
               f"({cost['over_floor']:.2f}x floor), {cost['target_forwards']:.0f} iterations per image, "
               f"{cost['image_s']:.3f} s per image", flush=True)
-    for decoder, cost in entry.get("full_guards_decoders", {}).items():
-        print(f"[profile]   {decoder}, every compiled call guarded in full: {cost['ms_per_iteration']:.2f} ms per "
-              f"iteration ({cost['over_floor']:.2f}x floor), {cost['image_s']:.3f} s per image; the same tokens: "
-              f"{'yes' if cost['same_tokens'] else 'NO'}", flush=True)
+    for key, what in (("full_guards_decoders", "every compiled call guarded in full"),
+                      ("eager_loop_step_decoders", "sampling and verification eager")):
+        for decoder, cost in entry.get(key, {}).items():
+            print(f"[profile]   {decoder}, {what}: {cost['ms_per_iteration']:.2f} ms per iteration "
+                  f"({cost['over_floor']:.2f}x floor), {cost['image_s']:.3f} s per image; the same tokens: "
+                  f"{'yes' if cost['same_tokens'] else 'NO'}", flush=True)
     for window, breakdown in entry.get("kernels", {}).items():
         print_breakdown(f"where a {window}-token forward's time goes", breakdown)
     if "eager" in entry:
