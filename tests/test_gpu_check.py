@@ -48,6 +48,13 @@ def test_the_report_states_the_speed_goals():
     assert lines == ["- profile-7b, batch 2: forward 6.00 ms, 1.50x the 4.00 ms floor (misses 1.25x); sjd 2.00x "
                      "faster than ar per image for 2.56x fewer forwards (0.78 of it: misses 0.9)"]
     assert goal_lines({}) == ["- no token profile ran"]
+    timed = {"ms_per_iteration": 5.0, "image_s": 4.0, "target_forwards": 400}
+    compiled = {**entry, "decoders": {**entry["decoders"], "sjd": timed},
+                "full_guards_decoders": {"sjd": {**timed, "ms_per_iteration": 5.5}},
+                "eager_loop_step_decoders": {"sjd": {**timed, "ms_per_iteration": 6.25}}}
+    assert goal_lines({"profile-xl-compiled": {"batches": {"2": compiled}}})[0].endswith(
+        "; sjd 5.00 ms per iteration, with every call guarded in full 5.50 (0.91x), with sampling and verification "
+        "eager 6.25 (0.80x)")
     streamed = goal_lines({"profile-7b-streamed": {"streamed_gb": 6.04, "host_bandwidth_gb_s": 24.6,
                                                    "batches": {"2": {**entry, "decoders": {}}}}})
     assert streamed[0].endswith("(misses 1.25x); 6.0 GB of weights streamed at 24.6 GB/s"), streamed
