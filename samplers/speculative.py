@@ -13,13 +13,15 @@ lossless) and LANTERN with p(x) + p(A). Under token selection ambiguity that is 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
+from ..model_loaders.shared.protocol import ModelOutput
 from .acceptance import ExactRule
 from .loop_step import LoopStep
-from .processing import SamplingSettings, current_watch, probabilities, sample
+from .processing import Pipeline, SamplingSettings, current_watch, probabilities, sample
 from .stats import Stopwatch
 from .verifier import ProgressFn, TokenBuffer, WindowVerifier, begin, finish, progress
 
@@ -59,10 +61,10 @@ def speculative_decode(
     last_out, last_start = session.first, torch.full_like(n, -1)
     iteration = torch.zeros((), dtype=torch.long, device=dev)  # on the device: no copy from the host per iteration
     after_forward = LoopStep(WindowVerifier(rule, sampling, buffer, current_watch()), session, generator)
+    pick = LoopStep(DraftPick(Pipeline.of(sampling), current_watch(), top=drafts == "top"), draft_session, generator)
     fixed_counts = []
     while True:
-        x, q = draft_chain(draft_session, buffer.seq, n, last_out, last_start, L, sampling, generator,
-                           top=drafts == "top")
+        x, q = draft_chain(draft_session, buffer.seq, n, last_out, last_start, L, pick)
         stats.drafter_forwards += L
         watch.lap("draft")
 
@@ -81,20 +83,33 @@ def speculative_decode(
     return buffer.tokens().clone(), stats
 
 
-def draft_chain(draft_session, seq, n, last_out, last_start, length: int, sampling, generator, top: bool = False):
-    """``length`` drafts per row from position n on, each with the distribution it was drawn from (``top``: the
-    drafter's most likely code, drawn with certainty)."""
+def draft_chain(draft_session, seq, n, last_out, last_start, length: int, pick: LoopStep):
+    """``length`` drafts per row from position n on, each with the distribution it was drawn from (``pick``: a
+    ``DraftPick`` loop step)."""
     out = draft_session.catch_up(seq, n, last_out, last_start)
     tokens, dists = [], []
     for i in range(length):
-        q = probabilities(out, sampling)[:, 0]
-        if top:
-            x = q.argmax(-1)
-            q = torch.nn.functional.one_hot(x, q.shape[-1]).to(q.dtype)
-        else:
-            x = sample(q, generator)
+        x, q = pick(out.cond, out.uncond)
         tokens.append(x)
         dists.append(q)
         if i + 1 < length:
             out = draft_session.step(x.unsqueeze(1), n + i)
     return torch.stack(tokens, 1), torch.stack(dists, 1)
+
+
+@dataclass(eq=False)
+class DraftPick:
+    """A draft from the drafter's logits and the distribution recorded for it: drawn from the processed q, or
+    (``top``) the drafter's most likely code, drawn with certainty. A loop step (loop_step.py): compiled where the
+    drafter's steps are."""
+
+    pipeline: Pipeline
+    watch: object  # the generation's NonFiniteWatch, or None
+    top: bool
+
+    def body(self, noise, cond, uncond):
+        q = probabilities(ModelOutput(cond=cond, uncond=uncond), self.pipeline, self.watch)[:, 0]
+        if self.top:
+            x = q.argmax(-1)
+            return x, torch.nn.functional.one_hot(x, q.shape[-1]).to(q.dtype)
+        return sample(q, noise), q

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fastar.model_loaders.drafters.small_ar import SmallARDrafter
-from fastar.model_loaders.shared.protocol import ClassConditioning
+from fastar.model_loaders.shared.protocol import ClassConditioning, ModelOutput
 from fastar.samplers import jacobi, speculative
 from fastar.samplers.acceptance import ExactRule
 from fastar.samplers.decoders import DecoderSpec, decode, make_generator
@@ -104,8 +104,8 @@ class RecordsTheWrongSlot(DraftSource):
         if p.shape[1] > 1:  # a window, not the prefill's first distribution
             self.window_p = p
 
-    def initial(self, seq, start, carried, p_last):
-        x, q = super().initial(seq, start, carried, p_last)
+    def initial(self, seq, start, carried, p_last, noise=None):
+        x, q = super().initial(seq, start, carried, p_last, noise)
         if hasattr(self, "window_p"):
             q = self.window_p[:, -2:-1].expand_as(q)
         return x, q
@@ -133,28 +133,17 @@ def test_lossless_decoders_are_exact_at_other_temperatures_and_with_top_p(name, 
     assert chi_square_p_value(tokens, exact_for(settings)) > ALPHA
 
 
-def untempered_draft_chain(draft_session, seq, n, last_out, last_start, length, sampling, generator, top=False):
-    """Broken: drafts sampled from the tempered q but recorded with the drafter's untempered distribution."""
-    x, q = [], []
-    out = draft_session.catch_up(seq, n, last_out, last_start)
-    for i in range(length):
-        x.append(sample(probabilities(out, sampling)[:, 0], generator))
-        q.append(probabilities(out, SamplingSettings(cfg_scale=sampling.cfg_scale))[:, 0])
-        if i + 1 < length:
-            out = draft_session.step(x[-1].unsqueeze(1), n + i)
-    return torch.stack(x, 1), torch.stack(q, 1)
+def untempered_draft(pick, noise, cond, uncond):
+    """Broken: a draft sampled from the tempered q but recorded with the drafter's untempered distribution."""
+    out = ModelOutput(cond, uncond)
+    q = probabilities(out, pick.pipeline)[:, 0]
+    return sample(q, noise), probabilities(out, SamplingSettings(cfg_scale=pick.pipeline.cfg_scale))[:, 0]
 
 
-def top_drafts_recorded_as_drawn(draft_session, seq, n, last_out, last_start, length, sampling, generator, top):
-    """Broken: the drafter's most likely codes drafted, but recorded with the distribution q they were taken from."""
-    x, q = [], []
-    out = draft_session.catch_up(seq, n, last_out, last_start)
-    for i in range(length):
-        q.append(probabilities(out, sampling)[:, 0])
-        x.append(q[-1].argmax(-1))
-        if i + 1 < length:
-            out = draft_session.step(x[-1].unsqueeze(1), n + i)
-    return torch.stack(x, 1), torch.stack(q, 1)
+def top_draft_recorded_as_drawn(pick, noise, cond, uncond):
+    """Broken: the drafter's most likely code drafted, but recorded with the distribution q it was taken from."""
+    q = probabilities(ModelOutput(cond, uncond), pick.pipeline)[:, 0]
+    return q.argmax(-1), q
 
 
 @pytest.mark.parametrize("settings", [PLAIN, GUIDED], ids=["no-cfg-no-topk", "cfg-topk"])
@@ -166,14 +155,14 @@ def test_top_drafts_are_exact(settings, gamma):
 
 
 def test_top_drafts_recorded_with_the_drafters_distribution_are_detected(monkeypatch):
-    monkeypatch.setattr(speculative, "draft_chain", top_drafts_recorded_as_drawn)
+    monkeypatch.setattr(speculative.DraftPick, "body", top_draft_recorded_as_drawn)
     tokens, _ = decode(MODEL, conditioning(), GUIDED, DecoderSpec("spec", gamma=2, drafts="top"), seed=15,
                        drafter=DRAFTER)
     assert chi_square_p_value(tokens, exact_for(GUIDED)) < ALPHA
 
 
 def test_tempered_drafts_recorded_untempered_are_detected(monkeypatch):
-    monkeypatch.setattr(speculative, "draft_chain", untempered_draft_chain)
+    monkeypatch.setattr(speculative.DraftPick, "body", untempered_draft)
     settings = PROCESSING["T1.3-topk2"]
     tokens, _ = decode(MODEL, conditioning(), settings, DecoderSpec("spec", gamma=2), seed=14, drafter=DRAFTER)
     assert chi_square_p_value(tokens, exact_for(settings)) < ALPHA

@@ -7,7 +7,7 @@ import torch
 
 from fastar.errors import FastARError
 from fastar.model_loaders.drafters.small_ar import SmallARDrafter
-from fastar.model_loaders.shared.compiled import compile_steps, compiled_function, unique_graphs
+from fastar.model_loaders.shared.compiled import BoundStep, compile_steps, compiled_function, unique_graphs
 from fastar.samplers.decoders import DecoderSpec, decode
 from fastar.samplers.drawn_noise import Drawn, Recording, draw
 from fastar.samplers.loop_step import run_drawn
@@ -48,7 +48,7 @@ def test_compiled_loop_steps_give_eagers_tokens(models, name):
     assert loop_step().failure is None and len(loop_step().shapes_run) > ran  # it ran compiled, not eagerly
 
 
-def test_a_drafter_chains_verification_compiles_to_eagers_tokens(models):
+def test_a_drafter_chain_compiles_to_eagers_tokens(models):
     eager, compiled = models
     drafter = SmallARDrafter(tiny_model(seed=6))
     spec = DecoderSpec("spec", gamma=3)
@@ -57,7 +57,19 @@ def test_a_drafter_chains_verification_compiles_to_eagers_tokens(models):
         want, _ = decode(eager, tiny_conditioning(eager), SAMPLING, spec, seed=seed, drafter=drafter)
         got, _ = decode(compiled, tiny_conditioning(compiled), SAMPLING, spec, seed=seed, drafter=drafter)
         assert torch.equal(got, want)
-    assert loop_step().shapes_run - calls
+    assert len(loop_step().shapes_run - calls) >= 2  # the chain's draws and its verification, both compiled
+
+
+def test_a_drafter_compiles_its_steps_exactly_when_its_target_does(models):
+    """A drafter of the same family follows its target's compile switch at each start (one drafter object may
+    serve an eager and a compiled target in turn)."""
+    eager, compiled = models
+    drafter = SmallARDrafter(tiny_model(seed=6))
+    rows = tiny_conditioning(compiled)
+    for target, steps_compile in ((compiled, True), (eager, False), (compiled, True)):
+        target_session = target.start(rows, cfg=True, max_window=4)
+        draft_session = drafter.start(rows, cfg=True, max_window=4, target_session=target_session)
+        assert isinstance(draft_session.session.forward, BoundStep) == steps_compile
 
 
 def test_a_new_slider_value_reuses_the_compiled_loop_step(models):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ..shared.compiled import compile_like
 from ..shared.protocol import ModelOutput
 
 
@@ -26,12 +27,20 @@ class SmallARDrafter:
         return tuple(self.model.grid)
 
     def start(self, conditioning, *, cfg: bool, max_window: int, target_session=None) -> "SmallARDraftSession":
+        """A draft session; its steps compiled when ``target_session``'s are (compiled.py)."""
+        compile_like(self.model, target_session)
         return SmallARDraftSession(self.model.start(conditioning, cfg=cfg, max_window=max_window), max_window)
 
 
 class SmallARDraftSession:
     def __init__(self, session, width: int):
         self.session, self.width = session, width
+
+    @property
+    def forward(self):
+        """The model step drafts run through: a compiled one where the target's is (the sampler compiles its
+        per-draft work alongside, samplers/loop_step.py)."""
+        return self.session.forward
 
     def catch_up(self, seq: torch.Tensor, n: torch.Tensor, target: ModelOutput, target_start: torch.Tensor) -> ModelOutput:
         start = (n - self.width).clamp(min=0)

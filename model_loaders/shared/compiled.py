@@ -76,6 +76,16 @@ def compile_steps(model, when: str = "on", mode: str | None = None):
     return model
 
 
+def compile_like(model, session) -> None:
+    """``model``'s steps compiled exactly when ``session``'s are, in the same mode: a drafter follows its target
+    (eager, a small drafter's chain of forwards would cost more than the target's compiled one on a GPU)."""
+    forward = getattr(session, "forward", None)
+    if isinstance(forward, BoundStep):
+        compile_steps(model, "on", forward.step.mode)
+    elif hasattr(model, "compile_switch"):
+        compile_steps(model, "off")
+
+
 def allow_shapes() -> None:
     """Let a compiled step keep a graph for each of COMPILED_SHAPES shapes (dynamo's default is 8, after which it
     runs eagerly without a word). Recent torch keeps dynamo's settings per thread and asyncio task (ComfyUI runs
