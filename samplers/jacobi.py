@@ -5,8 +5,8 @@ Jacobi iteration, per row (rows advance independently):
   acceptance rule -> fix the first rejected slot from the rule's residual (or a bonus token from the
   last output when all pass) -> the outputs after it become next drafts (coupling) -> new slots at the
   window's end are initialised -> repeat.
-One device-to-host sync per iteration (the rows' progress) besides the stopwatch's; everything else stays on
-the device.
+One device-to-host read per iteration (the rows' progress, an iteration late on CUDA: verifier.RowProgress)
+besides the stopwatch's; everything else stays on the device.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from .drafts import DraftSource
 from .loop_step import LoopStep
 from .processing import SamplingSettings, current_watch, probabilities, sample
 from .stats import Stopwatch
-from .verifier import ProgressFn, TokenBuffer, WindowVerifier, begin, finish, progress
+from .verifier import ProgressFn, RowProgress, TokenBuffer, WindowVerifier, begin, finish
 
 DrawFn = Callable[[torch.Tensor, int], torch.Tensor]  # (distributions [B, V], position) -> codes [B]
 
@@ -92,7 +92,7 @@ def jacobi_decode(
     iteration = torch.zeros((), dtype=torch.long, device=dev)  # on the device: no copy from the host per iteration
 
     after_forward = LoopStep(JacobiIteration(rule, sampling, buffer, current_watch(), drafts), session, generator)
-    fixed_counts = []
+    rows, fixed_counts = RowProgress(buffer, on_iteration, dev), []
     while True:
         inputs = torch.cat([buffer.seq.gather(1, (n - 1).unsqueeze(1)), x], dim=1)
         out = session.forward(inputs, n - 1)
@@ -102,7 +102,7 @@ def jacobi_decode(
         fixed_counts.append(count)
         watch.lap("verify")
 
-        if progress(n, buffer, on_iteration):
+        if rows.done(n):
             break
     finish(stats, watch, fixed_counts, buffer.fixed_at, N)
     return buffer.tokens().clone(), stats

@@ -23,7 +23,7 @@ from .acceptance import ExactRule
 from .loop_step import LoopStep
 from .processing import Pipeline, SamplingSettings, current_watch, probabilities, sample
 from .stats import Stopwatch
-from .verifier import ProgressFn, TokenBuffer, WindowVerifier, begin, finish, progress
+from .verifier import ProgressFn, RowProgress, TokenBuffer, WindowVerifier, begin, finish
 
 DRAFTS = ("sampled", "top")  # how a drafter proposes: a draw from its q, or its most likely code
 
@@ -62,7 +62,7 @@ def speculative_decode(
     iteration = torch.zeros((), dtype=torch.long, device=dev)  # on the device: no copy from the host per iteration
     after_forward = LoopStep(WindowVerifier(rule, sampling, buffer, current_watch()), session, generator)
     pick = LoopStep(DraftPick(Pipeline.of(sampling), current_watch(), top=drafts == "top"), draft_session, generator)
-    fixed_counts = []
+    rows, fixed_counts = RowProgress(buffer, on_iteration, dev), []
     while True:
         x, q = draft_chain(draft_session, buffer.seq, n, last_out, last_start, L, pick)
         stats.drafter_forwards += L
@@ -77,7 +77,7 @@ def speculative_decode(
         fixed_counts.append(count)
         watch.lap("verify")
 
-        if progress(n, buffer, on_iteration):
+        if rows.done(n):
             break
     finish(stats, watch, fixed_counts, buffer.fixed_at, N)
     return buffer.tokens().clone(), stats

@@ -7,6 +7,7 @@ writes the accepted run into the token buffer. Rows advance independently.
 """
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 from typing import Callable
 
@@ -61,12 +62,41 @@ def finish(stats: DecodeStats, watch: Stopwatch, fixed_counts: list, fixed_at: t
     stats.fixed_at = fixed_at[:, :n_tokens].tolist()
 
 
-def progress(n: torch.Tensor, buffer: TokenBuffer, on_iteration) -> bool:
-    """The one host sync of an iteration: report the slowest row; True once every row is complete."""
-    slowest = int(n.min())
-    if on_iteration is not None:
-        on_iteration(slowest, buffer.num_tokens, buffer.tokens())
-    return slowest >= buffer.num_tokens
+LAG_BY_DEVICE = {"cuda": 1}  # iterations RowProgress reads late, by device type (0 elsewhere)
+
+
+class RowProgress:
+    """The one host read of a speculative loop's iteration: report the slowest row; done once every row is.
+
+    On CUDA it reads the progress one iteration late: the slowest row's count is copied to pinned host memory
+    without waiting, and read after the next iteration is queued, by which time the GPU has long finished it. So
+    the host queues iteration i + 1 while the GPU runs iteration i (as it does for ``ar``, which never waits),
+    instead of the GPU idling while the host turns round after every iteration. The price: one iteration past
+    the end, which fixes nothing (no row has room left: its writes go to scratch) but counts as a forward."""
+
+    def __init__(self, buffer: TokenBuffer, on_iteration, device: torch.device):
+        self.buffer, self.on_iteration = buffer, on_iteration
+        self.lag, self.cuda = LAG_BY_DEVICE.get(device.type, 0), device.type == "cuda"
+        self.pending: collections.deque = collections.deque()
+
+    def done(self, n: torch.Tensor) -> bool:
+        slowest = n.min()
+        if self.lag:
+            copy = torch.empty((), dtype=slowest.dtype, pin_memory=self.cuda)
+            copy.copy_(slowest, non_blocking=self.cuda)
+            event = torch.cuda.Event() if self.cuda else None
+            if event is not None:
+                event.record()
+            self.pending.append((copy, event))
+            if len(self.pending) <= self.lag:
+                return False
+            slowest, event = self.pending.popleft()
+            if event is not None:
+                event.synchronize()
+        count = int(slowest)
+        if self.on_iteration is not None:
+            self.on_iteration(count, self.buffer.num_tokens, self.buffer.tokens())
+        return count >= self.buffer.num_tokens
 
 
 def verify_window(rule, out, p, sampling, q, x, n, buffer: TokenBuffer, iteration, generator):

@@ -1,6 +1,7 @@
 """Host syncs per decoder (issue 31): a GPU waits for the host at each, so a decoder keeps to its budget: `ar`,
 MAR and VAR a few per generation (setup and the final stats), SJD, GSD, LANTERN and drafter chains one per
-iteration (the check that every row is done), CSpD one per drafted step. Counted on the CPU by the operations
+iteration (the check that every row is done; on CUDA it reads the previous iteration's count, which the GPU has
+finished: verifier.RowProgress), CSpD one per drafted step. Counted on the CPU by the operations
 that would sync on a GPU (tests/host_syncs.py); the GPU check counts the real ones."""
 import copy
 

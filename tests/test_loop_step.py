@@ -115,3 +115,25 @@ def test_a_step_whose_draws_depend_on_data_is_refused():
         uniform((4,), drawn)  # codes were drawn here, not uniform numbers
     with pytest.raises(FastARError, match="used 1 of the 2"):
         drawn.check_all_used()
+
+
+@pytest.mark.parametrize("spec", [DecoderSpec("sjd", window=4), DecoderSpec("spec", gamma=2)], ids=lambda s: s.decoder)
+def test_progress_read_an_iteration_late_changes_no_token(models, monkeypatch, spec):
+    """CUDA's way (verifier.RowProgress), run on the CPU: each iteration's progress is read after the next one is
+    queued, so the loop runs one iteration past the end. It must fix nothing: the same tokens, the same record
+    of when each was fixed, one more forward whose count is 0; progress reports never go backwards."""
+    from fastar.samplers import verifier
+
+    eager, _ = models
+    drafter = SmallARDrafter(tiny_model(seed=6)) if spec.decoder == "spec" else None
+    runs = {}
+    for lag in (0, 1):
+        monkeypatch.setattr(verifier, "LAG_BY_DEVICE", {"cpu": lag})
+        seen = []
+        runs[lag] = decode(eager, tiny_conditioning(eager), SAMPLING, spec, seed=3, drafter=drafter,
+                           on_iteration=lambda done, total, tokens: seen.append(done))
+        assert seen == sorted(seen) and seen[-1] == runs[lag][0].shape[1]
+    (want, plain), (got, late) = runs[0], runs[1]
+    assert torch.equal(got, want) and late.fixed_at == plain.fixed_at
+    assert late.target_forwards == plain.target_forwards + 1
+    assert late.accepted_per_iteration == plain.accepted_per_iteration + [[0, 0]]
