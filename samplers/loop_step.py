@@ -13,10 +13,9 @@ import contextlib
 import contextvars
 import weakref
 
-from ..model_loaders.shared.compiled import CUDA_GRAPHS, BoundStep, compiled_function
+from ..model_loaders.shared.compiled import BoundStep, compiled_function, following_mode
 from .drawn_noise import Drawn, Recording, draw
 
-WITHOUT_GRAPHS = {CUDA_GRAPHS: "default", "max-autotune": "max-autotune-no-cudagraphs"}
 _compiling: contextvars.ContextVar[bool] = contextvars.ContextVar("fastar_compiled_loop_steps", default=True)
 
 
@@ -46,12 +45,11 @@ class LoopStep:
 
     def __init__(self, work, session, generator):
         self.work, self.generator, self.calls, self.compiled = work, generator, None, None
-        forward = getattr(session, "forward", None)
-        self.forward_step = forward.step if isinstance(forward, BoundStep) and _compiling.get() else None
+        self.forward = getattr(session, "forward", None) if _compiling.get() else None
 
     def __call__(self, *tensors):
-        forward = self.forward_step
-        if forward is None or forward.failure is not None:
+        mode = following_mode(self.forward)
+        if mode is None:
             return self.work.body(self.generator, *tensors)
         if self.calls is None:  # the first iteration runs eagerly and notes what it draws
             recording = Recording(self.generator)
@@ -59,7 +57,7 @@ class LoopStep:
             self.calls = recording.calls
             return result
         if self.compiled is None:  # one for the generation: its repeated calls skip dynamo's full guards
-            step = compiled_function(run_drawn, WITHOUT_GRAPHS.get(forward.mode, forward.mode))
+            step = compiled_function(run_drawn, mode)
             self.compiled = BoundStep(step, weakref.ref(self.work))
         draws = draw(self.calls, self.generator)
         return self.compiled(len(draws), *draws, *tensors)

@@ -7,7 +7,7 @@ import torch
 
 from fastar.errors import FastARError
 from fastar.model_loaders.drafters.small_ar import SmallARDrafter
-from fastar.model_loaders.shared.compiled import BoundStep, compile_steps, compiled_function, unique_graphs
+from fastar.model_loaders.shared.compiled import BoundStep, compile_steps, compiled_function, graph_breaks, unique_graphs
 from fastar.samplers.decoders import DecoderSpec, decode
 from fastar.samplers.drawn_noise import Drawn, Recording, draw
 from fastar.samplers.loop_step import run_drawn
@@ -137,3 +137,25 @@ def test_progress_read_an_iteration_late_changes_no_token(models, monkeypatch, s
     assert torch.equal(got, want) and late.fixed_at == plain.fixed_at
     assert late.target_forwards == plain.target_forwards + 1
     assert late.accepted_per_iteration == plain.accepted_per_iteration + [[0, 0]]
+
+
+def test_an_eagle_drafter_compiles_with_its_target_to_eagers_tokens():
+    """The bundled demo model and its EAGLE drafter (LANTERN's format): with the target's steps compiled, the
+    head's catch-up and draft steps and the draft picks run compiled too, and a seed gives eager's tokens."""
+    from fastar.model_loaders.drafters.eagle import EagleSession
+    from fastar.pipeline import class_conditioning, load_models
+
+    eager, compiled = (load_models(None, None, "cpu", compile_switch=switch, drafter_path="demo")
+                       for switch in ("off", "on"))
+    spec, breaks = DecoderSpec("spec", gamma=3), graph_breaks()
+    for seed in (0, 1):
+        want, _ = decode(eager.ar, class_conditioning(eager.ar, [2, 5]), SAMPLING, spec, seed=seed,
+                         drafter=eager.drafter)
+        got, stats = decode(compiled.ar, class_conditioning(compiled.ar, [2, 5]), SAMPLING, spec, seed=seed,
+                            drafter=compiled.drafter)
+        assert torch.equal(got, want)
+    assert stats.target_forwards < got.shape[1] / 2  # the trained drafter's drafts are accepted
+    for method in (EagleSession.caught_up, EagleSession.stepped):
+        step = compiled_function(method, "default")
+        assert step.failure is None and step.shapes_run, method.__name__
+    assert graph_breaks() == breaks  # each step one graph

@@ -23,6 +23,7 @@ the prompt: row t pairs the target's hidden at slot t with the token at slot t+1
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,7 @@ from torch import nn
 
 from ...errors import FastARError
 from ..llamagen.model import rope_2d_table, rope_attention
+from ..shared.compiled import BoundStep, compiled_function, following_mode
 from ..shared.transformer import KVCache, RMSNorm, attention_mask
 from ..shared.llm_decoder import DecoderConfig, DecoderLayer, rope_tables
 from ..shared.protocol import ModelOutput
@@ -242,6 +244,9 @@ class EagleSession:
         self.feature = None  # the last row's output, the next step's input feature
         if self.offset:
             self._run(tokens, prefix[:, :-1], torch.arange(self.offset, device=target.device).expand(rows, -1))
+        # the target's step: the drafter's steps compile while it runs compiled (compiled.py: following_mode)
+        self.forward = getattr(target_session, "forward", None)
+        self.steps = {}
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([x, x]) if self.cfg else x
@@ -259,20 +264,40 @@ class EagleSession:
 
     @torch.no_grad()
     def catch_up(self, seq, n, target: ModelOutput, target_start) -> ModelOutput:
-        width = target.hidden.shape[1]
-        positions = target_start.unsqueeze(1) + 1 + torch.arange(width, device=seq.device)
-        codes = seq.gather(1, positions.clamp(max=seq.shape[1] - 1))  # past the buffer: garbage rows
-        tokens = self.drafter.token_ids(self._rows(codes))
-        features = self._run(tokens, target.hidden, self._rows(positions) + self.offset)
-        last = self._rows((n - target_start - 2).clamp(0, width - 1))  # row n-1 predicts token n
-        self.feature = features.gather(1, last.view(-1, 1, 1).expand(-1, 1, features.shape[-1]))
-        return self._output(self.feature)
+        self.feature, out = self.run("caught_up", seq, n, target.hidden, target_start)
+        return out
 
     @torch.no_grad()
     def step(self, tokens, position) -> ModelOutput:
+        self.feature, out = self.run("stepped", tokens, position, self.feature)
+        return out
+
+    def run(self, name: str, *tensors):
+        """Method ``name`` on ``tensors``: through torch.compile while the target's steps are compiled (one
+        small layer, dozens of kernels per draft eagerly), else eagerly."""
+        mode = following_mode(self.forward)
+        if mode is None:
+            return getattr(self, name)(*tensors)
+        if name not in self.steps:  # one per session: its repeated calls skip dynamo's full guards
+            self.steps[name] = BoundStep(compiled_function(getattr(EagleSession, name), mode), weakref.ref(self))
+        return self.steps[name](*tensors)
+
+    def caught_up(self, seq, n, hidden, target_start):
+        """The feature and output after re-feeding the rows the target just verified (its hidden states)."""
+        width = hidden.shape[1]
+        positions = target_start.unsqueeze(1) + 1 + torch.arange(width, device=seq.device)
+        codes = seq.gather(1, positions.clamp(max=seq.shape[1] - 1))  # past the buffer: garbage rows
+        tokens = self.drafter.token_ids(self._rows(codes))
+        features = self._run(tokens, hidden, self._rows(positions) + self.offset)
+        last = self._rows((n - target_start - 2).clamp(0, width - 1))  # row n-1 predicts token n
+        feature = features.gather(1, last.view(-1, 1, 1).expand(-1, 1, features.shape[-1]))
+        return feature, self._output(feature)
+
+    def stepped(self, tokens, position, feature):
+        """The feature and output after one drafted token at ``position``."""
         slots = self._rows(position.unsqueeze(1)) + self.offset
-        self.feature = self._run(self.drafter.token_ids(self._rows(tokens)), self.feature, slots)
-        return self._output(self.feature)
+        feature = self._run(self.drafter.token_ids(self._rows(tokens)), feature, slots)
+        return feature, self._output(feature)
 
 
 class LayoutEagleDrafter(EagleDrafter):

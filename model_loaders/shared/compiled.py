@@ -76,6 +76,19 @@ def compile_steps(model, when: str = "on", mode: str | None = None):
     return model
 
 
+# the mode of steps that follow a session's compiled forward but update state in place (no CUDA graphs for them)
+WITHOUT_GRAPHS = {CUDA_GRAPHS: "default", "max-autotune": "max-autotune-no-cudagraphs"}
+
+
+def following_mode(forward) -> str | None:
+    """The torch.compile mode for a step that follows ``forward`` (a session's forward): the forward's, without
+    CUDA graphs, while it runs compiled; None (eager) where it is not compiled or fell back to eager (a machine
+    that cannot compile says so once, not once per step)."""
+    if not isinstance(forward, BoundStep) or forward.step.failure is not None:
+        return None
+    return WITHOUT_GRAPHS.get(forward.step.mode, forward.step.mode)
+
+
 def compile_like(model, session) -> None:
     """``model``'s steps compiled exactly when ``session``'s are, in the same mode: a drafter follows its target
     (eager, a small drafter's chain of forwards would cost more than the target's compiled one on a GPU)."""
