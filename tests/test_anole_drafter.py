@@ -143,3 +143,20 @@ def test_drafters_of_another_family_or_layout_are_refused(folders, drafter_files
         load_drafter(drafter_files[0], load_ar_model(DEMO_AR))
     with pytest.raises(FastARError, match="small-model drafters serve LlamaGen targets"):
         load_drafter(DEMO_AR, anole)
+
+
+def test_compiled_steps_give_eagers_tokens_with_the_drafter(folders, drafter_files):
+    """Sampled spec with the Anole drafter (its layout's rows, RoPE and image-token ids) and the target's steps
+    compiled: the drafter's steps and every loop step compile alongside (samplers/loop_step.py), same tokens."""
+    from fastar.model_loaders.drafters.eagle import EagleSession
+    from fastar.model_loaders.shared.compiled import compile_steps, compiled_function
+    from fastar.samplers.decoders import DecoderSpec, decode
+    from fastar.samplers.processing import SamplingSettings
+
+    eager, compiled = load_ar_model(folders[0]), compile_steps(load_ar_model(folders[0]))
+    sampling, spec = SamplingSettings(cfg_scale=3.0, temperature=0.8, top_k=50), DecoderSpec("spec", gamma=3)
+    conditioning = PromptConditioning(PROMPTS)
+    want, _ = decode(eager, conditioning, sampling, spec, seed=4, drafter=load_drafter(drafter_files[0], eager))
+    got, _ = decode(compiled, conditioning, sampling, spec, seed=4, drafter=load_drafter(drafter_files[0], compiled))
+    assert torch.equal(got, want)
+    assert compiled_function(EagleSession.stepped, "default").shapes_run
