@@ -113,9 +113,10 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                    help="ZipAR: masked (a token attends to what the schedule fixed before it) or reference (as the "
                    "reference code: every earlier slot, the unfinished ones as the zeros the cache holds)")
     p.add_argument("--compile", nargs="?", const="on", default="off", choices=SWITCH,
-                   help="token models: every decoding step through torch.compile (same tokens as eager). The first "
-                   "image of each batch and window compiles (3-20 s on a CPU), later ones run up to 1.7x faster, so "
-                   "a one-shot run leaves it off; auto: on where proven equal (CPU; not yet CUDA); --compile = on")
+                   help="token models: every decoding step through torch.compile, with each iteration's sampling and "
+                   "verification and the drafter's steps (same tokens as eager). The first image of each batch and "
+                   "window compiles (3-20 s on a CPU), later ones run up to 1.7x faster, so a one-shot run leaves it "
+                   "off; auto: on where proven equal (CPU and CUDA); --compile = on")
     p.add_argument("--flow-steps", type=int, default=SPEC_DEFAULTS.flow_steps,
                    help="fm: solver steps of the flow-matching map that turns each token's noise into its code")
     dd = p.add_argument_group("Distilled Decoding students (dd)")
