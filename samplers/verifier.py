@@ -85,8 +85,8 @@ class RowProgress:
             copy = torch.empty((), dtype=slowest.dtype, pin_memory=self.cuda)
             copy.copy_(slowest, non_blocking=self.cuda)
             event = torch.cuda.Event() if self.cuda else None
-            if event is not None:
-                event.record()
+            if event is not None:  # on the stream the copy went to: that of n's GPU, which may not be the current one
+                event.record(torch.cuda.current_stream(n.device))
             self.pending.append((copy, event))
             if len(self.pending) <= self.lag:
                 return False
