@@ -15,7 +15,6 @@ from typing import Callable, Optional
 
 import torch
 
-
 from .acceptance import ExactRule
 from .drafts import DraftSource
 from .loop_step import LoopStep

@@ -61,7 +61,8 @@ def speculative_decode(
     last_out, last_start = session.first, torch.full_like(n, -1)
     iteration = torch.zeros((), dtype=torch.long, device=dev)  # on the device: no copy from the host per iteration
     after_forward = LoopStep(WindowVerifier(rule, sampling, buffer, current_watch()), session, generator)
-    pick = LoopStep(DraftPick(Pipeline.of(sampling), current_watch(), top=drafts == "top"), draft_session, generator)
+    # the drafter's steps compile when the target's do (compiled.py: compile_like, following_mode), so its picks do
+    pick = LoopStep(DraftPick(Pipeline.of(sampling), current_watch(), top=drafts == "top"), session, generator)
     rows, fixed_counts = RowProgress(buffer, on_iteration, dev), []
     while True:
         x, q = draft_chain(draft_session, buffer.seq, n, last_out, last_start, L, pick)
@@ -100,8 +101,7 @@ def draft_chain(draft_session, seq, n, last_out, last_start, length: int, pick: 
 @dataclass(eq=False)
 class DraftPick:
     """A draft from the drafter's logits and the distribution recorded for it: drawn from the processed q, or
-    (``top``) the drafter's most likely code, drawn with certainty. A loop step (loop_step.py): compiled where the
-    drafter's steps are."""
+    (``top``) the drafter's most likely code, drawn with certainty. A loop step (loop_step.py)."""
 
     pipeline: Pipeline
     watch: object  # the generation's NonFiniteWatch, or None

@@ -244,8 +244,8 @@ class EagleSession:
         self.feature = None  # the last row's output, the next step's input feature
         if self.offset:
             self._run(tokens, prefix[:, :-1], torch.arange(self.offset, device=target.device).expand(rows, -1))
-        # the target's step: the drafter's steps compile while it runs compiled (compiled.py: following_mode)
-        self.forward = getattr(target_session, "forward", None)
+        # the drafter's steps compile while the target's run compiled (compiled.py: following_mode)
+        self.target_step = getattr(target_session, "forward", None)
         self.steps = {}
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
@@ -275,7 +275,7 @@ class EagleSession:
     def run(self, name: str, *tensors):
         """Method ``name`` on ``tensors``: through torch.compile while the target's steps are compiled (one
         small layer, dozens of kernels per draft eagerly), else eagerly."""
-        mode = following_mode(self.forward)
+        mode = following_mode(self.target_step)
         if mode is None:
             return getattr(self, name)(*tensors)
         if name not in self.steps:  # one per session: its repeated calls skip dynamo's full guards

@@ -36,12 +36,6 @@ class SmallARDraftSession:
     def __init__(self, session, width: int):
         self.session, self.width = session, width
 
-    @property
-    def forward(self):
-        """The model step drafts run through: a compiled one where the target's is (the sampler compiles its
-        per-draft work alongside, samplers/loop_step.py)."""
-        return self.session.forward
-
     def catch_up(self, seq: torch.Tensor, n: torch.Tensor, target: ModelOutput, target_start: torch.Tensor) -> ModelOutput:
         start = (n - self.width).clamp(min=0)
         index = (start.unsqueeze(1) + torch.arange(self.width, device=seq.device)).clamp(max=seq.shape[1] - 1)
