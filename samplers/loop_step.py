@@ -37,6 +37,12 @@ def run_drawn(work, draws: int, *args):
     return result
 
 
+def compiled_loop_step(mode: str):
+    """The one compiled function every loop step runs through in ``mode``: dynamic where calls differ, so that a
+    slider's new value (a cfg scale, a temperature, GSD's thresholds, LANTERN's delta) reuses its graph."""
+    return compiled_function(run_drawn, mode, dynamic=None)
+
+
 class LoopStep:
     """Calls ``work.body(noise, *tensors)`` (returning tensors) once per iteration of one generation, with
     ``generator``'s numbers: compiled while ``session``'s forward runs compiled (not where it fell back to eager:
@@ -57,7 +63,7 @@ class LoopStep:
             self.calls = recording.calls
             return result
         if self.compiled is None:  # one for the generation: its repeated calls skip dynamo's full guards
-            step = compiled_function(run_drawn, mode)
+            step = compiled_loop_step(mode)
             self.compiled = BoundStep(step, weakref.ref(self.work))
         draws = draw(self.calls, self.generator)
         return self.compiled(len(draws), *draws, *tensors)

@@ -10,7 +10,7 @@ from fastar.model_loaders.drafters.small_ar import SmallARDrafter
 from fastar.model_loaders.shared.compiled import BoundStep, compile_steps, compiled_function, graph_breaks, unique_graphs
 from fastar.samplers.decoders import DecoderSpec, decode
 from fastar.samplers.drawn_noise import Drawn, Recording, draw
-from fastar.samplers.loop_step import run_drawn
+from fastar.samplers.loop_step import compiled_loop_step
 from fastar.samplers.processing import SamplingSettings, random_codes, uniform
 from tiny_llamagen import tiny_conditioning, tiny_model
 
@@ -31,33 +31,44 @@ def models():
 
 
 def loop_step():
-    return compiled_function(run_drawn, "default")
+    return compiled_loop_step("default")
+
+
+def counted(monkeypatch, step) -> list:
+    """The calls that go through ``step``'s compiled function from now on (not its eager fallback)."""
+    calls, real = [], step.compiled
+    monkeypatch.setattr(step, "compiled", lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
+    return calls
 
 
 @pytest.mark.parametrize("name", VARIANTS)
-def test_compiled_loop_steps_give_eagers_tokens(models, name):
+def test_compiled_loop_steps_give_eagers_tokens(models, monkeypatch, name):
     eager, compiled = models
     spec, sampling = VARIANTS[name]
     codebook = eager.code_embeddings() if spec.decoder == "lantern" else None
-    ran = len(loop_step().shapes_run)
+    calls, breaks = counted(monkeypatch, loop_step()), graph_breaks()
     for seed in (0, 1):
         want, _ = decode(eager, tiny_conditioning(eager), sampling, spec, seed=seed, codebook=codebook)
         got, stats = decode(compiled, tiny_conditioning(compiled), sampling, spec, seed=seed, codebook=codebook)
         assert torch.equal(got, want)
     assert stats.target_forwards < got.shape[1] - 1 or name == "greedy-lantern"  # windows really fixed several
-    assert loop_step().failure is None and len(loop_step().shapes_run) > ran  # it ran compiled, not eagerly
+    assert loop_step().failure is None and len(calls) >= stats.target_forwards - 1  # compiled, not eager
+    assert graph_breaks() == breaks  # one graph, whatever other tests compiled before in this process
 
 
-def test_a_drafter_chain_compiles_to_eagers_tokens(models):
+def test_a_drafter_chain_compiles_to_eagers_tokens(models, monkeypatch):
     eager, compiled = models
     drafter = SmallARDrafter(tiny_model(seed=6))
     spec = DecoderSpec("spec", gamma=3)
-    calls = loop_step().shapes_run.copy()
+    calls = counted(monkeypatch, loop_step())
     for seed in (0, 1):
         want, _ = decode(eager, tiny_conditioning(eager), SAMPLING, spec, seed=seed, drafter=drafter)
-        got, _ = decode(compiled, tiny_conditioning(compiled), SAMPLING, spec, seed=seed, drafter=drafter)
+        calls.clear()
+        got, stats = decode(compiled, tiny_conditioning(compiled), SAMPLING, spec, seed=seed, drafter=drafter)
         assert torch.equal(got, want)
-    assert len(loop_step().shapes_run - calls) >= 2  # the chain's draws and its verification, both compiled
+    # every iteration's verification and 3 picks (the chain's draws), compiled but for each loop step's first
+    # call (the verification's and the picks', run eagerly to record what they draw)
+    assert len(calls) == 4 * stats.target_forwards - 2
 
 
 def test_a_drafter_compiles_its_steps_exactly_when_its_target_does(models):
@@ -85,11 +96,11 @@ def test_a_new_slider_value_reuses_the_compiled_loop_step(models):
     assert unique_graphs() - before <= 1, unique_graphs() - before
 
 
-def test_an_eager_model_runs_its_loop_steps_eagerly(models):
+def test_an_eager_model_runs_its_loop_steps_eagerly(models, monkeypatch):
     eager, _ = models
-    calls = loop_step().shapes_run.copy()
+    calls = counted(monkeypatch, loop_step())
     decode(eager, tiny_conditioning(eager), SAMPLING, DecoderSpec("sjd", window=9), seed=0)
-    assert loop_step().shapes_run == calls
+    assert calls == []
 
 
 def test_recorded_draws_repeat_the_generators_numbers():
@@ -139,7 +150,7 @@ def test_progress_read_an_iteration_late_changes_no_token(models, monkeypatch, s
     assert late.accepted_per_iteration == plain.accepted_per_iteration + [[0, 0]]
 
 
-def test_an_eagle_drafter_compiles_with_its_target_to_eagers_tokens():
+def test_an_eagle_drafter_compiles_with_its_target_to_eagers_tokens(monkeypatch):
     """The bundled demo model and its EAGLE drafter (LANTERN's format): with the target's steps compiled, the
     head's catch-up and draft steps and the draft picks run compiled too, and a seed gives eager's tokens."""
     from fastar.model_loaders.drafters.eagle import EagleSession
@@ -148,6 +159,8 @@ def test_an_eagle_drafter_compiles_with_its_target_to_eagers_tokens():
     eager, compiled = (load_models(None, None, "cpu", compile_switch=switch, drafter_path="demo")
                        for switch in ("off", "on"))
     spec, breaks = DecoderSpec("spec", gamma=3), graph_breaks()
+    calls = {method: counted(monkeypatch, compiled_function(method, "default"))
+             for method in (EagleSession.caught_up, EagleSession.stepped)}
     for seed in (0, 1):
         want, _ = decode(eager.ar, class_conditioning(eager.ar, [2, 5]), SAMPLING, spec, seed=seed,
                          drafter=eager.drafter)
@@ -155,7 +168,6 @@ def test_an_eagle_drafter_compiles_with_its_target_to_eagers_tokens():
                             drafter=compiled.drafter)
         assert torch.equal(got, want)
     assert stats.target_forwards < got.shape[1] / 2  # the trained drafter's drafts are accepted
-    for method in (EagleSession.caught_up, EagleSession.stepped):
-        step = compiled_function(method, "default")
-        assert step.failure is None and step.shapes_run, method.__name__
-    assert graph_breaks() == breaks  # each step one graph
+    for method, made in calls.items():
+        assert compiled_function(method, "default").failure is None and made, method.__name__
+    assert graph_breaks() == breaks  # each step one graph, whatever other tests compiled before in this process

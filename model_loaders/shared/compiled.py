@@ -157,11 +157,12 @@ def compiled_forward(session_class: type, mode: str) -> "CompiledStep":
 
 
 @functools.cache
-def compiled_function(function, mode: str) -> "CompiledStep":
-    """``function(state, *tensors)`` compiled once per mode, for every state (a decoder's loop step: loop_step.py).
-    Dynamic where a later call differs (dynamo's automatic dynamic): a slider's new cfg scale or temperature
-    reuses the graph instead of compiling another."""
-    return CompiledStep(function, mode, dynamic=None)
+def compiled_function(function, mode: str, dynamic: bool | None = False) -> "CompiledStep":
+    """``function(state, *tensors)`` compiled once per mode, for every state. ``dynamic=None``: dynamic where a
+    later call differs (dynamo's automatic dynamic), for a decoder's loop step (loop_step.py), so that a slider's
+    new cfg scale or temperature reuses its graph; False (a model's step, an EAGLE head's): specialised on every
+    number it reads (a layer's head counts made symbolic would break its graph at attention)."""
+    return CompiledStep(function, mode, dynamic=dynamic)
 
 
 class CompiledStep:
