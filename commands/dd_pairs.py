@@ -10,7 +10,6 @@ is refused rather than mixed.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -27,6 +26,7 @@ from ..samplers.decoders import fm_decode, make_generator
 from ..samplers.flow_map import FlowMapSettings, NoiseToCode, token_noise
 from ..samplers.next_scale import RecordedDraw, next_scale_decode
 from ..samplers.processing import SamplingSettings
+from .training import write_whole
 
 
 @dataclass(frozen=True)
@@ -124,10 +124,8 @@ def check_manifest(folder: Path, manifest: dict) -> None:
 
 
 def write_atomically(path: Path, tensors: dict) -> None:
-    """Write to a temporary name, then rename: an interrupted run never leaves a half shard behind."""
-    partial = path.with_suffix(".partial")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(partial))
-    os.replace(partial, path)
+    """An interrupted run never leaves a half shard behind."""
+    write_whole(path, lambda file: save_file({k: v.contiguous() for k, v in tensors.items()}, str(file)))
 
 
 def load_pairs(folder) -> dict[str, torch.Tensor]:

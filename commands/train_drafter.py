@@ -35,7 +35,7 @@ from ..model_loaders.shared.protocol import ClassConditioning
 from ..pipeline import resolve_device
 from ..samplers.jacobi import ar_decode
 from ..samplers.processing import SamplingSettings
-from .training import DATA_DIR, Timer, cosine_lr, init_weights, save_fp16, setup, train_step
+from .training import DATA_DIR, Timer, cosine_lr, init_weights, save_fp16, save_whole, setup, train_step
 
 CFG_DROP = 0.1  # as the target was trained
 POLICY_WEIGHT = 0.1  # EAGLE's weight of the distribution loss against the feature loss
@@ -62,7 +62,7 @@ def target_samples(target: LlamaGenGPT, path, n: int, seed: int, batch: int, cac
     data = torch.cat(tokens), torch.cat(labels)
     if cache is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        torch.save(data, cache)
+        save_whole(data, cache)
     return data
 
 

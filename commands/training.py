@@ -13,6 +13,8 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from ..model_loaders.shared.joined import parted_state_dict
+
 DATA_DIR = Path(__file__).resolve().parent.parent / ".data"  # git-ignored caches
 
 
@@ -30,12 +32,22 @@ def save_fp16(module: torch.nn.Module, cfg, path, keep_fp32: tuple[str, ...] = (
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     sd = {k: (v.half() if v.is_floating_point() and not k.startswith(keep_fp32) else v).detach().contiguous()
-          for k, v in module.state_dict().items() if not (drop and k.startswith(drop))}
+          for k, v in parted_state_dict(module).items() if not (drop and k.startswith(drop))}
     meta = asdict(cfg) if not isinstance(cfg, dict) else cfg
-    partial = path.with_name(path.name + ".partial")  # then renamed: an interrupted save never leaves half a file
-    save_file(sd, str(partial), metadata={"fastar_config": json.dumps(meta)})
-    os.replace(partial, path)
+    write_whole(path, lambda file: save_file(sd, str(file), metadata={"fastar_config": json.dumps(meta)}))
     print(f"saved {path.name}: {path.stat().st_size / 1e6:.2f} MB")
+
+
+def write_whole(path: Path, write) -> None:
+    """``write(file)`` to a file beside ``path`` named for this process, then renamed to ``path``: an interrupted
+    write never leaves half a file, and two processes caching the same data at once each rename a whole one."""
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    write(partial)
+    os.replace(partial, path)
+
+
+def save_whole(data, path: Path) -> None:
+    write_whole(path, lambda file: torch.save(data, file))
 
 
 def cosine_lr(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -> float:
@@ -121,10 +133,8 @@ class Checkpoints:
         if (step + 1) % self.every:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.path.with_name(self.path.name + ".partial")
         modules = {name: module.state_dict() for name, module in self.modules.items()}
-        torch.save(modules | {"opt": self.opt.state_dict(), "gen": self.gen.get_state(), "step": step + 1}, partial)
-        os.replace(partial, self.path)
+        save_whole(modules | {"opt": self.opt.state_dict(), "gen": self.gen.get_state(), "step": step + 1}, self.path)
 
     def finish(self) -> None:
         self.path.unlink(missing_ok=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..commands.training import DATA_DIR, save_fp16
+from ..commands.training import DATA_DIR, save_fp16, save_whole
 from ..errors import FastARError
 
 OUT_DIR = Path(__file__).resolve().parent.parent / "out"  # git-ignored previews
@@ -103,7 +103,7 @@ def cached_encoding(name: str, autoencoder_path, n: int, seed: int, encode_batch
     data = tuple(torch.cat(column) if torch.is_tensor(column[0]) else [item for part in column for item in part]
                  for column in zip(*parts))
     DATA_DIR.mkdir(exist_ok=True)
-    torch.save(data, cache)
+    save_whole(data, cache)
     return data
 
 

@@ -122,9 +122,9 @@ def warm_start(model, gpt) -> None:
         model.model.norm.weight.copy_(gpt.norm.weight)
         for ours, theirs in zip(model.model.layers, gpt.layers):
             attn = ours.self_attn  # q, k, v stacked in the same order as LlamaGen's wqkv
-            gate_up = torch.cat([theirs.feed_forward.w1.weight, theirs.feed_forward.w3.weight])
             for linear, weight in ((attn.qkv_proj, theirs.attention.wqkv.weight), (attn.o_proj, theirs.attention.wo.weight),
-                                   (ours.mlp.gate_up_proj, gate_up), (ours.mlp.down_proj, theirs.feed_forward.w2.weight)):
+                                   (ours.mlp.gate_up_proj, theirs.feed_forward.w13.weight),
+                                   (ours.mlp.down_proj, theirs.feed_forward.w2.weight)):
                 linear.weight.copy_(weight)
             ours.input_layernorm.weight.copy_(theirs.attention_norm.weight)
             ours.post_attention_layernorm.weight.copy_(theirs.ffn_norm.weight)

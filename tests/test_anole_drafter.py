@@ -10,11 +10,12 @@ import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from fastar.errors import FastARError
 from fastar.model_loaders import load_ar_model
 from fastar.model_loaders.shared.demo import DEMO_AR
-from fastar.model_loaders.drafters.loader import load_drafter
+from fastar.model_loaders.drafters.loader import load_drafter, save_eagle_drafter
 from fastar.model_loaders.shared.protocol import PromptConditioning
 from fastar.tests.tiny_chameleon import CODES, hf_model, write_anole_drafter, write_folder
 
@@ -104,6 +105,18 @@ def test_the_drafter_reads_the_targets_windows_as_the_reference_does(reference, 
         window = torch.stack([codes[b, int(n[b]) - 1: int(n[b]) - 1 + width] for b in range(2)])
         last_out, last_start = session.forward(window, n - 1), n - 1
         n = n + torch.tensor(advance)
+
+
+def test_a_saved_drafter_is_in_the_release_layout_and_loads_back(folders, drafter_files, tmp_path):
+    """FastAR runs the layer's q, k, v (and gate, up) as one matmul: a saved drafter still has them apart."""
+    model = load_ar_model(folders[0])
+    drafter = load_drafter(drafter_files[0], model)
+    save_eagle_drafter(drafter, tmp_path / "saved")
+    weights, saved = drafter_files[1], load_file(str(tmp_path / "saved" / "model.safetensors"))
+    assert saved.keys() == weights.keys() and "layers.0.self_attn.k_proj.weight" in saved
+    assert all(torch.equal(saved[k], weights[k].half()) for k in weights)
+    again = load_drafter(tmp_path / "saved", model)  # as the Anole drafter it was, not as a LlamaGen one
+    assert type(again).__name__ == "LayoutEagleDrafter" and again.head.cfg == drafter.head.cfg
 
 
 def test_spec_and_lantern_with_the_drafter_run_from_the_command_line(folders, drafter_files, tmp_path):

@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 from fastar.errors import FastARError, FastARWarning
 from fastar.model_loaders import load_ar_model, load_image_decoder
 from fastar.model_loaders.shared.checkpoint import CheckpointInfo, detect_family, read_state_dict
+from fastar.model_loaders.shared.joined import parted_state_dict
 from fastar.model_loaders.llamagen.loader import llamagen_config, load_llamagen, load_vq
 from fastar.model_loaders.llamagen.model import LlamaGenGPT, find_multiple
 from fastar.model_loaders.llamagen.vq import VQConfig, VQModel
@@ -21,7 +22,7 @@ TINY_ARGS = argparse.Namespace(n_head=4, image_size=64, downsample_size=16, gpt_
 
 
 def official_sd(model_type="c2i", **overrides):
-    return {k: v.clone() for k, v in tiny_model(model_type, **overrides).state_dict().items()}
+    return {k: v.clone() for k, v in parted_state_dict(tiny_model(model_type, **overrides)).items()}
 
 
 def save_safetensors(path, sd, config=None):
@@ -31,7 +32,7 @@ def save_safetensors(path, sd, config=None):
 
 
 def assert_same_weights(model_or_sd, expected):
-    actual = model_or_sd.state_dict() if hasattr(model_or_sd, "state_dict") else model_or_sd
+    actual = parted_state_dict(model_or_sd) if hasattr(model_or_sd, "state_dict") else model_or_sd
     assert actual.keys() == expected.keys()
     for key, tensor in expected.items():
         assert torch.equal(actual[key], tensor), key
@@ -152,7 +153,7 @@ def save_hf_folder(folder: Path, sd, cfg, shards=2):
 
 def test_hf_sharded_folder_with_renamed_keys_gives_identical_logits(tmp_path):
     model = tiny_model("t2i", n_kv_head=2)
-    hf = to_hf_names(model.state_dict(), model.cfg)
+    hf = to_hf_names(parted_state_dict(model), model.cfg)
     assert detect_family(hf) == "llamagen-gpt-hf"
     folder = save_hf_folder(tmp_path / "LlamaGen-T2I", hf, model.cfg)
     loaded = load_ar_model(folder)
@@ -165,7 +166,7 @@ def test_hf_folder_with_pytorch_model_bin(tmp_path):
     folder = tmp_path / "hf-bin"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(hf_config(model.cfg)))
-    torch.save(to_hf_names(model.state_dict(), model.cfg), folder / "pytorch_model.bin")
+    torch.save(to_hf_names(parted_state_dict(model), model.cfg), folder / "pytorch_model.bin")
     assert same_logits(model, load_llamagen(folder))
 
 
@@ -367,7 +368,7 @@ def test_missing_file_names_path_and_models_folder(tmp_path):
 
 def test_index_with_missing_shard(tmp_path):
     model = tiny_model()
-    folder = save_hf_folder(tmp_path / "hf", to_hf_names(model.state_dict(), model.cfg), model.cfg)
+    folder = save_hf_folder(tmp_path / "hf", to_hf_names(parted_state_dict(model), model.cfg), model.cfg)
     (folder / "model-00002-of-00002.safetensors").unlink()
     with pytest.raises(FastARError, match=r"shards that are missing \(model-00002-of-00002.safetensors\)"):
         load_ar_model(folder)
@@ -495,7 +496,7 @@ def test_strict_loading_names_missing_unexpected_and_misshaped_keys(tmp_path):
 
 def test_hf_names_with_a_missing_projection(tmp_path):
     model = tiny_model()
-    hf = to_hf_names(model.state_dict(), model.cfg)
+    hf = to_hf_names(parted_state_dict(model), model.cfg)
     del hf["model.layers.1.self_attn.k_proj.weight"]
     with pytest.raises(FastARError, match="layer 1 has no k projection"):
         load_llamagen(hf)

@@ -19,6 +19,7 @@ from fastar.errors import FastARError
 from fastar.model_loaders import load_ar_model, load_image_decoder
 from fastar.model_loaders.dd.student import DDStudent, DDStudentConfig
 from fastar.model_loaders.shared.demo import DEMO_VQ
+from fastar.model_loaders.shared.joined import parted_state_dict
 from fastar.model_loaders.shared.protocol import ClassConditioning
 from fastar.samplers.decoders import decode_distilled
 from fastar.samplers.distilled import DDSettings, dd_decode
@@ -155,7 +156,7 @@ def test_bad_settings_and_inputs_are_refused():
 
 def released_layout(student: DDStudent, path, ema_scale=1.0):
     """A file as microsoft/distilled_decoding ships it: EMA and raw weights, no sizes, no FastAR metadata."""
-    ema = {k: v * ema_scale for k, v in student.state_dict().items()}
+    ema = {k: v * ema_scale for k, v in parted_state_dict(student).items()}
     raw = {k: torch.zeros_like(v) for k, v in ema.items()}
     torch.save({"model": raw, "ema": ema, "steps": 1000}, path)
 
@@ -187,7 +188,7 @@ def test_unknown_size_without_a_split_needs_one_from_the_run_and_a_plain_gpt_is_
     with pytest.raises(FastARError, match="none of the released sizes, and nothing beside it says its split point: "
                                           "give the split in tokens"):
         DDSettings(steps=1).resolve(student)
-    sd = tiny_student(grid=(16, 16)).state_dict()
+    sd = parted_state_dict(tiny_student(grid=(16, 16)))
     del sd["n_d_embed.weight"]
     torch.save({"ema": sd}, tmp_path / "cut.pt")
     with pytest.raises(FastARError):

@@ -16,6 +16,7 @@ from fastar.errors import FastARError
 from fastar.model_loaders.drafters.small_ar import SmallARDrafter
 from fastar.model_loaders.drafters.loader import load_drafter, save_eagle_drafter
 from fastar.model_loaders.drafters.eagle import EagleDrafter
+from fastar.model_loaders.shared.joined import parted_state_dict
 from test_llamagen_math import null_conditioning
 from tiny_llamagen import tiny_conditioning, tiny_model, tiny_tokens
 
@@ -214,7 +215,7 @@ def test_loads_released_folders_and_files_beside_their_config(tmp_path, fmt, wei
     for path in (folder, folder / weights_file):
         drafter = load_drafter(path, target)
         assert isinstance(drafter, EagleDrafter) and drafter.needs_target_hidden and drafter.target is target
-        loaded = drafter.head.state_dict()
+        loaded = parted_state_dict(drafter.head)  # the release's layout
         assert loaded.keys() == sd.keys() and all(torch.equal(loaded[k], sd[k]) for k in sd)
         assert not drafter.head.training and not any(p.requires_grad for p in drafter.head.parameters())
 
@@ -235,7 +236,7 @@ def test_small_ar_checkpoint_loads_as_ar_drafter(tmp_path):
 
 
 def save_ar(path, model):
-    save_file(model.state_dict(), str(path), metadata={"fastar_config": json.dumps(dataclasses.asdict(model.cfg))})
+    save_file(parted_state_dict(model), str(path), metadata={"fastar_config": json.dumps(dataclasses.asdict(model.cfg))})
     return path
 
 
@@ -322,7 +323,7 @@ def test_save_writes_the_released_layout_and_round_trips(tmp_path):
     again = load_drafter(tmp_path / "b", target)
     assert again.head.cfg == drafter.head.cfg
     for key, tensor in sd.items():
-        assert torch.equal(again.head.state_dict()[key], tensor.half().float()), key
+        assert torch.equal(parted_state_dict(again.head)[key], tensor.half().float()), key
 
 
 # -- the trainer -----------------------------------------------------------------------------------

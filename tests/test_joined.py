@@ -57,8 +57,13 @@ def test_a_missing_part_is_named_and_its_siblings_are_not_called_unexpected():
     assert "unexpected" not in message and "qkv_proj" not in message
 
 
-def test_a_part_of_the_wrong_size_is_reported_on_the_joined_weight():
+def test_a_part_of_the_wrong_size_is_named_as_the_file_names_it():
     sd = checkpoint()
     sd["layers.0.mlp.up_proj.weight"] = torch.zeros(40, 32)
-    with pytest.raises(FastARError, match=r"wrong shapes layers\.0\.mlp\.gate_up_proj\.weight \(88, 32\) vs \(96, 32\)"):
+    with pytest.raises(FastARError, match=r"wrong shapes layers\.0\.mlp\.up_proj\.weight \(40, 32\) vs \(48, 32\) "
+                                          r"\(checkpoint vs model"):
         load_weights(fresh(), sd, "test.safetensors")
+    whole = {k: v.clone() for k, v in Backbone(CFG).state_dict().items()}
+    whole["layers.0.mlp.gate_up_proj.weight"] = torch.zeros(88, 32)  # a joined weight stored whole
+    with pytest.raises(FastARError, match=r"wrong shapes layers\.0\.mlp\.gate_up_proj\.weight \(88, 32\) vs \(96, 32\)"):
+        load_weights(fresh(), whole, "test.safetensors")

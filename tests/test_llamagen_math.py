@@ -8,6 +8,7 @@ from torch.testing import assert_close
 
 from fastar.model_loaders.llamagen import model as llamagen_gpt
 from fastar.model_loaders.llamagen.model import Attention, apply_rope, rope_2d_table
+from fastar.model_loaders.shared.joined import parted_state_dict
 from fastar.model_loaders.shared.transformer import RMSNorm
 from fastar.model_loaders.shared.protocol import CaptionConditioning, ClassConditioning
 from tiny_llamagen import NUM_CLASSES, tiny_conditioning, tiny_config, tiny_model, tiny_tokens
@@ -237,7 +238,7 @@ def reference_logits(sd, cfg, conditioning, tokens):
 def test_model_matches_independent_reference(model_type, n_kv_head):
     model = tiny_model(model_type, n_kv_head=n_kv_head)
     conditioning, tokens = tiny_conditioning(model), tiny_tokens(model)
-    expected = reference_logits(model.state_dict(), model.cfg, conditioning, tokens)
+    expected = reference_logits(parted_state_dict(model), model.cfg, conditioning, tokens)
     assert expected.shape == (2, model.cfg.num_tokens, model.vocab_size)
     assert_close(model.training_logits(conditioning, tokens), expected, atol=1e-5, rtol=1e-5)
     session = model.start(conditioning, cfg=False, max_window=model.cfg.num_tokens)

@@ -22,6 +22,7 @@ from torch import nn
 
 from ...errors import FastARError
 from ..llamagen.model import LabelEmbedding, LlamaGenConfig, TransformerBlock, rope_2d_table
+from ..shared.joined import parted_state_dict
 from ..shared.transformer import RMSNorm
 
 # The split points of the released students, by (layers, width): positions before it take the logits'
@@ -132,7 +133,7 @@ def model_fingerprint(model: nn.Module) -> str:
     """A short hash of a model's sizes and output head: what a student records of its teacher, telling one
     teacher from another without reading all of a large model's weights back to the host."""
     digest = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
+    for name, tensor in parted_state_dict(model).items():  # the checkpoint's names: the same however layers run
         digest.update(f"{name}{tuple(tensor.shape)}".encode())
     head = model.output if hasattr(model, "output") else model.head  # LlamaGen's logits head, or VAR's
     digest.update(head.weight.detach().float().cpu().numpy().tobytes())

@@ -27,14 +27,13 @@ import weakref
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ...errors import FastARError
 from ..llamagen.model import rope_2d_table, rope_attention
 from ..shared.compiled import BoundStep, compiled_function, following_mode
 from ..shared.transformer import KVCache, RMSNorm, attention_mask
-from ..shared.llm_decoder import DecoderConfig, DecoderLayer, rope_tables
+from ..shared.llm_decoder import MLP, DecoderConfig, DecoderLayer, rope_tables
 from ..shared.protocol import ModelOutput
 
 CONFIG_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
@@ -92,15 +91,19 @@ class EagleConfig:
         )
 
     def to_json(self) -> dict:
-        """HF Llama keys as the release writes them, plus the grid under ``fastar``."""
+        """HF keys as the release writes them (a Llama config, or for Anole a Chameleon one), plus the grid under
+        ``fastar``."""
+        architecture = "ChameleonForConditionalGeneration" if self.family == "chameleon" else "LlamaForCausalLM"
         config = {
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+            "architectures": [architecture], "model_type": self.family, "hidden_act": "silu",
             "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
             "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
             "num_hidden_layers": 1, "vocab_size": self.vocab_size, "rms_norm_eps": self.rms_norm_eps,
             "bias": self.bias, "qkv_bias": self.qkv_bias, "rope_theta": self.rope_theta,
             "input_type": self.input_type, "torch_dtype": "float16",
         }
+        if self.family == "chameleon":
+            config["swin_norm"] = self.swin_norm
         if self.grid is not None:
             config["fastar"] = {"grid": list(self.grid)}
         return config
@@ -113,28 +116,16 @@ class EagleAttention(nn.Module):
         if D % H or H % KV or hd % 4:
             raise ValueError(f"inconsistent head layout: width {D}, {H} heads, {KV} kv heads")
         self.n_head, self.n_kv_head, self.head_dim = H, KV, hd
-        self.q_proj = nn.Linear(D, H * hd, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(D, KV * hd, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(D, KV * hd, bias=cfg.qkv_bias)
+        self.qkv_proj = nn.Linear(D, (H + 2 * KV) * hd, bias=cfg.qkv_bias)  # q, k, v: one matmul
+        self.joined = {"qkv_proj": (("q_proj", H * hd), ("k_proj", KV * hd), ("v_proj", KV * hd))}  # joined.py
         self.o_proj = nn.Linear(H * hd, D, bias=False)
 
     def forward(self, x, rope, mask, cache=None, slots=None):
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim)
-        k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim)
-        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim)
+        q, k, v = self.qkv_proj(x).split([self.n_head * self.head_dim, *[self.n_kv_head * self.head_dim] * 2], -1)
+        q = q.view(B, T, self.n_head, self.head_dim)
+        k, v = k.view(B, T, self.n_kv_head, self.head_dim), v.view(B, T, self.n_kv_head, self.head_dim)
         return self.o_proj(rope_attention(q, k, v, rope, mask, cache, slots))
-
-
-class EagleMLP(nn.Module):
-    def __init__(self, cfg: EagleConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class EagleLayer(nn.Module):
@@ -143,7 +134,7 @@ class EagleLayer(nn.Module):
     def __init__(self, cfg: EagleConfig):
         super().__init__()
         self.self_attn = EagleAttention(cfg)
-        self.mlp = EagleMLP(cfg)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x, rope, mask, cache=None, slots=None):

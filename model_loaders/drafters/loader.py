@@ -21,6 +21,7 @@ from ..chameleon.model import ChameleonGPT
 from .eagle import EagleConfig, EagleDrafter, EagleHead, LayoutEagleDrafter
 from ..shared.building import build_and_load, weight_shape
 from ..shared.demo import DEMO_DRAFTER, DEMO_MAR_DRAFT
+from ..shared.joined import parted_state_dict
 from ..shared.quantized import quantize_weights
 from ..llamagen.model import LlamaGenGPT
 from ..mar.loader import load_mar_draft
@@ -145,6 +146,6 @@ def save_eagle_drafter(drafter: EagleDrafter, folder) -> None:
     """The drafter as a LANTERN-format folder: config.json + model.safetensors in fp16."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    sd = {k: v.detach().to("cpu", torch.float16).contiguous() for k, v in drafter.head.state_dict().items()}
+    sd = {k: v.detach().to("cpu", torch.float16).contiguous() for k, v in parted_state_dict(drafter.head).items()}
     save_file(sd, str(folder / "model.safetensors"))
     (folder / "config.json").write_text(json.dumps(drafter.head.cfg.to_json(), indent=2) + "\n")

@@ -1,6 +1,7 @@
 """LlamaGen GPT (c2i and t2i), faithful to the official math, with a static KV cache.
 
-Key names follow the official checkpoints (``layers.{i}.attention.wqkv.weight`` ...). The math that
+Key names follow the official checkpoints (``layers.{i}.attention.wqkv.weight`` ...), but for the feed-forward's
+``w1`` and ``w3``, which run as one layer (``w13``, filled from both as a checkpoint loads: joined.py). The math that
 matters for compatibility, each pinned by a test:
 - RMSNorm in fp32, eps 1e-5; fused ``wqkv`` split q|k|v on dim 0; GQA heads grouped consecutively.
 - 2-D RoPE, base 10000, interleaved (real, imag) channel pairs: the first half of the pairs rotates by
@@ -62,12 +63,13 @@ class LlamaGenConfig:
 class FeedForward(nn.Module):
     def __init__(self, dim: int, hidden: int):
         super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
+        self.w13 = nn.Linear(dim, 2 * hidden, bias=False)  # the releases' w1 (gate) and w3 (up): one matmul
+        self.joined = {"w13": (("w1", hidden), ("w3", hidden))}  # joined.py
         self.w2 = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x):
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, up = self.w13(x).chunk(2, dim=-1)
+        return self.w2(F.silu(gate) * up)
 
 
 def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:

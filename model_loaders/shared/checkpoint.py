@@ -22,7 +22,7 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from ...errors import FastARError
-from .joined import JoinedWeights, joined_parts, missing_parts
+from .joined import JoinedWeights, joined_parts, missing_parts, stored_shapes
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 WEIGHT_SUFFIXES = (".safetensors", *PICKLE_SUFFIXES)
@@ -396,8 +396,8 @@ def load_weights(model: nn.Module, sd: Mapping[str, torch.Tensor], source: str, 
     missing = [name for k in expected if k not in sd for name in missing_parts(k, stored, parts)]
     part_names = {name for pieces in parts.values() for name, _ in pieces}
     unexpected = [k for k in sd if k not in expected and k not in part_names]
-    wrong = [f"{k} {shape_of(sd, k)} vs {tuple(t.shape)}" for k, t in expected.items()
-             if k in sd and shape_of(sd, k) != tuple(t.shape)]
+    wanted = [pair for k, t in expected.items() if k in sd for pair in stored_shapes(k, tuple(t.shape), stored, parts)]
+    wrong = [f"{name} {shape_of(stored, name)} vs {shape}" for name, shape in wanted if shape_of(stored, name) != shape]
     problems = []
     if missing:
         problems.append(f"missing {sample_keys(missing)} (an incomplete file, or a different model size)")

@@ -5,7 +5,7 @@ decode step costs its launch gap and its ramp, whatever its size. Checkpoints (t
 Face's layout) keep the parts apart, so a joined layer is filled from its parts as a model loads (``JoinedWeights``)
 and split into them again where FastAR writes a checkpoint or hands weights to another library
 (``parted_state_dict``). A module declares its joined layers in ``joined``: ``{layer name: ((part name, output
-rows), ...)}``, the parts in the order their rows are stacked.
+rows), ...)}``, the parts in the order their rows are stacked; a joined layer's bias is joined as its weight is.
 """
 from __future__ import annotations
 
@@ -16,12 +16,15 @@ from torch import nn
 
 
 def joined_parts(model: nn.Module) -> dict[str, tuple[tuple[str, int], ...]]:
-    """The state-dict key of every joined weight in ``model`` -> the keys of its parts and their output rows."""
+    """The state-dict key of every joined weight (and bias) in ``model`` -> the keys of its parts and their output
+    rows."""
     parts = {}
     for prefix, module in model.named_modules():
         pre = f"{prefix}." if prefix else ""
         for layer, pieces in getattr(module, "joined", {}).items():
-            parts[f"{pre}{layer}.weight"] = tuple((f"{pre}{name}.weight", rows) for name, rows in pieces)
+            for tensor in ("weight", "bias"):
+                if getattr(getattr(module, layer), tensor, None) is not None:
+                    parts[f"{pre}{layer}.{tensor}"] = tuple((f"{pre}{name}.{tensor}", rows) for name, rows in pieces)
     return parts
 
 
@@ -66,11 +69,23 @@ def missing_parts(key: str, sd: Mapping, parts: dict[str, tuple[tuple[str, int],
     return [name for name, _ in parts[key] if name not in sd]
 
 
+def stored_shapes(key: str, shape: tuple[int, ...], sd: Mapping,
+                  parts: dict[str, tuple[tuple[str, int], ...]]) -> list[tuple[str, tuple[int, ...]]]:
+    """What checkpoint ``sd`` stores of the model's weight ``key`` of ``shape``, and the shape each must have: where
+    ``key`` is joined and stored in parts, every part with its rows, so that a message names the file's own keys."""
+    if key not in parts or key in sd:
+        return [(key, shape)]
+    return [(name, (rows, *shape[1:])) for name, rows in parts[key]]
+
+
 def parted_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """``model.state_dict()`` with every joined weight split into its parts: the checkpoints' own layout."""
-    state = model.state_dict()
-    for key, pieces in joined_parts(model).items():
-        whole = state.pop(key)
-        for (name, _), part in zip(pieces, whole.split([rows for _, rows in pieces])):
+    """``model.state_dict()`` with every joined weight split into its parts, where it was: the checkpoints' own
+    layout."""
+    parts, state = joined_parts(model), {}
+    for key, tensor in model.state_dict().items():
+        if key not in parts:
+            state[key] = tensor
+            continue
+        for (name, _), part in zip(parts[key], tensor.split([rows for _, rows in parts[key]])):
             state[name] = part
     return state

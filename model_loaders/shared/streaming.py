@@ -110,10 +110,10 @@ def place(model: nn.Module, device: torch.device, resident: int, option: str = "
         raise FastARError(f"{option} {resident / GB:.2f} GB is less than this model needs on the GPU whatever "
                           f"streams ({least / GB:.2f} GB: embeddings, heads, norms and two streamed layers at a "
                           f"time): give at least {least / GB:.2f}, or 0 for just that")
-    budget = resident - least if resident < total else total
+    budget, keep = resident - least if resident < total else total, True
     for layer in streamable_layers(model):
         size = model_bytes(layer)
-        keep = size <= budget
+        keep = keep and size <= budget  # from the first layer that does not fit, all stream (in the order they run)
         budget -= size if keep else 0
         layer.comfy_cast_weights = not keep
         if not keep and device.type == "cuda":

@@ -30,6 +30,7 @@ from fastar.tests.tiny_var import write_release_student as write_var_dd
 from fastar.model_loaders.drafters.eagle import EagleConfig, EagleHead
 from fastar.model_loaders.llamagen.model import LlamaGenConfig, LlamaGenGPT
 from fastar.model_loaders.llamagen.vq import VQConfig, VQModel
+from fastar.model_loaders.shared.joined import parted_state_dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "comfyui"))
 from workflows import (ANOLE_7B, CHAMELEON_VQGAN, DEMO_DRAFTER as DEMO_DRAFTER_NAME, FLAN_T5,  # noqa: E402
@@ -43,8 +44,10 @@ VQ_CONFIG = VQConfig(codebook_size=512, embed_dim=8, z_channels=64, ch=32, ch_mu
 
 
 def randomised(module: torch.nn.Module, seed: int, scale: float = 0.2) -> dict[str, torch.Tensor]:
+    """Random weights under the release's names (joined layers in their parts)."""
     generator = torch.Generator().manual_seed(seed)
-    return {k: (torch.randn(v.shape, generator=generator) * scale).contiguous() for k, v in module.state_dict().items()}
+    return {k: (torch.randn(v.shape, generator=generator) * scale).contiguous()
+            for k, v in parted_state_dict(module).items()}
 
 
 def gpt_sd(cfg: LlamaGenConfig, seed: int) -> dict[str, torch.Tensor]:
