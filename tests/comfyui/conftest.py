@@ -1,4 +1,4 @@
-"""The ComfyUI test tier: one real ComfyUI server per test session (installed by tools/comfyui/setup.sh,
+"""The ComfyUI test tier: one real ComfyUI server per test process (installed by tools/comfyui/setup.sh,
 started on a free port by tools/comfyui/harness.py, stopped by its PID), with FastAR linked in as a
 custom node, the stand-in checkpoints in a ``fastar:`` folder and the stand-in drafters in a
 ``fastar_drafters:`` folder, both declared in extra_model_paths.yaml.
