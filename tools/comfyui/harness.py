@@ -128,10 +128,14 @@ class Server:
             if self.process.poll() is not None:
                 raise RuntimeError(f"ComfyUI exited with {self.process.returncode}:\n{self.log()[-3000:]}")
             try:
-                self.get("/system_stats", timeout=2)
-                return self
+                argv = self.get("/system_stats", timeout=2)["system"]["argv"]
             except (OSError, urllib.error.URLError):
                 time.sleep(0.5)
+                continue
+            if str(self.base) not in argv:  # another server (another test process's) took the port first
+                self.stop()
+                raise RuntimeError(f"port {self.port} answers for another ComfyUI ({' '.join(argv)}): start again")
+            return self
         self.stop()
         raise RuntimeError(f"ComfyUI did not answer within {timeout:.0f} s:\n{self.log()[-3000:]}")
 
