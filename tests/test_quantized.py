@@ -9,6 +9,7 @@ import torch
 from fastar.errors import FastARError
 from fastar.model_loaders import load_ar_model
 from fastar.model_loaders.shared.demo import DEMO_AR, DEMO_MAR
+from fastar.model_loaders.shared import quantized
 from fastar.model_loaders.shared.quantized import (QuantizedLinear, check_weight_format, quantize_rows,
                                                    quantize_weights, weight_format)
 from fastar.model_loaders.shared.streaming import make_streamable, model_bytes, streamable_layers
@@ -180,3 +181,73 @@ def test_next_token_agreement_compares_two_models_along_the_same_codes():
     assert next_token_agreement((model, tiny_model(seed=2)), rows, codes) < 0.5
     eight = quantize_weights(copy.deepcopy(model), "int8")
     assert next_token_agreement((model, eight), rows, codes) > 0.9
+
+
+def dequantised_product(layer: QuantizedLinear, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's product in fp64 from its codes and scales (what every path approximates), and the sum of its
+    terms' magnitudes (what a path's rounding error scales with)."""
+    weight = layer.weight.double() * layer.weight_scale.double()[:, None]
+    bias = layer.bias.double()
+    terms = torch.nn.functional.linear(x.double().abs(), weight.abs(), bias.abs())
+    return torch.nn.functional.linear(x.double(), weight, bias), terms
+
+
+CPU_PATHS = [  # (format, compute dtype, input rows, input width): torch's int8 kernel where it applies, else widened
+    ("int8", torch.bfloat16, 1, 64), ("int8", torch.bfloat16, 8, 48), ("int8", torch.bfloat16, 9, 64),
+    ("int8", torch.bfloat16, 4, 40), ("int8", torch.float32, 4, 64), ("int8", torch.float32, 33, 40),
+    ("fp8", torch.bfloat16, 4, 64), ("fp8", torch.float32, 33, 64), ("int8", torch.float16, 4, 64)]
+
+
+@pytest.mark.parametrize("fmt, dtype, rows, width", CPU_PATHS, ids=lambda v: str(v).replace("torch.", ""))
+def test_8_bit_products_on_the_cpu_are_the_dequantised_ones(fmt, dtype, rows, width):
+    """Every CPU path (torch's int8 kernel for a step's few bf16 rows, the codes widened into the shared buffer and
+    the output scaled, the dequantised weight in fp16) gives the product of the codes and scales, bias included,
+    within the compute dtype's rounding; rows of very different scales each keep theirs."""
+    torch.manual_seed(0)
+    dense = torch.nn.Linear(width, 24, dtype=dtype)
+    with torch.no_grad():
+        dense.weight.mul_(torch.logspace(-3, 1, 24, dtype=dtype)[:, None])
+    layer = QuantizedLinear(dense, fmt)
+    x = torch.randn(rows, 3, width, dtype=dtype)[:, 0]  # not contiguous
+    got = layer(x)
+    want, terms = dequantised_product(layer, x)
+    assert got.dtype == dtype and got.shape == want.shape
+    error = ((got.double() - want).abs() / terms).amax(0)  # per output channel: the small ones keep their scale
+    assert error.max() < (1e-2 if dtype != torch.float32 else 1e-6)
+
+
+@pytest.mark.skipif(not quantized._CPU_HAS_AVX512, reason="torch's int8 kernel is taken on AVX-512 CPUs only")
+def test_torchs_int8_kernel_takes_a_steps_few_bf16_rows_of_width_16n_only():
+    layer = QuantizedLinear(torch.nn.Linear(64, 8), "int8")
+    calls = []
+    packed = torch._weight_int8pack_mm
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "_weight_int8pack_mm", lambda *a: calls.append(a[0].shape) or packed(*a))
+        for rows, dtype in ((1, torch.bfloat16), (8, torch.bfloat16), (9, torch.bfloat16), (4, torch.float32)):
+            layer(torch.randn(rows, 64, dtype=dtype))
+        QuantizedLinear(torch.nn.Linear(40, 8), "int8")(torch.randn(2, 40, dtype=torch.bfloat16))
+    assert calls == [(1, 64), (8, 64)]
+
+
+def test_a_models_8_bit_layers_widen_into_one_buffer_of_its_largest_layer():
+    """One buffer per model and dtype, the size of its largest layer's weight, not a fresh weight per call."""
+    model = quantize_weights(make_streamable(tiny_model()), "int8")
+    layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+    assert len({id(m.widened) for m in layers}) == 1
+    rows = tiny_conditioning(model)
+    decode(model, rows, SamplingSettings(), DecoderSpec("sjd", window=12), seed=0)  # fp32 windows: widened
+    flat = layers[0].widened.flat
+    assert list(flat) == [torch.float32] and flat[torch.float32].numel() == max(m.weight.numel() for m in layers)
+
+
+def test_fp8_on_the_cpu_warns_that_int8_is_the_faster_choice_there():
+    import warnings
+
+    from fastar.errors import FastARWarning
+    from fastar.pipeline import load_models
+
+    with pytest.warns(FastARWarning, match="--weights int8"):
+        load_models(None, None, "cpu", "fp32", weights="fp8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FastARWarning)
+        load_models(None, None, "cpu", "fp32", weights="int8")

@@ -8,10 +8,12 @@ scale). Embeddings, norms, logits heads and diffusion heads stay in the compute 
 the bytes, and the heads decide every sampled token.
 
 Decoding at batch 1-2 is bound by memory bandwidth, so halving the bytes a step reads can speed it up, but only
-where the matmul reads the codes themselves: on a GPU in half precision a Triton kernel does (w8_matmul.py);
-elsewhere the weight is dequantised first, an extra pass over a dequantised copy of each weight. The layers keep
-ComfyUI's low-VRAM protocol (``comfy_cast_weights``, streaming.py): a streamed 8-bit layer copies half the bytes
-of a bf16 one.
+where the matmul reads the codes themselves: on a GPU in half precision a Triton kernel does (w8_matmul.py), and
+on an AVX-512 CPU in bf16 torch's weight-only int8 kernel does for a decode step's few rows. Elsewhere the codes
+are widened first. On the CPU they are copied into one buffer the model's 8-bit layers share (a fresh
+weight-sized tensor per call costs more than the matmul: the host maps and faults in its pages every time) and
+the output is scaled after the product. The layers keep ComfyUI's low-VRAM protocol (``comfy_cast_weights``,
+streaming.py): a streamed 8-bit layer copies half the bytes of a bf16 one.
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ WEIGHT_FORMATS = ("auto", "int8", "fp8")  # auto: the checkpoint's weights in th
 CODE_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
 CODE_PEAKS = {"int8": 127.0, "fp8": 448.0}  # the largest code each format stores (e4m3fn's largest finite value)
 _TINY = 1e-12  # the scale of an all-zero row: its codes are zero whatever the scale
+PACKED_ROWS = 8  # up to this many rows torch's int8 kernel beats widening the codes (this 2-core AVX-512 CPU, bf16)
+_CPU_HAS_AVX512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")  # where that kernel was measured
 
 
 def check_weight_format(name: str) -> str:
@@ -51,18 +55,47 @@ def dequantize(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> 
     return (codes.to(scale.dtype) * scale[:, None]).to(dtype)
 
 
+def packed_int8_applies(x: torch.Tensor, codes: torch.Tensor) -> bool:
+    """Whether torch's CPU weight-only int8 kernel takes this product: bf16 on an AVX-512 CPU, at most PACKED_ROWS
+    rows, inputs a multiple of 16 wide (narrower multiples gave wrong products, odd widths crashed: torch 2.13),
+    eagerly (inductor failed to lower it in a compiled step)."""
+    return (x.device.type == "cpu" and x.dtype == torch.bfloat16 and codes.dtype == torch.int8
+            and x.numel() // x.shape[-1] <= PACKED_ROWS and codes.shape[1] % 16 == 0 and _CPU_HAS_AVX512
+            and not torch.compiler.is_compiling())
+
+
+class WidenedCodes:
+    """The one buffer a model's 8-bit layers widen their codes into on the CPU, each in turn (a model runs one
+    forward at a time), grown to the largest layer: a layer's weight in the compute dtype, held with the model."""
+
+    def __init__(self):
+        self.flat: dict[torch.dtype, torch.Tensor] = {}
+
+    def of(self, codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``codes`` widened to ``dtype`` (exact: every 8-bit code is a bf16, fp16 and fp32 number)."""
+        size = codes.numel()
+        if torch.compiler.is_compiling():  # a compiled step makes its own buffers
+            return codes.to(dtype)
+        if dtype not in self.flat or self.flat[dtype].numel() < size:
+            self.flat.pop(dtype, None)  # free the smaller one first
+            self.flat[dtype] = torch.empty(size, dtype=dtype)
+        return self.flat[dtype][:size].view(codes.shape).copy_(codes)
+
+
 class QuantizedLinear(nn.Module, Streamable):
     """A linear layer whose weight is 8-bit codes (``weight``) times an fp32 scale per output channel
     (``weight_scale``); the bias stays in the compute dtype. Moving the model (``.to(device, dtype)``) moves the
-    codes and scales but never casts them: a cast would undo the quantisation, or round the scales."""
+    codes and scales but never casts them: a cast would undo the quantisation, or round the scales. ``widened``
+    is the CPU buffer the layer shares with the model's other 8-bit layers (its own if not given)."""
 
-    def __init__(self, layer: nn.Linear, fmt: str):
+    def __init__(self, layer: nn.Linear, fmt: str, widened: WidenedCodes | None = None):
         super().__init__()
         self.in_features, self.out_features, self.format = layer.in_features, layer.out_features, fmt
         codes, scale = quantize_rows(layer.weight, fmt)
         self.register_buffer("weight", codes.to(layer.weight.device))
         self.register_buffer("weight_scale", scale.to(layer.weight.device))
         self.bias = layer.bias
+        self.widened = widened or WidenedCodes()
 
     def codes_for(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The codes and scales on ``x``'s device (copied there first when the layer streams)."""
@@ -79,7 +112,14 @@ class QuantizedLinear(nn.Module, Streamable):
         codes, scale = self.codes_for(x)
         if fused_matmul_applies(x, codes):  # a GPU in half precision: the codes read once, never dequantised
             return fused_matmul(x, codes, scale, bias)
-        return F.linear(x, dequantize(codes, scale, x.dtype), bias)
+        if x.device.type != "cpu" or x.dtype == torch.float16:  # fp16: a product of unscaled codes could overflow
+            return F.linear(x, dequantize(codes, scale, x.dtype), bias)
+        if packed_int8_applies(x, codes):
+            product = torch._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), codes, scale.to(x.dtype))
+            out = product.reshape(*x.shape[:-1], -1)
+        else:  # per output channel, the scale can follow the product
+            out = (F.linear(x, self.widened.of(codes, x.dtype)) * scale).to(x.dtype)
+        return out if bias is None else out + bias
 
     def _apply(self, fn, recurse=True):
         kept = {name: self._buffers.pop(name) for name in ("weight", "weight_scale")}
@@ -100,10 +140,11 @@ def quantize_weights(model: nn.Module, fmt: str) -> nn.Module:
     if check_weight_format(fmt) == "auto":
         return model
     targets = {id(layer) for layer in make_streamable(model).modules() if isinstance(layer, StreamedLinear)}
+    widened = WidenedCodes()
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if id(child) in targets:
-                setattr(parent, name, QuantizedLinear(child, fmt))
+                setattr(parent, name, QuantizedLinear(child, fmt, widened))
     return model
 
 

@@ -46,12 +46,6 @@ class StreamedLinear(nn.Linear, Streamable):
         return self.weight.to(x.device, non_blocking=True) if self.comfy_cast_weights else self.weight
 
 
-def weight_for(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``layer``'s weight as applied to ``x`` (streamed, 8-bit or plain). For code that applies a layer's weight
-    itself (with another bias, say)."""
-    return layer.weight_for(x) if isinstance(layer, Streamable) else layer.weight
-
-
 def make_streamable(model: nn.Module) -> nn.Module:
     """Turn the linear layers inside ``model``'s module lists (its transformer blocks) into StreamedLinear, in
     place. Same parameters and outputs: StreamedLinear adds behaviour only, so swapping the class is safe."""

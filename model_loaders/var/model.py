@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..shared.protocol import ClassConditioning, ModelOutput
-from ..shared.streaming import weight_for
 
 MAX_SCALE_MUL = math.log(100.0)
 
@@ -85,7 +84,7 @@ class SelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor], cache: Optional[list]) -> torch.Tensor:
         B, L, C = x.shape
         bias = torch.cat([self.q_bias, self.zero_k_bias, self.v_bias])
-        qkv = F.linear(x, weight_for(self.mat_qkv, x), bias)  # the layer's own weight, with VAR's bias
+        qkv = self.mat_qkv(x) + bias  # the layer has none of its own: VAR's q and v biases, k's zero
         q, k, v = qkv.view(B, L, 3, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
         q = F.normalize(q, dim=-1) * self.scale_mul_1H11.clamp(max=MAX_SCALE_MUL).exp()
         k = F.normalize(k, dim=-1)
