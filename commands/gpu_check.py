@@ -10,8 +10,9 @@ What it runs, each step a ``python -m fastar ...`` subprocess (a device assert i
 - bf16 and fp16 runs of every demo family and decoder, their images side by side in ``precision.png``;
 - 8-bit blocks (int8, fp8): compiled steps against eager ones (issue 35), and a 7B shape's compiled int8 step against
   its bf16 one;
-- host syncs per decoder (``torch.cuda.set_sync_debug_mode``), the peak memory of a 7B shape with CFG, and the
-  fused 8-bit matmul against the dequantised product and timed beside bf16 (``--probe``, in-process: gpu_probes.py);
+- host syncs per decoder (``torch.cuda.set_sync_debug_mode``), the peak memory of a 7B shape with CFG, the fused
+  8-bit matmul against the dequantised product and timed beside bf16, and inductor's own 8-bit product beside it
+  (``--probe``, in-process: gpu_probes.py);
 - the speed profile of LlamaGen-XL and a 7B shape against the bandwidth floor (``python -m fastar profile``).
 Steps run a few at a time (correctness) and the profiles alone at the end (timing); a step that would start
 after ``--budget`` seconds is reported as skipped. Writes ``report.json``, ``report.md`` and ``precision.png``.
@@ -185,6 +186,7 @@ def probe_and_profile_steps(out: Path, device: str) -> list[Step]:
     return [Step("sync-counts", [*map(str, probe), "sync"], "probes", timeout=180),
             Step("memory-7b", [*map(str, probe), "memory"], "probes", timeout=180),
             Step("w8-kernel", [*map(str, probe), "w8"], "probes", timeout=180),
+            Step("w8-inductor", [*map(str, probe), "w8-inductor"], "probes", timeout=240),  # autotuning: minutes
             profile("profile-llamagen-xl", "llamagen-xl", "--windows", "1,16,32", "--batches", "1,2"),
             profile("profile-anole-7b", "anole-7b", "--windows", "1,16,32", "--batches", "1,2", "--no-decoders"),
             # whole images for LlamaGen-XL (SJD's latency speed-up against its step compression), forwards for 7B

@@ -149,6 +149,41 @@ def tile_times(block: dict, xs: dict, timed) -> dict:
     return times
 
 
+def probe_w8_inductor(device: str, out: Path, shapes: dict = BLOCK_LINEARS_7B, timed=None,
+                      mode: str = "max-autotune-no-cudagraphs") -> dict:
+    """Whether torch.compile fuses the 8-bit product by itself now: gpt-fast's form (the codes cast to bf16 inside
+    the matmul, which inductor's autotuned Triton templates can take as a prologue, the scale applied to the output)
+    compiled with autotuning, on a 7B block's linears at 4 and 64 rows, beside bf16 compiled the same way and
+    FastAR's kernel (w8_matmul.py). If inductor's time is near the kernel's, the kernel is not needed. ``shapes``,
+    ``timed`` and ``mode`` are the CPU test's to shrink, stub and keep short."""
+    import torch
+    import torch.nn.functional as F
+
+    from ..model_loaders.shared.quantized import QuantizedLinear
+
+    def cast_then_scale(x, codes, scale):
+        return (F.linear(x, codes.to(x.dtype)) * scale).to(x.dtype)
+
+    torch.manual_seed(0)
+    linears = {name: torch.nn.Linear(i, o, bias=False, device=device, dtype=torch.bfloat16)
+               for name, (o, i) in shapes.items()}
+    eight = {name: QuantizedLinear(lin, "int8") for name, lin in linears.items()}
+    fused, dense = (torch.compile(f, mode=mode, dynamic=False) for f in (cast_then_scale, F.linear))
+    result = {"torch": torch.__version__, "mode": mode, "ms_per_block_linears": {}}
+    x = torch.randn(4, linears["down"].in_features, device=device, dtype=torch.bfloat16)
+    want = eight["down"](x.float())  # fp32: the dequantised product
+    got = fused(x, eight["down"].weight, eight["down"].weight_scale).float()
+    result["relative_error"] = float(f"{((got - want).abs().max() / want.abs().max()).item():.3g}")
+    for rows in (4, 64):
+        xs = {n: torch.randn(rows, i, device=device, dtype=torch.bfloat16) for n, (o, i) in shapes.items()}
+        arms = {"inductor int8": lambda: [fused(x, eight[n].weight, eight[n].weight_scale) for n, x in xs.items()],
+                "inductor bf16": lambda: [dense(x, linears[n].weight) for n, x in xs.items()],
+                "int8 as FastAR runs it": lambda: [eight[n](x) for n, x in xs.items()]}
+        for arm, work in arms.items():
+            result["ms_per_block_linears"][f"{arm} rows {rows}"] = round((timed or graph_ms)(work), 4)
+    return result
+
+
 def graph_ms(work, replays: int = 50) -> float:
     """Milliseconds per replay of ``work`` captured as a CUDA graph (launch overhead out of the timing)."""
     import torch
@@ -172,4 +207,4 @@ def graph_ms(work, replays: int = 50) -> float:
     return start.elapsed_time(end) / replays
 
 
-PROBES = {"sync": probe_sync, "memory": probe_memory, "w8": probe_w8}
+PROBES = {"sync": probe_sync, "memory": probe_memory, "w8": probe_w8, "w8-inductor": probe_w8_inductor}

@@ -129,6 +129,19 @@ def test_the_8_bit_kernel_probe_runs_its_code_on_the_cpu():
                                                                             "fp8", "fp8 dequantised") for r in (4, 64)}
 
 
+def test_the_inductor_8_bit_probe_compiles_its_product_and_times_three_arms_on_the_cpu():
+    """The probe's own code with small shapes, the CUDA-graph timing stubbed and no autotuning: its compiled
+    product is the dequantised one up to bf16 rounding, and each arm runs every linear at both row counts."""
+    from fastar.commands import gpu_probes
+
+    calls = []
+    result = gpu_probes.probe_w8_inductor("cpu", None, shapes={"qkv": (64, 32), "down": (32, 64)},
+                                          timed=lambda work: calls.append(len(work())) or 1.0, mode="default")
+    assert result["relative_error"] < 1e-2 and result["mode"] == "default"
+    assert calls == [2] * 6 and set(result["ms_per_block_linears"]) == {
+        f"{arm} rows {rows}" for arm in ("inductor int8", "inductor bf16", "int8 as FastAR runs it") for rows in (4, 64)}
+
+
 def test_the_tile_sweep_times_every_tile_that_divides_the_weights(monkeypatch):
     """The w8 probe's tile sweep (gpu_probes.tile_times) with the kernel stubbed: each of TILES whose N and K
     tiles divide every weight, passed to the kernel as its blocks."""
