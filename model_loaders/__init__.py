@@ -7,7 +7,7 @@ from .dd.loader import load_dd_student
 from .janus.loader import load_janus, vq_of_janus
 from .llamagen.loader import load_llamagen, load_vq
 from .mar.loader import load_kl_vae, load_mar
-from .shared.quantized import check_weight_format, quantize_weights
+from .shared.quantized import check_weight_format, quantised_loading
 from .shared.streaming import make_streamable
 from .var.loader import load_var, load_var_dd, load_var_vqvae
 
@@ -23,8 +23,9 @@ def load_ar_model(path, weights: str = "auto", **kw):
     8-bit weights (``weights`` int8 or fp8, quantized.py)."""
     if check_weight_format(weights) == "auto":
         return make_streamable(load_family(path, AR_MODEL, kw))
-    # quantised in host memory, then moved: a model too big for the GPU in bf16 may fit in 8 bits
-    model = quantize_weights(load_family(path, AR_MODEL, kw | {"device": "cpu"}), weights)  # streamable too
+    # quantised in host memory as it loads, then moved: a model too big for the GPU in bf16 may fit in 8 bits
+    with quantised_loading(weights, kw.get("dtype")):
+        model = load_family(path, AR_MODEL, kw | {"device": "cpu"})  # streamable too
     return model.to(kw["device"]) if kw.get("device") is not None else model
 
 

@@ -2,13 +2,14 @@
 scales kept exact through every move and dtype change, only the blocks' linear layers quantised, the demo model
 nearly unchanged by it, and streaming still working on 8-bit layers."""
 import copy
+from pathlib import Path
 
 import pytest
 import torch
 
 from fastar.errors import FastARError
 from fastar.model_loaders import load_ar_model
-from fastar.model_loaders.shared.demo import DEMO_AR, DEMO_MAR
+from fastar.model_loaders.shared.demo import DEMO_AR, DEMO_DD, DEMO_MAR, DEMO_TEXT, DEMO_VAR, DEMO_VAR_DD
 from fastar.model_loaders.shared import quantized
 from fastar.model_loaders.shared.quantized import (QuantizedLinear, check_weight_format, quantize_rows,
                                                    quantize_weights, weight_format)
@@ -251,3 +252,45 @@ def test_fp8_on_the_cpu_warns_that_int8_is_the_faster_choice_there():
     with warnings.catch_warnings():
         warnings.simplefilter("error", FastARWarning)
         load_models(None, None, "cpu", "fp32", weights="int8")
+
+
+FIXTURES = Path(__file__).resolve().parent / "conformance" / "fixtures"
+EVERY_FAMILY = [DEMO_AR, DEMO_MAR, DEMO_TEXT, DEMO_VAR, DEMO_VAR_DD, DEMO_DD, FIXTURES / "anole",
+                FIXTURES / "lumina_mgpt", FIXTURES / "janus_deepseek", FIXTURES / "janus_transformers"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("path", EVERY_FAMILY, ids=lambda p: p.stem)
+def test_quantising_as_weights_load_gives_the_codes_of_quantising_the_loaded_model(path, dtype):
+    """Each family's loader (single files and folders, joined layers, MAR's fp32 head): the model quantised while it
+    loads holds exactly what quantising the whole loaded model gives, in the same layers."""
+    fmt = "fp8" if dtype == torch.float32 else "int8"
+    loaded = load_ar_model(path, fmt, device="cpu", dtype=dtype)
+    after = quantize_weights(load_ar_model(path, device="cpu", dtype=dtype), fmt)
+    got, want = loaded.state_dict(), after.state_dict()
+    assert weight_format(loaded) == fmt and list(got) == list(want)
+    assert all(got[k].dtype == want[k].dtype and torch.equal(got[k].view(-1).view(torch.uint8),
+                                                             want[k].view(-1).view(torch.uint8)) for k in got)
+
+
+def test_a_folder_loads_into_8_bits_without_holding_its_full_precision_weights():
+    """Host memory holds the 8-bit model and a layer or two as a sharded folder loads: when each weight is quantised,
+    the full-precision weights quantised before it are gone (quantising the loaded model would hold them all)."""
+    import weakref
+
+    from fastar.model_loaders.shared import quantized as module
+
+    seen, alive_at_each = [], []
+    quantize = module.quantize_rows
+
+    def tracked(weight, fmt):
+        alive_at_each.append(sum(ref() is not None for ref in seen))
+        if weight.device.type != "meta":
+            seen.append(weakref.ref(weight))
+        return quantize(weight, fmt)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(module, "quantize_rows", tracked)
+        model = load_ar_model(DEMO_TEXT, "int8", device="cpu", dtype=torch.bfloat16)
+    layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+    assert len(seen) == len(layers) > 8 and max(alive_at_each) <= 1

@@ -18,6 +18,7 @@ from ...errors import FastARError
 from ..shared.checkpoint import AR_MODEL, FAMILY_WHAT, IMAGE_DECODER, CheckpointInfo, detect_family, read_state_dict, require_family
 from .kl_vae import KLAutoencoder
 from ..shared.ldm_blocks import KLConfig
+from ..shared.quantized import quantised_state
 from ..shared.building import build_and_load, checkpoint_of, config_from_metadata, first_setting, official_heads, weight_shape, where_config_goes
 from .model import MAR, MARConfig
 
@@ -36,8 +37,8 @@ def load_mar(path_or_state_dict, *, device="cpu", dtype=torch.float32, info: Che
                           "embeddings fix the grid), so leave the image size on auto")
     model = build_and_load(MAR, mar_config(sd, info), sd, info.source, device, dtype)
     # the head's weights straight from the file in fp32: a round trip through fp16/bf16 would round them
-    model.diffloss.float().load_state_dict({k.removeprefix("diffloss."): v.float() for k, v in sd.items()
-                                            if k.startswith("diffloss.")})
+    head = {k.removeprefix("diffloss."): v.float() for k, v in sd.items() if k.startswith("diffloss.")}
+    model.diffloss.float().load_state_dict(quantised_state(model.diffloss, head, torch.float32))
     return model
 
 

@@ -23,6 +23,7 @@ from torch import nn
 
 from ...errors import FastARError
 from .joined import JoinedWeights, joined_parts, missing_parts, stored_shapes
+from .quantized import load_quantiser
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 WEIGHT_SUFFIXES = (".safetensors", *PICKLE_SUFFIXES)
@@ -390,10 +391,13 @@ def load_weights(model: nn.Module, sd: Mapping[str, torch.Tensor], source: str, 
     shapes; otherwise a FastARError naming a few keys and what they suggest. Shards (``ShardedWeights``) go
     in tensor by tensor, each cast to ``dtype`` on ``device`` as it is read, so that host memory holds one
     tensor beyond the model (none of it when ``device`` is a GPU). A joined layer (joined.py) is filled from its
-    parts, and the messages name the parts a checkpoint holds."""
+    parts, and the messages name the parts a checkpoint holds. Inside ``quantized.quantised_loading`` the blocks'
+    layers take 8-bit codes and scales made from each weight as it is read."""
+    quantiser = load_quantiser(model, dtype)  # first: its 8-bit layers change what the model expects
     expected, parts = model.state_dict(), joined_parts(model)
+    computed = quantiser.scales if quantiser else set()  # made from the weights, not read
     stored, sd = sd, JoinedWeights(sd, parts)
-    missing = [name for k in expected if k not in sd for name in missing_parts(k, stored, parts)]
+    missing = [name for k in expected if k not in sd and k not in computed for name in missing_parts(k, stored, parts)]
     part_names = {name for pieces in parts.values() for name, _ in pieces}
     unexpected = [k for k in sd if k not in expected and k not in part_names]
     wanted = [pair for k, t in expected.items() if k in sd for pair in stored_shapes(k, tuple(t.shape), stored, parts)]
@@ -410,10 +414,14 @@ def load_weights(model: nn.Module, sd: Mapping[str, torch.Tensor], source: str, 
                         "the weights does not match them)")
     if problems:
         raise FastARError(f"{source} does not fit the model it describes: " + "; ".join(problems))
+    state = quantiser.state if quantiser else lambda name, tensor: {name: tensor}
     if not isinstance(stored, ShardedWeights):
-        model.load_state_dict({k: sd[k] for k in expected}, strict=True, assign=True)
+        model.load_state_dict({k: t for name in expected if name not in computed for k, t in state(name, sd[name]).items()},
+                              strict=True, assign=True)
         return
     for name in expected:
+        if name in computed:
+            continue
         tensor = sd[name]
         tensor = tensor.to(device=device, dtype=dtype if dtype is not None and tensor.is_floating_point() else None)
-        model.load_state_dict({name: tensor}, strict=False, assign=True)
+        model.load_state_dict(state(name, tensor), strict=False, assign=True)

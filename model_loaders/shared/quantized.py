@@ -17,6 +17,9 @@ streaming.py): a streamed 8-bit layer copies half the bytes of a bf16 one.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -29,6 +32,7 @@ WEIGHT_FORMATS = ("auto", "int8", "fp8")  # auto: the checkpoint's weights in th
 CODE_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
 CODE_PEAKS = {"int8": 127.0, "fp8": 448.0}  # the largest code each format stores (e4m3fn's largest finite value)
 _TINY = 1e-12  # the scale of an all-zero row: its codes are zero whatever the scale
+QUANTISED_ROWS = 1024  # rows quantised at once
 PACKED_ROWS = 8  # up to this many rows torch's int8 kernel beats widening the codes (this 2-core AVX-512 CPU, bf16)
 _CPU_HAS_AVX512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")  # where that kernel was measured
 
@@ -42,13 +46,17 @@ def check_weight_format(name: str) -> str:
 
 def quantize_rows(weight: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``weight`` [out, in] as 8-bit codes and one fp32 scale per output channel (row):
-    ``codes * scale[:, None]`` approximates ``weight``."""
-    w = weight.detach().float()
-    scale = w.abs().amax(dim=1).clamp_min(_TINY) / CODE_PEAKS[fmt]
-    scaled = w / scale[:, None]
-    if fmt == "int8":
-        return scaled.round().clamp(-127, 127).to(torch.int8), scale
-    return scaled.clamp(-CODE_PEAKS[fmt], CODE_PEAKS[fmt]).to(CODE_DTYPES[fmt]), scale
+    ``codes * scale[:, None]`` approximates ``weight``. A few rows at a time: the fp32 temporaries of a whole 7B
+    layer would be several copies of 360 MB."""
+    codes = torch.empty(weight.shape, dtype=CODE_DTYPES[fmt], device=weight.device)
+    scale = torch.empty(weight.shape[0], dtype=torch.float32, device=weight.device)
+    for start in range(0, weight.shape[0], QUANTISED_ROWS):
+        rows = slice(start, start + QUANTISED_ROWS)
+        w = weight[rows].detach().float()
+        scale[rows] = w.abs().amax(dim=1).clamp_min(_TINY) / CODE_PEAKS[fmt]
+        scaled = w / scale[rows, None]
+        codes[rows] = scaled.round().clamp(-127, 127) if fmt == "int8" else scaled.clamp(-CODE_PEAKS[fmt], CODE_PEAKS[fmt])
+    return codes, scale
 
 
 def dequantize(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -151,3 +159,53 @@ def quantize_weights(model: nn.Module, fmt: str) -> nn.Module:
 def weight_format(model: nn.Module) -> str:
     """The format ``model``'s blocks are stored in: ``int8``, ``fp8``, or ``auto`` (unquantised)."""
     return next((m.format for m in model.modules() if isinstance(m, QuantizedLinear)), "auto")
+
+
+_loading: contextvars.ContextVar[tuple[str, torch.dtype | None] | None] = contextvars.ContextVar(
+    "fastar_quantised_loading", default=None)
+
+
+@contextlib.contextmanager
+def quantised_loading(fmt: str, dtype: torch.dtype | None):
+    """Models loaded inside (checkpoint.load_weights) get their blocks' layers in 8 bits as each weight is read,
+    quantised from it cast to ``dtype`` (what quantising the loaded model would read): host memory holds the 8-bit
+    model and a layer or two, never the whole model in full precision (14 GB for a 7B model in bf16)."""
+    token = _loading.set((check_weight_format(fmt), dtype))
+    try:
+        yield
+    finally:
+        _loading.reset(token)
+
+
+class LoadQuantiser:
+    """The 8-bit layers of a model loading inside ``quantised_loading``: the keys of their weights, and the codes
+    and scales of each from the checkpoint's tensor."""
+
+    def __init__(self, model: nn.Module, fmt: str, dtype: torch.dtype | None):
+        quantize_weights(model, fmt)  # on the meta device: the layers' structure, their codes still to come
+        self.fmt, self.dtype = fmt, dtype
+        self.weights = {f"{name}.weight" for name, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+        self.scales = {f"{key}_scale" for key in self.weights}
+
+    def state(self, key: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What the model takes for checkpoint tensor ``key``: codes and scales for an 8-bit layer's weight."""
+        if key not in self.weights:
+            return {key: tensor}
+        codes, scale = quantize_rows(tensor if self.dtype is None else tensor.to(self.dtype), self.fmt)
+        return {key: codes, f"{key}_scale": scale}
+
+
+def load_quantiser(model: nn.Module, dtype: torch.dtype | None = None) -> LoadQuantiser | None:
+    """The quantiser of ``model`` (about to load) inside ``quantised_loading``; ``dtype``: the precision its
+    weights are quantised from, if not the one ``quantised_loading`` was given."""
+    loading = _loading.get()
+    if loading is None or loading[0] == "auto":
+        return None
+    return LoadQuantiser(model, loading[0], dtype or loading[1])
+
+
+def quantised_state(model: nn.Module, sd: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """``sd`` as ``model`` takes it inside ``quantised_loading`` (its 8-bit layers' weights as codes and scales,
+    quantised from ``dtype``), else unchanged: for a loader that loads part of a model again (MAR's fp32 head)."""
+    quantiser = load_quantiser(model, dtype)
+    return sd if quantiser is None else {k: t for name, tensor in sd.items() for k, t in quantiser.state(name, tensor).items()}
