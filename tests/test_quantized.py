@@ -217,7 +217,7 @@ def test_8_bit_products_on_the_cpu_are_the_dequantised_ones(fmt, dtype, rows, wi
     assert error.max() < (1e-2 if dtype != torch.float32 else 1e-6)
 
 
-@pytest.mark.skipif(not quantized._CPU_HAS_AVX512, reason="torch's int8 kernel is taken on AVX-512 CPUs only")
+@pytest.mark.skipif(not quantized._CPU_INT8_KERNEL, reason="torch's int8 kernel is taken on AVX-512 CPUs only")
 def test_torchs_int8_kernel_takes_a_steps_few_bf16_rows_of_width_16n_only():
     layer = QuantizedLinear(torch.nn.Linear(64, 8), "int8")
     calls = []

@@ -34,7 +34,7 @@ CODE_PEAKS = {"int8": 127.0, "fp8": 448.0}  # the largest code each format store
 _TINY = 1e-12  # the scale of an all-zero row: its codes are zero whatever the scale
 QUANTISED_ROWS = 1024  # rows quantised at once
 PACKED_ROWS = 8  # up to this many rows torch's int8 kernel beats widening the codes (this 2-core AVX-512 CPU, bf16)
-_CPU_HAS_AVX512 = (torch.backends.cpu.get_cpu_capability().startswith("AVX512")  # where that kernel was measured
+_CPU_INT8_KERNEL = (torch.backends.cpu.get_cpu_capability().startswith("AVX512")  # where that kernel was measured
                    and hasattr(torch, "_weight_int8pack_mm"))  # a private op: gone in some torch, the buffer path runs
 
 
@@ -69,7 +69,7 @@ def packed_int8_applies(x: torch.Tensor, codes: torch.Tensor) -> bool:
     rows, inputs a multiple of 16 wide (narrower multiples gave wrong products, odd widths crashed: torch 2.13),
     eagerly (inductor failed to lower it in a compiled step)."""
     return (x.device.type == "cpu" and x.dtype == torch.bfloat16 and codes.dtype == torch.int8
-            and x.numel() // x.shape[-1] <= PACKED_ROWS and codes.shape[1] % 16 == 0 and _CPU_HAS_AVX512
+            and x.numel() // x.shape[-1] <= PACKED_ROWS and codes.shape[1] % 16 == 0 and _CPU_INT8_KERNEL
             and not torch.compiler.is_compiling())
 
 
