@@ -35,7 +35,7 @@ _TINY = 1e-12  # the scale of an all-zero row: its codes are zero whatever the s
 QUANTISED_ROWS = 1024  # rows quantised at once
 PACKED_ROWS = 8  # up to this many rows torch's int8 kernel beats widening the codes (this 2-core AVX-512 CPU, bf16)
 _CPU_INT8_KERNEL = (torch.backends.cpu.get_cpu_capability().startswith("AVX512")  # where that kernel was measured
-                   and hasattr(torch, "_weight_int8pack_mm"))  # a private op: gone in some torch, the buffer path runs
+                    and hasattr(torch, "_weight_int8pack_mm"))  # a private op: gone in some torch, the buffer path runs
 
 
 def check_weight_format(name: str) -> str:
