@@ -159,10 +159,10 @@ def probe_w8_inductor(device: str, out: Path, shapes: dict = BLOCK_LINEARS_7B, t
     import torch
     import torch.nn.functional as F
 
-    from ..model_loaders.shared.quantized import QuantizedLinear
+    from ..model_loaders.shared.quantized import QuantizedLinear, scaled_product
 
     def cast_then_scale(x, codes, scale):
-        return (F.linear(x, codes.to(x.dtype)) * scale).to(x.dtype)
+        return scaled_product(x, codes.to(x.dtype), scale)
 
     torch.manual_seed(0)
     linears = {name: torch.nn.Linear(i, o, bias=False, device=device, dtype=torch.bfloat16)

@@ -23,7 +23,7 @@ from torch import nn
 
 from ...errors import FastARError
 from .joined import JoinedWeights, joined_parts, missing_parts, stored_shapes
-from .quantized import load_quantiser
+from .quantized import load_quantiser, loading_state
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 WEIGHT_SUFFIXES = (".safetensors", *PICKLE_SUFFIXES)
@@ -414,9 +414,8 @@ def load_weights(model: nn.Module, sd: Mapping[str, torch.Tensor], source: str, 
                         "the weights does not match them)")
     if problems:
         raise FastARError(f"{source} does not fit the model it describes: " + "; ".join(problems))
-    state = quantiser.state if quantiser else lambda name, tensor: {name: tensor}
     if not isinstance(stored, ShardedWeights):
-        model.load_state_dict({k: t for name in expected if name not in computed for k, t in state(name, sd[name]).items()},
+        model.load_state_dict(loading_state(quantiser, ((k, sd[k]) for k in expected if k not in computed)),
                               strict=True, assign=True)
         return
     for name in expected:
@@ -424,4 +423,4 @@ def load_weights(model: nn.Module, sd: Mapping[str, torch.Tensor], source: str, 
             continue
         tensor = sd[name]
         tensor = tensor.to(device=device, dtype=dtype if dtype is not None and tensor.is_floating_point() else None)
-        model.load_state_dict(state(name, tensor), strict=False, assign=True)
+        model.load_state_dict(loading_state(quantiser, [(name, tensor)]), strict=False, assign=True)

@@ -64,6 +64,12 @@ def dequantize(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> 
     return (codes.to(scale.dtype) * scale[:, None]).to(dtype)
 
 
+def scaled_product(x: torch.Tensor, widened: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``x`` times the codes ``widened`` to its dtype, then each output channel times its scale (a scale per output
+    channel can follow the product), in ``x``'s dtype."""
+    return (F.linear(x, widened) * scale).to(x.dtype)
+
+
 def packed_int8_applies(x: torch.Tensor, codes: torch.Tensor) -> bool:
     """Whether torch's CPU weight-only int8 kernel takes this product: bf16 on an AVX-512 CPU, at most PACKED_ROWS
     rows, inputs a multiple of 16 wide (narrower multiples gave wrong products, odd widths crashed: torch 2.13),
@@ -126,8 +132,8 @@ class QuantizedLinear(nn.Module, Streamable):
         if packed_int8_applies(x, codes):
             product = torch._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), codes, scale.to(x.dtype))
             out = product.reshape(*x.shape[:-1], -1)
-        else:  # per output channel, the scale can follow the product
-            out = (F.linear(x, self.widened.of(codes, x.dtype)) * scale).to(x.dtype)
+        else:
+            out = scaled_product(x, self.widened.of(codes, x.dtype), scale)
         return out if bias is None else out + bias
 
     def _apply(self, fn, recurse=True):
@@ -196,6 +202,14 @@ class LoadQuantiser:
         return {key: codes, f"{key}_scale": scale}
 
 
+def loading_state(quantiser: LoadQuantiser | None, tensors) -> dict[str, torch.Tensor]:
+    """What a loading model takes for the checkpoint's ``tensors`` ((key, tensor) pairs): with a quantiser, its
+    8-bit layers' weights as codes and scales; else the tensors as they are."""
+    if quantiser is None:
+        return dict(tensors)
+    return {k: t for key, tensor in tensors for k, t in quantiser.state(key, tensor).items()}
+
+
 def load_quantiser(model: nn.Module, dtype: torch.dtype | None = None) -> LoadQuantiser | None:
     """The quantiser of ``model`` (about to load) inside ``quantised_loading``; ``dtype``: the precision its
     weights are quantised from, if not the one ``quantised_loading`` was given."""
@@ -208,5 +222,4 @@ def load_quantiser(model: nn.Module, dtype: torch.dtype | None = None) -> LoadQu
 def quantised_state(model: nn.Module, sd: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
     """``sd`` as ``model`` takes it inside ``quantised_loading`` (its 8-bit layers' weights as codes and scales,
     quantised from ``dtype``), else unchanged: for a loader that loads part of a model again (MAR's fp32 head)."""
-    quantiser = load_quantiser(model, dtype)
-    return sd if quantiser is None else {k: t for name, tensor in sd.items() for k, t in quantiser.state(name, tensor).items()}
+    return loading_state(load_quantiser(model, dtype), sd.items())
