@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(browser_ready() is not None, reason=str(browser_
 
 @pytest.mark.parametrize("workflow", ["fastar_demo_sjd", "fastar_demo_lantern_compare"])
 def test_workflow_from_template_browser_runs_in_chromium(comfy, tmp_path, workflow):
-    comfy.request("/free", {"free_memory": True})  # a real run, not a cached one
+    comfy.free_memory()  # a real run, not a cached one
     screenshot = tmp_path / f"{workflow}.png"
     result = subprocess.run(
         [str(harness.python()), str(ROOT / "tools" / "comfyui" / "browser.py"), "run", "--url", comfy.url,

@@ -38,7 +38,7 @@ def screenshot(server: harness.Server, path: Path) -> None:
 
     from PIL import Image
 
-    server.request("/free", {"free_memory": True})  # a real run with its live preview, not a cached one
+    server.free_memory()  # a real run with its live preview, not a cached one
     raw = path.with_name(path.stem + "_full.png")
     subprocess.run([sys.executable, str(Path(__file__).with_name("browser.py")), "run", "--url", server.url,
                     "--workflow", str(WORKFLOW), "--screenshot", str(raw)], check=True)

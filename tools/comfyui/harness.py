@@ -199,6 +199,14 @@ class Server:
             raise RuntimeError(f"ComfyUI rejected the prompt: {json.dumps(answer)[:3000]}")
         return self.wait(answer["prompt_id"], timeout)
 
+    def free_memory(self) -> None:
+        """Drop ComfyUI's output cache and unload its models before the next prompt runs. ComfyUI acts on /free
+        between two prompts, after the next one a busy worker picks up, so a prompt queued at once could still
+        find its outputs cached: an image-only prompt takes that turn."""
+        self.request("/free", {"free_memory": True})
+        self.run({"1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 0}},
+                  "2": {"class_type": "PreviewImage", "inputs": {"images": ["1", 0]}}})
+
     def interrupt(self) -> None:
         self.request("/interrupt", {})
 
