@@ -72,11 +72,20 @@ def scaled_product(x: torch.Tensor, widened: torch.Tensor, scale: torch.Tensor) 
 
 def packed_int8_applies(x: torch.Tensor, codes: torch.Tensor) -> bool:
     """Whether torch's CPU weight-only int8 kernel takes this product: bf16 on an AVX-512 CPU, at most PACKED_ROWS
-    rows, inputs a multiple of 16 wide (narrower multiples gave wrong products, odd widths crashed: torch 2.13),
-    eagerly (inductor failed to lower it in a compiled step)."""
+    rows, inputs a multiple of 16 wide (narrower multiples gave wrong products, odd widths crashed: torch 2.13)."""
     return (x.device.type == "cpu" and x.dtype == torch.bfloat16 and codes.dtype == torch.int8
-            and x.numel() // x.shape[-1] <= PACKED_ROWS and codes.shape[1] % 16 == 0 and _CPU_INT8_KERNEL
-            and not torch.compiler.is_compiling())
+            and x.numel() // x.shape[-1] <= PACKED_ROWS and codes.shape[1] % 16 == 0 and _CPU_INT8_KERNEL)
+
+
+def packed_int8_product(x: torch.Tensor, codes: torch.Tensor, bf16_scale: torch.Tensor) -> torch.Tensor:
+    """``x`` times the int8 codes and their bf16 scales through torch's weight-only int8 kernel. Inside a compiled
+    step the product is written as gpt-fast's (codes cast to bf16, product, times the scales), which inductor
+    replaces by that kernel where it matches its pattern: an input of three dimensions, scales a bf16 tensor it is
+    given (a scale cast inside the graph made its lowering fail)."""
+    if torch.compiler.is_compiling():
+        rows = x if x.dim() == 3 else x.reshape(1, -1, x.shape[-1])
+        return (F.linear(rows, codes.to(x.dtype)) * bf16_scale).reshape(*x.shape[:-1], -1)
+    return torch._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), codes, bf16_scale).reshape(*x.shape[:-1], -1)
 
 
 class WidenedCodes:
@@ -100,8 +109,10 @@ class WidenedCodes:
 class QuantizedLinear(nn.Module, Streamable):
     """A linear layer whose weight is 8-bit codes (``weight``) times an fp32 scale per output channel
     (``weight_scale``); the bias stays in the compute dtype. Moving the model (``.to(device, dtype)``) moves the
-    codes and scales but never casts them: a cast would undo the quantisation, or round the scales. ``widened``
-    is the CPU buffer the layer shares with the model's other 8-bit layers (its own if not given)."""
+    codes and scales but never casts them: a cast would undo the quantisation, or round the scales. The scales
+    rounded to bf16 (``bf16_scale``, not saved: made from ``weight_scale`` whenever that is set) are what torch's
+    CPU int8 kernel takes. ``widened`` is the CPU buffer the layer shares with the model's other 8-bit layers (its
+    own if not given)."""
 
     def __init__(self, layer: nn.Linear, fmt: str, widened: WidenedCodes | None = None):
         super().__init__()
@@ -109,6 +120,7 @@ class QuantizedLinear(nn.Module, Streamable):
         codes, scale = quantize_rows(layer.weight, fmt)
         self.register_buffer("weight", codes.to(layer.weight.device))
         self.register_buffer("weight_scale", scale.to(layer.weight.device))
+        self.register_buffer("bf16_scale", self.weight_scale.to(torch.bfloat16), persistent=False)
         self.bias = layer.bias
         self.widened = widened or WidenedCodes()
 
@@ -130,14 +142,18 @@ class QuantizedLinear(nn.Module, Streamable):
         if x.device.type != "cpu" or x.dtype == torch.float16:  # fp16: a product of unscaled codes could overflow
             return F.linear(x, dequantize(codes, scale, x.dtype), bias)
         if packed_int8_applies(x, codes):
-            product = torch._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), codes, scale.to(x.dtype))
-            out = product.reshape(*x.shape[:-1], -1)
+            out = packed_int8_product(x, codes, self.bf16_scale)
         else:
             out = scaled_product(x, self.widened.of(codes, x.dtype), scale)
         return out if bias is None else out + bias
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        if prefix + "weight_scale" in state_dict:
+            self.bf16_scale = self.weight_scale.to(torch.bfloat16)
+
     def _apply(self, fn, recurse=True):
-        kept = {name: self._buffers.pop(name) for name in ("weight", "weight_scale")}
+        kept = {name: self._buffers.pop(name) for name in ("weight", "weight_scale", "bf16_scale")}
         try:
             super()._apply(fn, recurse)  # the bias, in the compute dtype
         finally:
