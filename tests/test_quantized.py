@@ -58,6 +58,9 @@ def test_a_quantised_model_moves_but_never_casts_its_codes_or_scales(fmt):
         assert layer.weight.dtype == codes.dtype and torch.equal(layer.weight.view(torch.int8), codes.view(torch.int8))
         assert layer.weight_scale.dtype == torch.float32 and torch.equal(layer.weight_scale, scale)
         assert torch.equal(layer.bf16_scale, scale.to(torch.bfloat16))  # rounded once, from the fp32 scales
+    model.load_state_dict(quantize_weights(make_streamable(tiny_model(seed=1)), fmt).state_dict())
+    assert not torch.equal(layer.weight_scale, scale)
+    assert torch.equal(layer.bf16_scale, layer.weight_scale.to(torch.bfloat16))  # loaded scales, rounded again
     model.to(torch.bfloat16)
     assert layer.bias is None or layer.bias.dtype == torch.bfloat16
     x = torch.randn(2, layer.in_features, dtype=torch.bfloat16)
@@ -74,7 +77,7 @@ def test_only_the_blocks_linear_layers_hold_8_bit_weights(fmt):
     assert len(quantised) == blocks == len(streamable_layers(model)) and weight_format(model) == fmt
     assert type(model.output) is torch.nn.Linear and model.output.weight.dtype == torch.float32
     assert model.tok_embeddings.weight.dtype == torch.float32
-    saved = sum(m.weight.numel() * 3 - m.weight_scale.numel() * 6 for m in quantised)  # 4 bytes to 1, plus scales
+    saved = sum(m.weight.numel() * 3 - m.weight_scale.numel() * 4 for m in quantised)  # 4 bytes to 1, plus scales
     assert model_bytes(model) == before - saved
     assert quantize_weights(model, fmt) is model and len(streamable_layers(model)) == blocks  # twice: no change
 

@@ -109,10 +109,10 @@ class WidenedCodes:
 class QuantizedLinear(nn.Module, Streamable):
     """A linear layer whose weight is 8-bit codes (``weight``) times an fp32 scale per output channel
     (``weight_scale``); the bias stays in the compute dtype. Moving the model (``.to(device, dtype)``) moves the
-    codes and scales but never casts them: a cast would undo the quantisation, or round the scales. The scales
-    rounded to bf16 (``bf16_scale``, not saved: made from ``weight_scale`` whenever that is set) are what torch's
-    CPU int8 kernel takes. ``widened`` is the CPU buffer the layer shares with the model's other 8-bit layers (its
-    own if not given)."""
+    codes and scales but never casts them: a cast would undo the quantisation, or round the scales. On the CPU
+    the layer also keeps its scales rounded to bf16 (``bf16_scale``, what torch's int8 kernel takes; not a buffer:
+    made from ``weight_scale`` whenever that is set or moved, and neither saved nor counted in the model's size).
+    ``widened`` is the CPU buffer the layer shares with the model's other 8-bit layers (its own if not given)."""
 
     def __init__(self, layer: nn.Linear, fmt: str, widened: WidenedCodes | None = None):
         super().__init__()
@@ -120,9 +120,13 @@ class QuantizedLinear(nn.Module, Streamable):
         codes, scale = quantize_rows(layer.weight, fmt)
         self.register_buffer("weight", codes.to(layer.weight.device))
         self.register_buffer("weight_scale", scale.to(layer.weight.device))
-        self.register_buffer("bf16_scale", self.weight_scale.to(torch.bfloat16), persistent=False)
         self.bias = layer.bias
         self.widened = widened or WidenedCodes()
+        self.round_scales()
+
+    def round_scales(self) -> None:
+        scale = self.weight_scale
+        self.bf16_scale = scale.to(torch.bfloat16) if scale.device.type == "cpu" else None
 
     def codes_for(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The codes and scales on ``x``'s device (copied there first when the layer streams)."""
@@ -150,15 +154,16 @@ class QuantizedLinear(nn.Module, Streamable):
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         if prefix + "weight_scale" in state_dict:
-            self.bf16_scale = self.weight_scale.to(torch.bfloat16)
+            self.round_scales()
 
     def _apply(self, fn, recurse=True):
-        kept = {name: self._buffers.pop(name) for name in ("weight", "weight_scale", "bf16_scale")}
+        kept = {name: self._buffers.pop(name) for name in ("weight", "weight_scale")}
         try:
             super()._apply(fn, recurse)  # the bias, in the compute dtype
         finally:
             for name, tensor in kept.items():  # fn applied to an empty tensor says where it moves things
                 self._buffers[name] = tensor.to(fn(torch.empty(0, dtype=tensor.dtype, device=tensor.device)).device)
+            self.round_scales()
         return self
 
     def extra_repr(self) -> str:
