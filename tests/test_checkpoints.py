@@ -342,7 +342,7 @@ def test_folder_with_several_weights_files_says_keep_one_and_then_loads(tmp_path
     torch.save(official_sd(), folder / "last.pt")
     torch.save(official_sd(), folder / "best.ckpt")
     (folder / "config.json").write_text(json.dumps({"n_head": 4, "image_size": 64}))
-    with pytest.raises(FastARError, match="several weights files .*best.ckpt, last.pt.*keep one") as error:
+    with pytest.raises(FastARError, match="several weights files .*best.ckpt, last.pt.*keep one"):
         load_ar_model(folder)
     (folder / "best.ckpt").unlink()
     assert load_ar_model(folder).cfg.grid == (4, 4)

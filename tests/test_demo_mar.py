@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fastar.model_loaders import load_ar_model, load_image_decoder
-from fastar.model_loaders.shared.demo import DEMO_KL, DEMO_MAR, DEMO_MAR_DRAFT
+from fastar.model_loaders.shared.demo import DEMO_KL, DEMO_MAR
 from fastar.model_loaders.drafters.loader import load_drafter
 from fastar.model_loaders.shared.protocol import ClassConditioning
 from fastar.pipeline import outputs_to_images
