@@ -300,10 +300,8 @@ def test_a_folder_loads_into_8_bits_without_holding_its_full_precision_weights()
     the full-precision weights quantised before it are gone (quantising the loaded model would hold them all)."""
     import weakref
 
-    from fastar.model_loaders.shared import quantized as module
-
     seen, alive_at_each = [], []
-    quantize = module.quantize_rows
+    quantize = quantized.quantize_rows
 
     def tracked(weight, fmt):
         alive_at_each.append(sum(ref() is not None for ref in seen))
@@ -312,7 +310,7 @@ def test_a_folder_loads_into_8_bits_without_holding_its_full_precision_weights()
         return quantize(weight, fmt)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(module, "quantize_rows", tracked)
+        patch.setattr(quantized, "quantize_rows", tracked)
         model = load_ar_model(DEMO_TEXT, "int8", device="cpu", dtype=torch.bfloat16)
     layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
     assert len(seen) == len(layers) > 8 and max(alive_at_each) <= 1
