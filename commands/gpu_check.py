@@ -308,6 +308,8 @@ def goal_lines(profiles: dict) -> list[str]:
             line = (f"- {name}, batch {batch}: forward {entry['forward_ms']['1']:.2f} ms, {ratio:.2f}x the "
                     f"{entry['floor_ms']:.2f} ms floor ({'meets' if ratio <= FLOOR_GOAL else 'misses'} "
                     f"{FLOOR_GOAL}x)")
+            if "whole_cache_forward_ms" in entry:  # the filled slots' saving (transformer.attended_slots)
+                line += f", {entry['whole_cache_forward_ms']:.2f} ms attending over the whole cache"
             if profile.get("streamed_gb"):  # its floor: the streamed weights cross from host memory
                 line += (f"; {profile['streamed_gb']:.1f} GB of weights streamed at "
                          f"{profile['host_bandwidth_gb_s']:.1f} GB/s")

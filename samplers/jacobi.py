@@ -42,11 +42,11 @@ def ar_decode(model, conditioning, sampling: SamplingSettings, *, generator, on_
     ones = torch.ones(B, dtype=torch.long, device=model.device)
     if fixed:
         seq[:, :fixed] = prefix
-        p = probabilities(session.forward(prefix, ones * 0), sampling)[:, -1]
+        p = probabilities(session.forward(prefix, ones * 0, session.key_slots(fixed)), sampling)[:, -1]
         stats.target_forwards += 1
     for i in range(fixed, N):
         if i > fixed:
-            p = probabilities(session.forward(seq[:, i - 1 : i], ones * (i - 1)), sampling)[:, 0]
+            p = probabilities(session.forward(seq[:, i - 1 : i], ones * (i - 1), session.key_slots(i)), sampling)[:, 0]
             stats.target_forwards += 1
         seq[:, i] = draw(p, i)
         if on_iteration is not None and i > 0:
@@ -94,7 +94,7 @@ def jacobi_decode(
     rows, fixed_counts = RowProgress(buffer, on_iteration, dev), []
     while True:
         inputs = torch.cat([buffer.seq.gather(1, (n - 1).unsqueeze(1)), x], dim=1)
-        out = session.forward(inputs, n - 1)
+        out = session.forward(inputs, n - 1, session.key_slots(rows.horizon(L + 1)))
         stats.target_forwards += 1
         watch.lap("forward")
         x, q, n, count, iteration = after_forward(out.cond, out.uncond, x, q, n, iteration)

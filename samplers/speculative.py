@@ -70,7 +70,7 @@ def speculative_decode(
         watch.lap("draft")
 
         inputs = torch.cat([buffer.seq.gather(1, (n - 1).unsqueeze(1)), x], dim=1)
-        out = session.forward(inputs, n - 1)
+        out = session.forward(inputs, n - 1, session.key_slots(rows.horizon(L + 1)))
         stats.target_forwards += 1
         watch.lap("forward")
         last_out, last_start = out, n - 1

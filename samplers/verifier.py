@@ -66,34 +66,44 @@ LAG_BY_DEVICE = {"cuda": 1}  # iterations RowProgress reads late, by device type
 
 
 class RowProgress:
-    """The one host read of a speculative loop's iteration: report the slowest row; done once every row is.
+    """The one host read of a speculative loop's iteration: report the slowest row; done once every row is. The
+    fastest row, read with it, bounds the positions the next forward feeds (``horizon``).
 
-    On CUDA it reads the progress one iteration late: the slowest row's count is copied to pinned host memory
-    without waiting, and read after the next iteration is queued, by which time the GPU has long finished it. So
-    the host queues iteration i + 1 while the GPU runs iteration i (as it does for ``ar``, which never waits),
-    instead of the GPU idling while the host turns round after every iteration. The price: one iteration past
-    the end, which fixes nothing (no row has room left: its writes go to scratch) but counts as a forward."""
+    On CUDA it reads the progress one iteration late: the rows' counts are copied to pinned host memory without
+    waiting, and read after the next iteration is queued, by which time the GPU has long finished it. So the host
+    queues iteration i + 1 while the GPU runs iteration i (as it does for ``ar``, which never waits), instead of the
+    GPU idling while the host turns round after every iteration. The price: one iteration past the end, which
+    fixes nothing (no row has room left: its writes go to scratch) but counts as a forward."""
 
     def __init__(self, buffer: TokenBuffer, on_iteration, device: torch.device):
         self.buffer, self.on_iteration = buffer, on_iteration
         self.lag, self.cuda = LAG_BY_DEVICE.get(device.type, 0), device.type == "cuda"
         self.pending: collections.deque = collections.deque()
+        self.fastest, self.unread = 1, 0  # every row starts with token 0 fixed; iterations queued but not read
+
+    def horizon(self, width: int) -> int:
+        """A bound on the positions the next forward of ``width`` tokens feeds (below it), known without waiting:
+        a row fixes at most ``width`` tokens per iteration, so none is past the fastest row read plus ``width`` for
+        each iteration not read yet, and its window feeds from its last fixed token on."""
+        return self.fastest + (self.unread + 1) * width - 1
 
     def done(self, n: torch.Tensor) -> bool:
-        slowest = n.min()
+        progress = torch.stack([n.min(), n.max()])
         if self.lag:
-            copy = torch.empty((), dtype=slowest.dtype, pin_memory=self.cuda)
-            copy.copy_(slowest, non_blocking=self.cuda)
+            copy = torch.empty(2, dtype=progress.dtype, pin_memory=self.cuda)
+            copy.copy_(progress, non_blocking=self.cuda)
             event = torch.cuda.Event() if self.cuda else None
             if event is not None:  # on the stream the copy went to: that of n's GPU, which may not be the current one
                 event.record(torch.cuda.current_stream(n.device))
             self.pending.append((copy, event))
+            self.unread = len(self.pending)
             if len(self.pending) <= self.lag:
                 return False
-            slowest, event = self.pending.popleft()
+            progress, event = self.pending.popleft()
+            self.unread -= 1
             if event is not None:
                 event.synchronize()
-        count = int(slowest)
+        count, self.fastest = progress.tolist()
         if self.on_iteration is not None:
             self.on_iteration(count, self.buffer.num_tokens, self.buffer.tokens())
         return count >= self.buffer.num_tokens

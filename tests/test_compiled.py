@@ -294,6 +294,25 @@ def test_prompts_of_other_lengths_share_one_compiled_step():
     assert graphs[1] == graphs[0], "the second prompt's length compiled the step again"
 
 
+def test_one_compiled_graph_serves_every_key_length():
+    """A session's forwards attend over more of the cache as an image fills (transformer.attended_slots): the
+    length is dynamic in the compiled step, so one graph serves every length (CUDA records a graph per length),
+    each with eager's logits."""
+    from fastar.model_loaders.shared.compiled import unique_graphs
+
+    rows = ClassConditioning(torch.tensor([1, 2, 3]))  # a batch no other test compiles
+    sessions = [model.start(rows, cfg=True, max_window=3) for model in (tiny_model(seed=7),
+                                                                         compile_steps(tiny_model(seed=7)))]
+    tokens, graphs, lengths = torch.tensor([[1, 2, 3]] * 3), None, set()
+    for position, horizon in ((0, 3), (6, 9), (13, 16), (13, 10_000)):  # the last: every slot
+        start, keys = torch.full((3,), position), [s.key_slots(horizon) for s in sessions]
+        eager, compiled = (s.forward(tokens, start, k) for s, k in zip(sessions, keys))
+        assert torch.allclose(compiled.cond, eager.cond, atol=1e-5)
+        assert torch.allclose(compiled.uncond, eager.uncond, atol=1e-5)
+        graphs, lengths = graphs or unique_graphs(), lengths | {len(keys[1])}
+    assert unique_graphs() == graphs and len(lengths) == 4 and max(lengths) == sessions[1].total_slots
+
+
 def test_a_finished_compiled_session_is_freed_at_once():
     """Its KV caches go when the last reference does (reference counting), not whenever the cycle collector
     runs: on a GPU that is gigabytes held for nothing."""

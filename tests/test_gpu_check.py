@@ -48,6 +48,9 @@ def test_the_report_states_the_speed_goals():
     assert lines == ["- profile-7b, batch 2: forward 6.00 ms, 1.50x the 4.00 ms floor (misses 1.25x); sjd 2.00x "
                      "faster than ar per image for 2.56x fewer forwards (0.78 of it: misses 0.9)"]
     assert goal_lines({}) == ["- no token profile ran"]
+    whole = goal_lines({"profile-7b": {"batches": {"2": {**entry, "whole_cache_forward_ms": 6.5}}}})
+    assert whole[0].startswith("- profile-7b, batch 2: forward 6.00 ms, 1.50x the 4.00 ms floor (misses 1.25x), "
+                               "6.50 ms attending over the whole cache; sjd"), whole
     timed = {"ms_per_iteration": 5.0, "image_s": 4.0, "target_forwards": 400}
     compiled = {**entry, "decoders": {**entry["decoders"], "sjd": timed},
                 "full_guards_decoders": {"sjd": {**timed, "ms_per_iteration": 5.5}},

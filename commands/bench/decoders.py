@@ -165,11 +165,12 @@ def window_costs(model, cfg: bool, repeats: int = 20) -> dict:
     seconds = {}
     for width in WINDOW_COSTS:
         tokens = torch.zeros(1, width, dtype=torch.long, device=model.device)
-        session.forward(tokens, start)
+        keys = session.key_slots(N // 2 + width)  # the slots a decoder's forward attends
+        session.forward(tokens, start, keys)
         samples = []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            session.forward(tokens, start)
+            session.forward(tokens, start, keys)
             if model.device.type == "cuda":
                 torch.cuda.synchronize()
             samples.append(time.perf_counter() - t0)

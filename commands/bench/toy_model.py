@@ -30,7 +30,10 @@ class ToySession:
         uncond = self.model.logits_at(seen, positions, torch.full_like(self.labels, self.model.num_classes))
         return ModelOutput(cond=cond, uncond=uncond if self.cfg else None)
 
-    def forward(self, tokens: torch.Tensor, start: torch.Tensor) -> ModelOutput:
+    def key_slots(self, horizon: int) -> None:
+        return None  # no cache to read in part
+
+    def forward(self, tokens: torch.Tensor, start: torch.Tensor, keys=None) -> ModelOutput:
         N = self.model.num_tokens
         positions = start.unsqueeze(1) + torch.arange(tokens.shape[1])
         inside = positions < N

@@ -34,7 +34,7 @@ class GrowingCache:
     def __init__(self):
         self.k = self.v = None
 
-    def write(self, k, v, slots):
+    def write(self, k, v, slots, keys=None):  # every key so far, whatever ``keys`` asks
         k, v = k.transpose(1, 2), v.transpose(1, 2)
         self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
         self.v = v if self.v is None else torch.cat([self.v, v], dim=2)

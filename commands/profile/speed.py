@@ -162,19 +162,21 @@ def kv_bytes_read(model, rows: int, filled: int) -> int:
     return rows * cfg.n_layer * 2 * cfg.n_kv_head * cfg.head_dim * filled * element
 
 
-def mid_image_forwards(model, batch: int, windows: list[int]) -> dict:
-    """A forward of each window at mid-image, with CFG (2 rows per image), in one session: ``window -> step()``."""
+def mid_image_forwards(model, batch: int, windows: list[int], whole_cache: bool = False) -> dict:
+    """A forward of each window at mid-image, with CFG (2 rows per image), in one session, attending over the
+    slots a decoder's would (``key_slots``), or over the whole cache: ``window -> step()``."""
     N = model.grid[0] * model.grid[1]
     session = model.start(conditioning(model, batch), cfg=True, max_window=max(windows))
     start = torch.full((batch,), N // 2, dtype=torch.long, device=model.device)
-    return {w: lambda w=w: session.forward(torch.zeros(batch, w, dtype=torch.long, device=model.device), start)
-            for w in windows}
+    return {w: lambda w=w: session.forward(torch.zeros(batch, w, dtype=torch.long, device=model.device), start,
+                                           None if whole_cache else session.key_slots(N // 2 + w)) for w in windows}
 
 
 @torch.no_grad()
-def forward_costs(model, timing: Timing, batch: int, windows: list[int]) -> dict:
+def forward_costs(model, timing: Timing, batch: int, windows: list[int], whole_cache: bool = False) -> dict:
     """ms per forward of each window at mid-image (``mid_image_forwards``)."""
-    return {w: timing.median_s(step) * 1e3 for w, step in mid_image_forwards(model, batch, windows).items()}
+    steps = mid_image_forwards(model, batch, windows, whole_cache)
+    return {w: timing.median_s(step) * 1e3 for w, step in steps.items()}
 
 
 @torch.no_grad()
@@ -192,8 +194,9 @@ def logit_gaps(model, twin, batch: int, windows: list[int]) -> dict:
     start = torch.full((batch,), N // 2, dtype=torch.long, device=model.device)
     tokens = {w: torch.randint(0, model.vocab_size, (batch, w), generator=torch.Generator().manual_seed(w)
                                ).to(model.device) for w in windows}
-    ours, theirs = ({w: session.forward(tokens[w], start) for w in windows} for session in
-                    (each.start(conditioning(each, batch), cfg=True, max_window=max(windows)) for each in (model, twin)))
+    sessions = [each.start(conditioning(each, batch), cfg=True, max_window=max(windows)) for each in (model, twin)]
+    ours, theirs = ({w: session.forward(tokens[w], start, session.key_slots(N // 2 + w)) for w in windows}
+                    for session in sessions)
     return {str(w): max((ours[w].cond - theirs[w].cond).abs().max().item(),
                         (ours[w].uncond - theirs[w].uncond).abs().max().item()) for w in windows}
 
@@ -409,7 +412,9 @@ def token_batch(args, model, drafter, eager_twin, timing: Timing, batch: int, by
     entry = {"floor_ms": floor_ms,
              "forward_ms": {str(w): ms for w, ms in forward.items()},
              "window_cost": {str(w): ms / forward[1] for w, ms in forward.items()},
-             "forward_over_floor": forward[1] / floor_ms}
+             "forward_over_floor": forward[1] / floor_ms,
+             # what attending over the filled slots only saves (transformer.attended_slots)
+             "whole_cache_forward_ms": forward_costs(model, timing, batch, [1], whole_cache=True)[1]}
     if args.kernels:
         entry["kernels"] = forward_kernels(model, batch, windows)
     if eager_twin is not None:
@@ -448,6 +453,8 @@ def print_batch(batch: int, entry: dict) -> None:
     print(f"[profile] batch {batch} (CFG, {2 * batch} rows): floor {entry['floor_ms']:.2f} ms, 1-token forward "
           f"{entry['forward_ms']['1']:.2f} ms ({entry['forward_over_floor']:.2f}x floor); c(W): "
           + ", ".join(f"{w}: {c:.2f}" for w, c in entry["window_cost"].items()), flush=True)
+    print(f"[profile]   attending over the whole cache instead of its filled slots: 1-token forward "
+          f"{entry['whole_cache_forward_ms']:.2f} ms", flush=True)
     for decoder, cost in entry.get("decoders", {}).items():
         print(f"[profile]   {decoder}: {cost['ms_per_iteration']:.2f} ms per iteration "
               f"({cost['over_floor']:.2f}x floor), {cost['target_forwards']:.0f} iterations per image, "

@@ -19,7 +19,7 @@ from torch import nn
 
 from ..shared.protocol import CaptionConditioning, ClassConditioning, ModelOutput
 from ..shared.compiled_session import padded_slots
-from ..shared.transformer import KVCache, RMSNorm, attention_mask, feed_mask, sees_itself
+from ..shared.transformer import KVCache, RMSNorm, attended_slots, attention_mask, feed_mask, sees_itself
 
 
 def find_multiple(n: int, k: int) -> int:
@@ -115,7 +115,7 @@ def rope_attention(q, k, v, rope, mask, cache=None, slots=None):
     B, T = q.shape[:2]
     q, k = apply_rope(q, rope), apply_rope(k, rope)
     if cache is not None:
-        k, v = cache.write(k, v, slots)
+        k, v = cache.write(k, v, slots, None if mask is None else mask.shape[-1])
     else:
         k, v = k.transpose(1, 2), v.transpose(1, 2)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, enable_gqa=q.shape[2] != k.shape[1])
@@ -289,6 +289,7 @@ class LlamaGenSession:
             KVCache(rows, mc.n_kv_head, self.total_slots, mc.head_dim, model.dtype, model.device)
             for _ in model.layers
         ]
+        self.slot_index = torch.arange(self.total_slots, device=model.device)
         slots = torch.arange(self.cond_len, device=model.device).expand(rows, -1)
         prefix = self._run(cond_h, slots)
         # every conditioning slot's hidden state, for drafters that replay the prefix (t2i EAGLE)
@@ -306,18 +307,22 @@ class LlamaGenSession:
             return ModelOutput(cond=logits[: self.batch], uncond=logits[self.batch :], hidden=kept)
         return ModelOutput(cond=logits, hidden=kept)
 
-    def _run(self, h, slots):
-        mask = attention_mask(slots, self.cond_valid, self.total_slots)
+    def _run(self, h, slots, keys: torch.Tensor | None = None):
+        mask = attention_mask(slots, self.cond_valid, self.total_slots if keys is None else keys.shape[0])
         return self.model.run_layers(h, self.rope[slots], mask, self.caches, slots)
 
+    def key_slots(self, horizon: int) -> torch.Tensor:
+        """See ``TokenARSession.key_slots``."""
+        return attended_slots(self.slot_index, self.cond_len + horizon)
+
     @torch.no_grad()
-    def forward(self, tokens: torch.Tensor, start: torch.Tensor) -> ModelOutput:
+    def forward(self, tokens: torch.Tensor, start: torch.Tensor, keys: torch.Tensor | None = None) -> ModelOutput:
         if self.cfg:
             tokens, start = torch.cat([tokens, tokens]), torch.cat([start, start])
         width = tokens.shape[1]
         slots = self.cond_len + start[:, None] + torch.arange(width, device=tokens.device)
         slots = slots.clamp(max=self.total_slots - 1)
-        return self._output(self._run(self.model.tok_embeddings(tokens), slots))
+        return self._output(self._run(self.model.tok_embeddings(tokens), slots, keys))
 
     @torch.no_grad()
     def forward_at(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .transformer import KVCache, RMSNorm, attention_mask, feed_mask, sees_itself
+from .transformer import KVCache, RMSNorm, attended_slots, attention_mask, feed_mask, sees_itself
 from .compiled_session import padded_prefix_len, padded_slots
 from .protocol import ModelOutput
 
@@ -128,7 +128,10 @@ class Attention(nn.Module):
         v = v.reshape(B, T, self.n_kv_head, self.head_dim)
         cos, sin = rope
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        keys, values = cache.write(k, v, slots) if cache is not None else (k.transpose(1, 2), v.transpose(1, 2))
+        if cache is not None:  # the slots the mask covers
+            keys, values = cache.write(k, v, slots, mask.shape[-1])
+        else:
+            keys, values = k.transpose(1, 2), v.transpose(1, 2)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask,
                                              enable_gqa=self.n_head != self.n_kv_head)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
@@ -224,6 +227,7 @@ class LayoutSession:
         self.valid = torch.arange(self.prefix_len, device=device)[None] >= pad[:, None]  # real prefix slots
         self.caches = [KVCache(rows, dc.n_kv_head, self.total_slots, dc.head_dim, model.dtype, device)
                        for _ in model.backbone.layers]
+        self.slot_index = torch.arange(self.total_slots, device=device)
         ids = torch.tensor([[layout.filler] * (self.prefix_len - len(p)) + p for p in prefixes], device=device)
         slots = torch.arange(self.prefix_len, device=device).expand(rows, -1)
         self.prefix_ids = ids  # an EAGLE drafter replays them
@@ -242,14 +246,20 @@ class LayoutSession:
             return ModelOutput(cond=logits[: self.batch], uncond=logits[self.batch:], hidden=kept)
         return ModelOutput(cond=logits, hidden=kept)
 
-    def _run(self, h, slots, mask=None, rope_slots=None):
+    def _run(self, h, slots, mask=None, rope_slots=None, keys: torch.Tensor | None = None):
         """Run ``h`` written at cache ``slots``; RoPE at ``rope_slots`` (default: the slots themselves), causal
-        unless ``mask`` is given."""
+        over ``keys`` (default: every slot) unless ``mask`` is given."""
         dc = self.model.decoder_cfg
-        mask = attention_mask(slots, self.valid, self.total_slots) if mask is None else mask
+        if mask is None:
+            mask = attention_mask(slots, self.valid, self.total_slots if keys is None else keys.shape[0])
         positions = (slots if rope_slots is None else rope_slots) - self.position_offset[:, None]
         rope = rope_tables(positions, dc.head_dim, dc.rope_theta, self.model.dtype)
         return self.model.backbone.run(h, rope, mask, self.caches, slots)
+
+    def key_slots(self, horizon: int) -> torch.Tensor:
+        """See ``TokenARSession.key_slots``: positions below ``horizon`` and the row ends after them lie below the
+        slot of position ``horizon``."""
+        return attended_slots(self.slot_index, self.image_slot(horizon))
 
     def image_slot(self, positions: torch.Tensor) -> torch.Tensor:
         """The cache slot of each image position (row ends take a slot after every row)."""
@@ -281,7 +291,7 @@ class LayoutSession:
         return source, slots, out
 
     @torch.no_grad()
-    def forward(self, tokens: torch.Tensor, start: torch.Tensor) -> ModelOutput:
+    def forward(self, tokens: torch.Tensor, start: torch.Tensor, keys: torch.Tensor | None = None) -> ModelOutput:
         layout = self.model.layout
         if self.cfg:
             tokens, start = torch.cat([tokens, tokens]), torch.cat([start, start])
@@ -289,7 +299,7 @@ class LayoutSession:
         images = self.model.embed_images(tokens.gather(1, source.clamp(min=0)))
         others = torch.where(source == -1, layout.row_end if self.rows_ends else layout.filler, layout.filler)
         h = torch.where((source >= 0)[..., None], images, self.model.backbone.embed_tokens(others).to(images.dtype))
-        hidden = self._run(h, slots.clamp(max=self.total_slots - 1))
+        hidden = self._run(h, slots.clamp(max=self.total_slots - 1), keys=keys)
         return self._output(hidden.gather(1, out[..., None].expand(-1, -1, hidden.shape[-1])))
 
     @torch.no_grad()

@@ -77,10 +77,17 @@ class TokenARSession(Protocol):
 
     first: ModelOutput  # predicts image token 0, shape [B, 1, V]
 
-    def forward(self, tokens: torch.Tensor, start: torch.Tensor) -> ModelOutput:
+    def forward(self, tokens: torch.Tensor, start: torch.Tensor, keys: Optional[torch.Tensor] = None) -> ModelOutput:
         """Feed ``tokens[b, j]`` as image token ``start[b] + j``; output ``j`` predicts token
         ``start[b] + j + 1``. Rows may be at different positions; positions past the last image
-        token are scratch (their outputs are meaningless and must be ignored)."""
+        token are scratch (their outputs are meaningless and must be ignored). ``keys``: what
+        ``key_slots`` gave for this forward (None: attend over the whole cache)."""
+        ...
+
+    def key_slots(self, horizon: int) -> Optional[torch.Tensor]:
+        """For a forward that feeds no position at or past ``horizon`` (nor did any before it, in any row): the
+        cache slots it need attend over, to pass as ``forward``'s ``keys`` (None: a session without the choice).
+        A decoder knows such a bound on the host without waiting for the device (verifier.RowProgress)."""
         ...
 
     def forward_at(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,

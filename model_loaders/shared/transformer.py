@@ -25,17 +25,37 @@ class KVCache:
     independently and a rejected draft is simply overwritten by the next write."""
 
     def __init__(self, rows, n_kv_head, slots, head_dim, dtype, device):
-        self.k = cache_zeros(rows, n_kv_head, slots, head_dim, dtype=dtype, device=device)
-        self.v = cache_zeros(rows, n_kv_head, slots, head_dim, dtype=dtype, device=device)
+        # one slot more than a forward reads: the slots it attends over are then never the whole tensor, whose
+        # length a compiled step would otherwise be specialised to (the length is dynamic: attended_slots)
+        self.k = cache_zeros(rows, n_kv_head, slots + 1, head_dim, dtype=dtype, device=device)
+        self.v = cache_zeros(rows, n_kv_head, slots + 1, head_dim, dtype=dtype, device=device)
         self.row_index = torch.arange(rows, device=device)[:, None]
 
-    def write(self, k, v, slots):
+    def write(self, k, v, slots, keys: int):
+        """Write ``k``, ``v`` at ``slots``; returns the first ``keys`` slots of each, those a forward attends (its
+        mask's width)."""
         self.k[self.row_index, :, slots] = k
         self.v[self.row_index, :, slots] = v
-        return self.k, self.v
+        return self.k[:, :, :keys], self.v[:, :, :keys]
 
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
+
+
+KEY_LENGTHS = 8  # the key lengths a session's forwards attend over: each a CUDA graph of a compiled step
+
+
+def attended_slots(slot_index: torch.Tensor, needed: int) -> torch.Tensor:
+    """The cache slots a forward attends over (``slot_index`` [S] is every slot): the first ``needed`` (all a row has
+    written, this forward's included), rounded up to a multiple of S / KEY_LENGTHS. The cache's unwritten slots are
+    masked anyway, but reading them is not free: on a GPU attention reads the whole cache, twice what it holds on
+    average over an image. Only the length matters; it is marked dynamic, so that a compiled step serves every
+    length with one graph (and replays a CUDA graph of each)."""
+    total = slot_index.shape[0]
+    step = -(-total // KEY_LENGTHS)
+    keys = slot_index[: min(total, max(-(-needed // step) * step, 2))]  # 2: a length of 1 would be specialised
+    torch._dynamo.mark_dynamic(keys, 0)
+    return keys
 
 
 def attention_mask(query_slots: torch.Tensor, cond_valid: torch.Tensor, total_slots: int) -> torch.Tensor:
