@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 
 from .errors import FastARError
+from .model_loaders.shared.transformer import SPARE_SLOTS
 from .samplers.acceptance import DISTANCE_CHUNK
 from .samplers.zipar import zipar_feeds
 
@@ -46,7 +47,8 @@ def cache_rows(batch: int, use_cfg: bool) -> int:
 
 
 def kv_bytes(layers: int, kv_heads: int, head_dim: int, rows: int, slots: int, dtype: torch.dtype) -> int:
-    return 2 * layers * rows * kv_heads * slots * head_dim * element_bytes(dtype)
+    """A static KV cache's bytes, for ``slots`` a session uses (it holds SPARE_SLOTS more)."""
+    return 2 * layers * rows * kv_heads * (slots + SPARE_SLOTS) * head_dim * element_bytes(dtype)
 
 
 def kv_cache_bytes(ar, conditioning, batch: int, use_cfg: bool, window: int) -> int:

@@ -20,15 +20,19 @@ class RMSNorm(nn.Module):
         return normed.type_as(x) * self.weight
 
 
+# a cache's slots past those a session uses: the slots a forward attends over are then never the whole tensor,
+# whose length a compiled step would otherwise be specialised to (that length is dynamic: attended_slots)
+SPARE_SLOTS = 1
+
+
 class KVCache:
     """Static per-layer cache ``[R, H_kv, S, hd]``; writes go to per-row slots, so rows may advance
     independently and a rejected draft is simply overwritten by the next write."""
 
     def __init__(self, rows, n_kv_head, slots, head_dim, dtype, device):
-        # one slot more than a forward reads: the slots it attends over are then never the whole tensor, whose
-        # length a compiled step would otherwise be specialised to (the length is dynamic: attended_slots)
-        self.k = cache_zeros(rows, n_kv_head, slots + 1, head_dim, dtype=dtype, device=device)
-        self.v = cache_zeros(rows, n_kv_head, slots + 1, head_dim, dtype=dtype, device=device)
+        held = slots + SPARE_SLOTS
+        self.k = cache_zeros(rows, n_kv_head, held, head_dim, dtype=dtype, device=device)
+        self.v = cache_zeros(rows, n_kv_head, held, head_dim, dtype=dtype, device=device)
         self.row_index = torch.arange(rows, device=device)[:, None]
 
     def write(self, k, v, slots, keys: int):
