@@ -79,13 +79,13 @@ class RowProgress:
         self.buffer, self.on_iteration = buffer, on_iteration
         self.lag, self.cuda = LAG_BY_DEVICE.get(device.type, 0), device.type == "cuda"
         self.pending: collections.deque = collections.deque()
-        self.fastest, self.unread = 1, 0  # every row starts with token 0 fixed; iterations queued but not read
+        self.fastest = 1  # every row starts with token 0 fixed
 
     def horizon(self, width: int) -> int:
         """A bound on the positions the next forward of ``width`` tokens feeds (below it), known without waiting:
         a row fixes at most ``width`` tokens per iteration, so none is past the fastest row read plus ``width`` for
         each iteration not read yet, and its window feeds from its last fixed token on."""
-        return self.fastest + (self.unread + 1) * width - 1
+        return self.fastest + (len(self.pending) + 1) * width - 1  # pending: the iterations not read yet
 
     def done(self, n: torch.Tensor) -> bool:
         progress = torch.stack([n.min(), n.max()])
@@ -96,11 +96,9 @@ class RowProgress:
             if event is not None:  # on the stream the copy went to: that of n's GPU, which may not be the current one
                 event.record(torch.cuda.current_stream(n.device))
             self.pending.append((copy, event))
-            self.unread = len(self.pending)
             if len(self.pending) <= self.lag:
                 return False
             progress, event = self.pending.popleft()
-            self.unread -= 1
             if event is not None:
                 event.synchronize()
         count, self.fastest = progress.tolist()

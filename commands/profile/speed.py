@@ -164,12 +164,14 @@ def kv_bytes_read(model, rows: int, filled: int) -> int:
 
 def mid_image_forwards(model, batch: int, windows: list[int], whole_cache: bool = False) -> dict:
     """A forward of each window at mid-image, with CFG (2 rows per image), in one session, attending over the
-    slots a decoder's would (``key_slots``), or over the whole cache: ``window -> step()``."""
+    slots a decoder's would (``key_slots``), or over the whole cache (a bound past every slot: the same compiled
+    graph): ``window -> step()``."""
     N = model.grid[0] * model.grid[1]
     session = model.start(conditioning(model, batch), cfg=True, max_window=max(windows))
     start = torch.full((batch,), N // 2, dtype=torch.long, device=model.device)
     return {w: lambda w=w: session.forward(torch.zeros(batch, w, dtype=torch.long, device=model.device), start,
-                                           None if whole_cache else session.key_slots(N // 2 + w)) for w in windows}
+                                           session.key_slots(session.total_slots if whole_cache else N // 2 + w))
+            for w in windows}
 
 
 @torch.no_grad()
