@@ -13,7 +13,8 @@ from ..commands.bench.demo_data import balanced_labels, make_batch
 HELD_OUT = 256
 
 
-def parser(description: str, *, steps: int, lr: float, out: str, texture: float = 0.0) -> argparse.ArgumentParser:
+def parser(description: str, *, steps: int, lr: float, out: str, texture: float = 0.0,
+           held_out: int = HELD_OUT) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=steps)
     p.add_argument("--batch", type=int, default=8)
@@ -23,18 +24,20 @@ def parser(description: str, *, steps: int, lr: float, out: str, texture: float 
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--texture", type=float, default=texture,
                    help="the images' texture, its largest excursion in 8-bit levels (0: flat colours)")
+    p.add_argument("--held-out", type=int, default=held_out, help="held-out images judged at the end (16 or more)")
     p.add_argument("--out", default=out)
     return p
 
 
-def images(seed: int, pool_size: int, texture_levels: float = 0.0) -> tuple[np.random.Generator, np.ndarray, torch.Tensor]:
-    """The crop generator, the pool of training images and the held-out images (their own seed)."""
+def images(seed: int, pool_size: int, texture_levels: float = 0.0,
+           held_out: int = HELD_OUT) -> tuple[np.random.Generator, np.ndarray, torch.Tensor]:
+    """The crop generator, the pool of training images and ``held_out`` held-out images (their own seed)."""
     rng = np.random.default_rng(seed)
     texture = texture_levels / 255
     pool, _ = make_batch(rng, pool_size, texture=texture)
-    held_out = to_tensor(make_batch(np.random.default_rng(10_000 + seed), HELD_OUT, balanced_labels(HELD_OUT),
-                                    texture=texture)[0])
-    return rng, pool, held_out
+    judged = to_tensor(make_batch(np.random.default_rng(10_000 + seed), held_out, balanced_labels(held_out),
+                                  texture=texture)[0])
+    return rng, pool, judged
 
 
 def crop_batch(pool: np.ndarray, rng: np.random.Generator, batch: int, size: int) -> torch.Tensor:

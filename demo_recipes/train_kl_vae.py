@@ -47,7 +47,7 @@ def main(argv=None):
 
     setup(args.seed)
     timer = Timer()
-    rng, pool, held_out = autoencoder_data.images(args.seed, args.pool, args.texture)
+    rng, pool, held_out = autoencoder_data.images(args.seed, args.pool, args.texture, args.held_out)
     model = KLAutoencoder(CONFIG)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0)
     print(f"KL VAE {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, pool ready in {timer}")
@@ -68,7 +68,7 @@ def main(argv=None):
     model.eval()
     saved = load_image_decoder(save_autoencoder(model, CONFIG, args.out))
     result = evaluate(saved, held_out)
-    print(f"held-out (fp16 weights, posterior mean, {autoencoder_data.HELD_OUT} images): PSNR {result['psnr']:.2f} dB per image, "
+    print(f"held-out (fp16 weights, posterior mean, {len(held_out)} images): PSNR {result['psnr']:.2f} dB per image, "
           f"latent std {result['latent_std']:.4f} (MAR scale factor {1 / result['latent_std']:.4f}); total {timer}")
     OUT_DIR.mkdir(exist_ok=True)
     from PIL import Image

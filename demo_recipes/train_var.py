@@ -28,7 +28,7 @@ from ..commands.bench.demo_data import CLASS_NAMES, MAR_TOKEN, balanced_labels, 
 from .train_var_vqvae import PATCH_NUMS
 
 CLASS_DROPOUT = 0.1  # the release's cond_drop_rate
-VAL_IMAGES, VAL_SEED = 256, 777  # held-out images: another seed than the training set's
+VAL_SEED = 777  # held-out images: another seed than the training set's
 # What the demo VAR is judged and benched at, and its student's pairs made with: the release's cfg 1.5 (ramped)
 # with top-p 0.7, the best of a sweep of the judge's class accuracy (about 84%; the release's top-p 0.96, about 79%)
 JUDGED = SamplingSettings(cfg_scale=1.5, top_p=0.7)
@@ -97,12 +97,14 @@ def main(argv=None):
     p.add_argument("--vqvae", default=str(DEMO_VAR_VQVAE))
     p.add_argument("--out", default=str(DEMO_VAR))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--val-images", type=int, default=256, help="held-out images for the teacher-forced loss")
+    p.add_argument("--judged", type=int, default=64, help="samples the classifier judges at the end")
     args = p.parse_args(argv)
 
     gen = setup(args.seed)
     timer = Timer()
     codes, labels = scale_codes(args.vqvae, args.images, args.seed)
-    val_codes, val_labels = scale_codes(args.vqvae, VAL_IMAGES, VAL_SEED + args.seed)
+    val_codes, val_labels = scale_codes(args.vqvae, args.val_images, VAL_SEED + args.seed)
     vqvae = load_image_decoder(args.vqvae)
     cfg = VARConfig(depth=args.depth, dim=args.dim, n_head=args.dim // 64, vocab_size=vqvae.cfg.codebook_size,
                     channels=vqvae.cfg.z_channels, num_classes=len(CLASS_NAMES), patch_nums=PATCH_NUMS,
@@ -126,8 +128,8 @@ def main(argv=None):
             print(f"held-out loss (EMA) {held_out_loss(ema, vqvae, val_codes, val_labels):.4f}", flush=True)
     save_fp16(ema.eval(), cfg, args.out)
     saved = load_ar_model(args.out)
-    print(f"judge recognises {judged(saved, vqvae, 64, args.seed):.1%} of 64 samples (cfg {JUDGED.cfg_scale:g} "
-          f"ramped, top-p {JUDGED.top_p:g}); total {timer}")
+    print(f"judge recognises {judged(saved, vqvae, args.judged, args.seed):.1%} of {args.judged} samples "
+          f"(cfg {JUDGED.cfg_scale:g} ramped, top-p {JUDGED.top_p:g}); total {timer}")
 
 
 if __name__ == "__main__":

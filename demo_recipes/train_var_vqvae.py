@@ -150,7 +150,7 @@ def train_decoder(model, images, latents, steps: int, batch: int, lr: float, gen
 
 
 def main(argv=None):
-    p = autoencoder_data.parser(__doc__, steps=300, lr=1e-4, out=str(DEMO_VAR_VQVAE))
+    p = autoencoder_data.parser(__doc__, steps=300, lr=1e-4, out=str(DEMO_VAR_VQVAE), held_out=64)
     p.add_argument("--quantiser-steps", type=int, default=3000)
     p.add_argument("--quantiser-lr", type=float, default=1e-3)
     p.add_argument("--kl", default=str(DEMO_KL), help="the KL autoencoder to start from")
@@ -161,7 +161,7 @@ def main(argv=None):
     model = from_kl_autoencoder(load_image_decoder(encoding_file(args.kl))).eval()
     rng = np.random.default_rng(args.seed)
     images = to_tensor(make_batch(rng, args.pool, token=MAR_TOKEN)[0])
-    held_out = to_tensor(make_batch(np.random.default_rng(10_000 + args.seed), 64, token=MAR_TOKEN)[0])
+    held_out = to_tensor(make_batch(np.random.default_rng(10_000 + args.seed), args.held_out, token=MAR_TOKEN)[0])
     latents = latents_of(model, images)
     pool = residual_pool(latents)
     model.quantize.embedding.weight.data.copy_(pool[torch.randint(0, len(pool), (CONFIG.codebook_size,), generator=gen)])

@@ -77,7 +77,7 @@ def main(argv=None):
 
     setup(args.seed)
     timer = Timer()
-    rng, pool, held_out = autoencoder_data.images(args.seed, args.pool, args.texture)
+    rng, pool, held_out = autoencoder_data.images(args.seed, args.pool, args.texture, args.held_out)
     model = VQModel(config)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0)
     usage = torch.zeros(config.codebook_size)
@@ -112,7 +112,7 @@ def main(argv=None):
     saved = load_image_decoder(save_autoencoder(model, config, args.out))
     result = evaluate(saved, held_out)
     recon = result["recon"]
-    print(f"held-out (fp16 weights, through the codes, {autoencoder_data.HELD_OUT} images): PSNR {result['psnr']:.2f} dB per image "
+    print(f"held-out (fp16 weights, through the codes, {len(held_out)} images): PSNR {result['psnr']:.2f} dB per image "
           f"(pooled {result['pooled_psnr']:.2f} dB), codebook usage {result['usage']:.1%}, "
           f"{result['flat_codes']:.2f} codes per flat colour; total {timer}")
     OUT_DIR.mkdir(exist_ok=True)

@@ -66,7 +66,8 @@ def test_every_recipe_encodes_its_images_once_and_reads_them_back(data_dir, monk
 @pytest.mark.parametrize("recipe, args", [
     ("train_ar", ["--steps", "2", "--batch", "4", "--images", "16", "--val-images", "8", "--flat-steps", "2",
                   "--ema", "0.9", "--codebook-init"]),
-    ("train_var", ["--steps", "2", "--batch", "4", "--images", "16", "--depth", "1", "--dim", "64"]),
+    ("train_var", ["--steps", "2", "--batch", "4", "--images", "16", "--depth", "1", "--dim", "64",
+                   "--val-images", "8", "--judged", "8"]),
 ])
 def test_a_recipe_trains_saves_and_its_model_loads(recipe, args, data_dir, tmp_path):
     """Two steps of the recipe's own loop (the optimiser step and EMA shared with the training commands), its file
@@ -80,9 +81,10 @@ def test_a_recipe_trains_saves_and_its_model_loads(recipe, args, data_dir, tmp_p
 
 
 @pytest.mark.parametrize("recipe, args", [
-    ("train_vq", ["--steps", "2", "--batch", "2", "--pool", "4", "--texture", "20", "--codebook", "64"]),
-    ("train_kl_vae", ["--steps", "2", "--batch", "2", "--pool", "4"]),
-    ("train_var_vqvae", ["--steps", "2", "--batch", "2", "--pool", "8", "--quantiser-steps", "2"]),
+    ("train_vq", ["--steps", "2", "--batch", "2", "--pool", "4", "--texture", "20", "--codebook", "64",
+                  "--held-out", "16"]),
+    ("train_kl_vae", ["--steps", "2", "--batch", "2", "--pool", "4", "--held-out", "16"]),
+    ("train_var_vqvae", ["--steps", "2", "--batch", "2", "--pool", "8", "--quantiser-steps", "2", "--held-out", "16"]),
 ])
 def test_an_autoencoder_recipe_trains_saves_and_its_decoder_loads(recipe, args, data_dir, tmp_path, monkeypatch):
     """Two steps of each autoencoder recipe's loops (the shared optimiser step), its file loadable as an image

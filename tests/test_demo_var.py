@@ -101,6 +101,6 @@ def test_var_and_its_student_run_in_half_precision_and_still_draw_the_class(dtyp
         images = decode_images(full_precision, made.float())
         predicted, _ = classify(load_classifier(), images)
         assert (predicted == labels).float().mean() >= least, predicted
-        # The decoder in half precision, on two images: a CPU has no fast fp16 convolution (12 s an image here).
-        half = decode_images(vqvae, made[:2]).astype(float)
-        assert abs(half - images[:2]).mean() <= HALF_DECODER_ERROR, abs(half - images[:2]).mean()
+    # The decoder in half precision, on one image: a CPU has no fast fp16 convolution (12-20 s an image here).
+    half = decode_images(vqvae, made[:1]).astype(float)
+    assert abs(half - images[:1]).mean() <= HALF_DECODER_ERROR, abs(half - images[:1]).mean()
