@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ..errors import FastARError, check_choice
+from ..model_loaders.shared.compiled import runs_compiled
 from .acceptance import ExactRule
 from .drafts import DraftSource
 from .processing import SamplingSettings, probabilities, sample
@@ -69,6 +70,13 @@ def zipar_feeds(grid: tuple[int, int], lead: int, window: int) -> int:
     h, w = grid
     rows = min(h, -(-w // min(lead, w)) + 1)
     return rows * (window + 1)
+
+
+def feed_bucket(count: int, bound: int) -> int:
+    """The feeds a compiled forward is given for ``count``: the next power of two (at least 2), at most ``bound``
+    (the most a forward can have), so a generation meets a few shapes, each compiled (and on CUDA recorded as a
+    graph) once. The extra feeds repeat a row's last one: the same write, an output nobody reads."""
+    return min(bound, max(2, 1 << (count - 1).bit_length()))
 
 
 @dataclass
@@ -123,7 +131,8 @@ class ZiparPlan:
     def done(self) -> bool:
         return bool((self.fixed == self.w).all())
 
-    def feeds(self) -> _Feeds:
+    def feeds(self, bound: int | None = None) -> _Feeds:
+        """The next forward's feeds; ``bound`` (a compiled forward's: ``zipar_feeds``) pads their count to a bucket."""
         rows, streams = [], []
         for b in range(self.fixed.shape[0]):
             feeds = []  # (target row, target column, token source, row start)
@@ -141,6 +150,7 @@ class ZiparPlan:
                 feeds.append((self.h - 1, self.w, self.h * self.w - 1, False))
             rows.append(feeds)
         M = max(len(f) for f in rows)
+        M = M if bound is None else feed_bucket(M, bound)
         padded = [f + [f[-1]] * (M - len(f)) for f in rows]
         return _Feeds(np.array(padded, dtype=np.int64), np.array(streams, dtype=np.int64).reshape(-1, 5))
 
@@ -165,10 +175,12 @@ def zipar_decode(model, conditioning, sampling: SamplingSettings, *, generator, 
     plan = ZiparPlan(B, (h, w), lead, window)
     watch = watch or Stopwatch(dev)
     settings = {"lead": plan.lead, "window": window, "rule": rule.name, "attention": attention}
-    session, p0, stats = begin(model, conditioning, sampling, zipar_feeds((h, w), lead, window), name, settings)
+    bound = zipar_feeds((h, w), lead, window)
+    session, p0, stats = begin(model, conditioning, sampling, bound, name, settings)
     if not hasattr(session, "forward_at"):
         raise FastARError(f"ZipAR needs a model whose attention can hide positions; {getattr(model, 'what', 'this model')} "
                           "cannot: use sjd, gsd or lantern with it")
+    bucket = bound if runs_compiled(session.forward_at) else None
     seq = torch.zeros(B, N + 1, dtype=torch.long, device=dev)  # one spare column: targets past a row's end
     fixed_at = torch.zeros(B, N + 1, dtype=torch.long, device=dev)
     seq[:, 0] = sample(p0, generator)
@@ -181,7 +193,7 @@ def zipar_decode(model, conditioning, sampling: SamplingSettings, *, generator, 
     fixed_counts, iteration = [], 0
     while not plan.done():
         iteration += 1
-        feeds = plan.feeds()
+        feeds = plan.feeds(bucket)
         split = feeds.table.size  # one copy to the device per forward (each copy of host data syncs on a GPU)
         packed = upload(np.concatenate([feeds.table.ravel(), feeds.streams.ravel()]), dev)
         row, col, source, row_start = packed[:split].view(feeds.table.shape).unbind(-1)

@@ -163,6 +163,39 @@ def test_layout_models_compile_to_eagers_tokens(shape):
     assert compiled_forward(LayoutSession, "default").failure is None  # compiled, not fallen back to eager
 
 
+@pytest.mark.parametrize("shape", ["llamagen", "lumina-tiny"])
+def test_zipar_feeds_run_compiled_to_eagers_tokens_in_a_few_shapes(shape):
+    """ZipAR's feeds anywhere (``forward_at``) run compiled too, with eager's tokens (zipar and zipar-sjd, sampled
+    with CFG, top-k and top-p, batch 2; LlamaGen's layout and Lumina-mGPT's row ends, a grid wider than tall),
+    and a forward's feed count, which changes as rows start and finish, comes in a few buckets (powers of two up
+    to the bound), each one compiled shape."""
+    from fastar.commands.profile.speed import build
+    from fastar.model_loaders.llamagen.model import LlamaGenSession
+    from fastar.model_loaders.shared.compiled import compiled_forward
+    from fastar.model_loaders.shared.llm_decoder import LayoutSession
+    from fastar.model_loaders.shared.protocol import PromptConditioning
+    from fastar.samplers.zipar import zipar_feeds
+
+    if shape == "llamagen":
+        eager, compiled = (tiny_model(seed=3, grid=(4, 7)) for _ in range(2))
+        conditioning, session_class = tiny_conditioning(eager), LlamaGenSession
+    else:
+        eager, compiled = (build(shape, torch.device("cpu"), torch.float32) for _ in range(2))
+        conditioning, session_class = PromptConditioning(["a photo", "a dog"]), LayoutSession
+    compile_steps(compiled)
+    step = compiled_forward(session_class, "default", "forward_at")
+    before = set(step.shapes_run)
+    specs = (DecoderSpec("zipar", zipar_lead=1), DecoderSpec("zipar-sjd", zipar_lead=2, window=3))
+    for spec in specs:
+        want, _ = decode(eager, conditioning, SAMPLING, spec, seed=1)
+        got, _ = decode(compiled, conditioning, SAMPLING, spec, seed=1)
+        assert torch.equal(got, want), spec.decoder
+    assert step.failure is None
+    counts = {shapes[0][0][1] for shapes in step.shapes_run - before}  # tokens [rows, feeds]
+    bounds = {zipar_feeds(eager.grid, s.zipar_lead, s.window) for s in specs}
+    assert counts and all(m in bounds or m & (m - 1) == 0 for m in counts), counts
+
+
 class Cancelled(Exception):
     pass
 

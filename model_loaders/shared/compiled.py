@@ -2,8 +2,9 @@
 
 A session's forward keeps its shapes for a whole generation (static KV cache, one window width: 1 token for
 ``ar``, W for Jacobi windows, gamma + 1 for drafter chains), so each width compiles once, on first use, and
-every later generation of the same batch reuses it. The kernels fuse the norms, RoPE and the MLP gates and
-drop PyTorch's per-op Python dispatch, which is most of a small model's step on a CPU. On CUDA the mode is
+every later generation of the same batch reuses it; ZipAR's ``forward_at``, whose feed count changes as rows
+start and finish, is given a few bucketed counts (samplers/zipar.py). The kernels fuse the norms, RoPE and the
+MLP gates and drop PyTorch's per-op Python dispatch, which is most of a small model's step on a CPU. On CUDA the mode is
 'reduce-overhead': each step is replayed as a CUDA graph, which needs the KV caches at fixed addresses
 (compiled_session.py). Same tokens as eager for the same seed: tests/test_compiled.py on the CPU; on CUDA, the
 GPU check (commands/gpu_check.py: LlamaGen and Lumina-mGPT layouts, ar and sjd, exact), which is why ``auto``
@@ -31,6 +32,8 @@ from .streaming import is_streaming
 
 # widths a model meets: prefill-free steps of 1, the windows a session or the profiler asks for, per batch
 COMPILED_SHAPES = 64
+# the session methods that run through torch.compile: every decoder's forward, and ZipAR's feeds anywhere
+COMPILED_METHODS = ("forward", "forward_at")
 # device types where compiled steps are proven to give eager's tokens: the CPU in tests/test_compiled.py, CUDA in
 # the GPU check (H200, torch 2.11: ar and sjd on LlamaGen and Lumina-mGPT layouts, fp32 greedy, exact); elsewhere
 # (mps, ...) "auto" leaves steps eager
@@ -68,7 +71,10 @@ def compile_steps(model, when: str = "on", mode: str | None = None):
             with compiled_start(static_buffers(model) if step_mode in GRAPH_MODES else None):
                 session = eager_start(*args, **kwargs)
             allow_shapes()
-            session.forward = BoundStep(compiled_forward(type(session), step_mode), weakref.ref(session))
+            for method in COMPILED_METHODS:
+                if hasattr(session, method):
+                    step = compiled_forward(type(session), step_mode, method)
+                    setattr(session, method, BoundStep(step, weakref.ref(session)))
             return session
 
         model.start = start
@@ -84,9 +90,14 @@ def following_mode(forward) -> str | None:
     """The torch.compile mode for a step that follows ``forward`` (a session's forward): the forward's, without
     CUDA graphs, while it runs compiled; None (eager) where it is not compiled or fell back to eager (a machine
     that cannot compile says so once, not once per step)."""
-    if not isinstance(forward, BoundStep) or forward.step.failure is not None:
+    if not runs_compiled(forward):
         return None
     return WITHOUT_GRAPHS.get(forward.step.mode, forward.step.mode)
+
+
+def runs_compiled(step) -> bool:
+    """Whether ``step`` (a session's forward or forward_at) runs compiled: not eager, not fallen back to eager."""
+    return isinstance(step, BoundStep) and step.step.failure is None
 
 
 def compile_like(model, session) -> None:
@@ -150,10 +161,14 @@ class BoundStep:
         return self.step(self.session(), *args, caller=self.serial, **kwargs)
 
 
+def compiled_forward(session_class: type, mode: str, method: str = "forward") -> "CompiledStep":
+    """One compiled step per session class, mode and method, shared by every session (and model) of that class."""
+    return _compiled_method(session_class, mode, method)
+
+
 @functools.cache
-def compiled_forward(session_class: type, mode: str) -> "CompiledStep":
-    """One compiled step per session class and mode, shared by every session (and model) of that class."""
-    return CompiledStep(session_class.forward, mode)
+def _compiled_method(session_class: type, mode: str, method: str) -> "CompiledStep":
+    return CompiledStep(getattr(session_class, method), mode)
 
 
 @functools.cache
