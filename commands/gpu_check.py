@@ -6,7 +6,8 @@ What it runs, each step a ``python -m fastar ...`` subprocess (a device assert i
 - greedy codes on the GPU in fp32 against the CPU's, per bundled demo family, at settings where greedy is not
   degenerate (several classes or prompts, CFG >= 2); lossless decoders (sjd, spec) against ``ar`` on the GPU;
 - the conformance fixtures (tests/conformance) on the GPU in fp32 against the official samplers' codes;
-- compiled steps against eager ones on the GPU (the proof ``--compile auto`` needs before it turns on for CUDA);
+- compiled steps against eager ones on the GPU (the proof ``--compile auto`` needs before it turns on for CUDA):
+  ar and sjd, and ZipAR's feeds anywhere;
 - bf16 and fp16 runs of every demo family and decoder, their images side by side in ``precision.png``;
 - 8-bit blocks (int8, fp8): compiled steps against eager ones (issue 35), and a 7B shape's compiled int8 step against
   its bf16 one;
@@ -36,6 +37,7 @@ DEMO = ROOT / "demo"
 FIXTURES = ROOT / "tests" / "conformance" / "fixtures"
 PROMPTS = ["--prompt", "a red ring on a cyan background", "--prompt", "a blue square on a yellow background"]
 GREEDY = ["--top-k", "1"]
+COMPILED_CHECKS = ("ar", "sjd", "zipar")  # compiled against eager: a session's forward, and ZipAR's forward_at
 
 
 @dataclass(frozen=True)
@@ -136,12 +138,14 @@ def correctness_steps(out: Path, device: str) -> list[Step]:
                     steps.append(generate(f"{fam.name}-{decoder}-greedy-gpu-fp32", "lossless-on-gpu", base,
                                           [*GREEDY, "--decoder", decoder, *drafter(decoder)], out, device=device,
                                           dtype="fp32", compare={"step": gpu}))
-            for decoder in fam.decoders[:2] if fam.compiles else ():
-                if decoder in ("ar", "sjd"):
-                    eager = gpu if decoder == first else f"{fam.name}-{decoder}-greedy-gpu-fp32"
-                    steps.append(generate(f"{fam.name}-{decoder}-greedy-gpu-compiled", "compiled-vs-eager", base,
-                                          [*GREEDY, "--decoder", decoder, "--compile", "on"], out, device=device,
-                                          dtype="fp32", compare={"step": eager}))
+            for decoder in [d for d in fam.decoders if d in COMPILED_CHECKS] if fam.compiles else ():
+                eager = gpu if decoder == first else f"{fam.name}-{decoder}-greedy-gpu-fp32"
+                if decoder not in ("ar", "sjd"):  # no step above ran it eagerly
+                    steps.append(generate(eager, "compiled-vs-eager", base, [*GREEDY, "--decoder", decoder], out,
+                                          device=device, dtype="fp32"))
+                steps.append(generate(f"{fam.name}-{decoder}-greedy-gpu-compiled", "compiled-vs-eager", base,
+                                      [*GREEDY, "--decoder", decoder, "--compile", "on"], out, device=device,
+                                      dtype="fp32", compare={"step": eager}))
             if fam.compiles:  # 8-bit blocks: compiled steps (where dequantisation fuses) against eager ones, in fp32
                 for fmt in ("int8", "fp8"):  # as compiled-vs-eager (bf16 kernels may round fused products apart)
                     eager8 = f"{fam.name}-{first}-greedy-gpu-{fmt}"

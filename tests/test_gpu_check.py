@@ -86,9 +86,12 @@ def test_the_accelerators_run_in_the_check_in_every_precision(tmp_path):
     assert stats["decoder"] == "ar+reuse" and stats["transformer_work"] < 1
 
 
-def test_8_bit_steps_compile_to_the_eager_codes_in_the_check(tmp_path):
-    verdicts = check_verdicts(tmp_path, "llamagen-c2i-ar-greedy-gpu-int8,llamagen-c2i-ar-greedy-gpu-int8-compiled", 1)
-    assert verdicts == {"llamagen-c2i-ar-greedy-gpu-int8": "ran", "llamagen-c2i-ar-greedy-gpu-int8-compiled": "exact"}
+def test_8_bit_and_zipar_steps_compile_to_the_eager_codes_in_the_check(tmp_path):
+    names = ("llamagen-c2i-ar-greedy-gpu-int8,llamagen-c2i-ar-greedy-gpu-int8-compiled,"
+             "llamagen-c2i-zipar-greedy-gpu-fp32,llamagen-c2i-zipar-greedy-gpu-compiled")
+    assert check_verdicts(tmp_path, names, 1) == {
+        "llamagen-c2i-ar-greedy-gpu-int8": "ran", "llamagen-c2i-ar-greedy-gpu-int8-compiled": "exact",
+        "llamagen-c2i-zipar-greedy-gpu-fp32": "ran", "llamagen-c2i-zipar-greedy-gpu-compiled": "exact"}
 
 
 def test_the_sync_probe_runs_every_decoder_and_counts_what_the_debug_mode_reports(monkeypatch):
