@@ -4,8 +4,8 @@ A session's forward keeps its shapes for a whole generation (static KV cache, on
 ``ar``, W for Jacobi windows, gamma + 1 for drafter chains), so each width compiles once, on first use, and
 every later generation of the same batch reuses it; ZipAR's ``forward_at``, whose feed count changes as rows
 start and finish, is given a few bucketed counts (samplers/zipar.py). The kernels fuse the norms, RoPE and the
-MLP gates and drop PyTorch's per-op Python dispatch, which is most of a small model's step on a CPU. On CUDA the mode is
-'reduce-overhead': each step is replayed as a CUDA graph, which needs the KV caches at fixed addresses
+MLP gates and drop PyTorch's per-op Python dispatch, which is most of a small model's step on a CPU. On CUDA the
+mode is 'reduce-overhead': each step is replayed as a CUDA graph, which needs the KV caches at fixed addresses
 (compiled_session.py). Same tokens as eager for the same seed: tests/test_compiled.py on the CPU; on CUDA, the
 GPU check (commands/gpu_check.py: LlamaGen and Lumina-mGPT layouts, ar and sjd, exact), which is why ``auto``
 compiles there too.
