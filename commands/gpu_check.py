@@ -38,6 +38,7 @@ FIXTURES = ROOT / "tests" / "conformance" / "fixtures"
 PROMPTS = ["--prompt", "a red ring on a cyan background", "--prompt", "a blue square on a yellow background"]
 GREEDY = ["--top-k", "1"]
 COMPILED_CHECKS = ("ar", "sjd", "zipar")  # compiled against eager: a session's forward, and ZipAR's forward_at
+LOSSLESS_CHECKS = ("sjd", "spec")  # greedy, they equal ar's greedy codes
 
 
 @dataclass(frozen=True)
@@ -134,13 +135,13 @@ def correctness_steps(out: Path, device: str) -> list[Step]:
             steps.append(generate(gpu, "gpu-vs-cpu", base, [*GREEDY, "--decoder", first], out, device=device,
                                   dtype="fp32", compare={"step": cpu}))
             for decoder in fam.decoders[1:]:
-                if decoder in ("sjd", "spec"):  # lossless: greedy equals ar's greedy
+                if decoder in LOSSLESS_CHECKS:
                     steps.append(generate(f"{fam.name}-{decoder}-greedy-gpu-fp32", "lossless-on-gpu", base,
                                           [*GREEDY, "--decoder", decoder, *drafter(decoder)], out, device=device,
                                           dtype="fp32", compare={"step": gpu}))
             for decoder in [d for d in fam.decoders if d in COMPILED_CHECKS] if fam.compiles else ():
                 eager = gpu if decoder == first else f"{fam.name}-{decoder}-greedy-gpu-fp32"
-                if decoder not in ("ar", "sjd"):  # no step above ran it eagerly
+                if decoder != first and decoder not in LOSSLESS_CHECKS:  # no step above ran it eagerly
                     steps.append(generate(eager, "compiled-vs-eager", base, [*GREEDY, "--decoder", decoder], out,
                                           device=device, dtype="fp32"))
                 steps.append(generate(f"{fam.name}-{decoder}-greedy-gpu-compiled", "compiled-vs-eager", base,
