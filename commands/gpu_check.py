@@ -7,7 +7,7 @@ What it runs, each step a ``python -m fastar ...`` subprocess (a device assert i
   degenerate (several classes or prompts, CFG >= 2); lossless decoders (sjd, spec) against ``ar`` on the GPU;
 - the conformance fixtures (tests/conformance) on the GPU in fp32 against the official samplers' codes;
 - compiled steps against eager ones on the GPU (the proof ``--compile auto`` needs before it turns on for CUDA):
-  ar and sjd, and ZipAR's feeds anywhere;
+  ar and sjd, and ZipAR's feeds anywhere; MAR's compiled reverse steps, whose latents must come close to eager's;
 - bf16 and fp16 runs of every demo family and decoder, their images side by side in ``precision.png``;
 - 8-bit blocks (int8, fp8): compiled steps against eager ones (issue 35), and a 7B shape's compiled int8 step against
   its bf16 one;
@@ -39,6 +39,9 @@ PROMPTS = ["--prompt", "a red ring on a cyan background", "--prompt", "a blue sq
 GREEDY = ["--top-k", "1"]
 COMPILED_CHECKS = ("ar", "sjd", "zipar")  # compiled against eager: a session's forward, and ZipAR's forward_at
 LOSSLESS_CHECKS = ("sjd", "spec")  # greedy, they equal ar's greedy codes
+# MAR's latents through compiled reverse steps against eager ones: the mean difference relative to the mean latent
+# (fused kernels round apart, and the first reverse steps amplify it: 0.1-0.3% on the CPU; tests/test_head_steps.py)
+LATENTS_CLOSE = 1e-2
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class Family:
     decoders: tuple = ("ar", "sjd")
     greedy: bool = True  # sampled discrete codes, so greedy is defined (not MAR's latents, not a DD student's map)
     compiles: bool = True  # --compile applies (token models' static-cache steps)
+    head_compiles: bool = False  # --compile applies to MAR's diffusion head: its latents are compared instead
 
 
 FAMILIES = [
@@ -66,7 +70,7 @@ FAMILIES = [
            ["--classes", "0,1,2,3"], ("dd",), greedy=False, compiles=False),
     Family("mar", ["--model", DEMO / "demo_mar.safetensors", "--vae", DEMO / "demo_kl_vae.safetensors"],
            ["--classes", "0,1,2,3", "--cfg", "3", "--num-iter", "16", "--diffusion-steps", "25"],
-           ("ar", "cspd", "ar-reuse"), greedy=False, compiles=False),
+           ("ar", "cspd", "ar-reuse"), greedy=False, compiles=False, head_compiles=True),
 ]
 DRAFTERS = {"spec": DEMO / "demo_drafter", "lantern": DEMO / "demo_drafter", "cspd": DEMO / "demo_mar_draft.safetensors"}
 VARIANTS = {"ar-reuse": ["--decoder", "ar", "--reuse"]}  # a decoder with a switch (a step's name stays a plain file name)
@@ -113,12 +117,15 @@ def fastar_argv(*args) -> list:
     return [sys.executable, "-m", "fastar", *map(str, args)]
 
 
-def generate(name, group, family_args, extra, out: Path, *, device, dtype, compare=None, image=False, tokens=True):
+def generate(name, group, family_args, extra, out: Path, *, device, dtype, compare=None, image=False, tokens=True,
+             latents=False):
     png = out / "images" / f"{name}.png"
     args = ["generate", *family_args, *extra, "--device", device, "--dtype", dtype, "--quiet", "--out", png,
             "--stats-out", out / "stats" / f"{name}.json"]
     if tokens:
         args += ["--tokens-out", out / "tokens" / f"{name}.json"]
+    if latents:
+        args += ["--latents-out", latents_path(out, name)]
     return Step(name, fastar_argv(*args), group, compare or {}, str(png) if image else None)
 
 
@@ -157,6 +164,13 @@ def correctness_steps(out: Path, device: str) -> list[Step]:
             steps.append(generate(f"{fam.name}-{first}-greedy-gpu-streamed", "streamed-vs-resident", base,
                                   [*GREEDY, "--decoder", first, "--gpu-weights", "0"], out, device=device,
                                   dtype="fp32", compare={"step": gpu}))  # every block from host memory
+        for decoder in fam.decoders if fam.head_compiles else ():  # continuous latents: close, not equal
+            eager = f"{fam.name}-{decoder}-gpu-eager-head"
+            steps.append(generate(eager, "compiled-vs-eager", base, [*decoder_args(decoder), "--seed", "1"], out,
+                                  device=device, dtype="fp32", tokens=False, latents=True))
+            steps.append(generate(f"{fam.name}-{decoder}-gpu-compiled-head", "compiled-vs-eager", base,
+                                  [*decoder_args(decoder), "--seed", "1", "--compile", "on"], out, device=device,
+                                  dtype="fp32", tokens=False, latents=True, compare={"latents": eager}))
         for dtype in ("fp32", "bf16", "fp16"):
             for decoder in fam.decoders:
                 steps.append(generate(f"{fam.name}-{decoder}-{dtype}", "half-precision", base,
@@ -199,6 +213,8 @@ def probe_and_profile_steps(out: Path, device: str) -> list[Step]:
                             "--compile", "--repeats", "2", "--kernels"), env=compiled),
             replace(profile("profile-anole-7b-compiled", "anole-7b", "--windows", "1,16", "--batches", "2",
                             "--no-decoders", "--compile", "--kernels"), env=compiled),
+            # MAR-B's reverse process eagerly (about 100 small ops per reverse step) and on compiled steps
+            profile("profile-mar-b-compiled", "mar-b", "--batches", "1,2", "--no-decoders", "--compile"),
             # issue 35: int8 blocks, the dequantisation fused into compiled steps (goal: 1.6x the bf16 step)
             replace(profile("profile-anole-7b-compiled-int8", "anole-7b", "--windows", "1,16", "--batches", "2",
                             "--no-decoders", "--compile", "--weights", "int8", "--kernels"), env=compiled),
@@ -229,11 +245,19 @@ def codes_of(out: Path, name: str):
     return json.loads(path.read_text())["tokens"] if path.exists() else None
 
 
+def latents_path(out: Path, name: str) -> Path:
+    return out / "latents" / f"{name}.npy"
+
+
 def judge(steps: list[Step], out: Path) -> None:
-    """Codes against what each step had to equal: 'exact', or the share of codes that agree."""
+    """Codes against what each step had to equal: 'exact', or the share of codes that agree; MAR's latents: 'close'
+    or 'DIFFERS', with how far apart they are."""
     by_name = {s.name: s for s in steps}
     for step in steps:
         if step.rc != 0 or not step.compare:
+            continue
+        if "latents" in step.compare:
+            step.verdict = latents_verdict(out, step.name, by_name.get(step.compare["latents"]))
             continue
         ours = codes_of(out, step.name)
         theirs = step.compare.get("codes") or codes_of(out, step.compare.get("step", ""))
@@ -247,6 +271,19 @@ def judge(steps: list[Step], out: Path) -> None:
             same = sum(x == y for x, y in zip(a, b)) / max(len(a), len(b), 1)
             first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             step.verdict = f"DIFFERS ({same:.1%} agree, first at {first})"
+
+
+def latents_verdict(out: Path, name: str, reference: Step | None) -> str:
+    import numpy as np
+
+    theirs = latents_path(out, reference.name) if reference is not None and reference.rc == 0 else None
+    if theirs is None or not theirs.exists() or not latents_path(out, name).exists():
+        return "no reference"
+    ours, theirs = np.load(latents_path(out, name)), np.load(theirs)
+    if ours.shape != theirs.shape:
+        return f"DIFFERS (shape {list(ours.shape)} against {list(theirs.shape)})"
+    apart = float(np.abs(ours - theirs).mean() / max(np.abs(theirs).mean(), 1e-12))
+    return f"{'close' if apart < LATENTS_CLOSE else 'DIFFERS'} ({apart:.1e} apart)"
 
 
 def precision_sheet(steps: list[Step], out: Path) -> None:
@@ -307,8 +344,8 @@ def goal_lines(profiles: dict) -> list[str]:
     lines = []
     for name, profile in sorted(profiles.items()):
         for batch, entry in profile.get("batches", {}).items():
-            if "floor_ms" not in entry:
-                continue  # a MAR profile: no token floor
+            if "head_ms" in entry:
+                continue  # a MAR profile (mar_lines)
             ratio = entry["forward_over_floor"]
             line = (f"- {name}, batch {batch}: forward {entry['forward_ms']['1']:.2f} ms, {ratio:.2f}x the "
                     f"{entry['floor_ms']:.2f} ms floor ({'meets' if ratio <= FLOOR_GOAL else 'misses'} "
@@ -327,8 +364,22 @@ def goal_lines(profiles: dict) -> list[str]:
                          f"({share:.2f} of it: {'meets' if share >= SJD_GOAL else 'misses'} {SJD_GOAL})")
                 line += sjd_variants(entry)
             lines.append(line)
-    lines += int8_lines(profiles)
+    lines += int8_lines(profiles) + mar_lines(profiles)
     return lines or ["- no token profile ran"]
+
+
+def mar_lines(profiles: dict) -> list[str]:
+    """MAR's reverse process per MAR step, eagerly and on compiled steps (profile --compile of a MAR shape)."""
+    lines = []
+    for name, profile in sorted(profiles.items()):
+        for batch, entry in profile.get("batches", {}).items():
+            if "head_process_ms" in entry:
+                compiled = entry.get("compiled_head")
+                lines.append(f"- {name}, batch {batch}: a MAR step's reverse process {entry['head_process_ms']:.1f} ms "
+                             "eagerly" + (f", {compiled['head_process_ms']:.1f} ms on compiled steps "
+                                          f"({compiled['speedup']:.2f}x; latents {compiled['apart']:.1e} apart)"
+                                          if compiled else ""))
+    return lines
 
 
 SJD_VARIANT_NAMES = {"full_guards_decoders": "every call guarded in full",
@@ -401,7 +452,7 @@ def main(argv=None) -> int:
         (out / "stats" / f"probe-{args.probe}.json").write_text(json.dumps(result, indent=1))
         print(json.dumps(result, indent=1))
         return 0
-    for sub in ("images", "tokens", "stats"):
+    for sub in ("images", "tokens", "latents", "stats"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     deadline = time.time() + args.budget
     env = os.environ | {"OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1"}

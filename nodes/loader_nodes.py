@@ -144,8 +144,9 @@ class LoadARModel(CheckpointLoader):
                                        "CPU, under a minute per window width for a 7B model on an H200). auto: on where FastAR has "
                                        "proven it gives the same tokens (CPU, NVIDIA GPUs), off elsewhere, and "
                                        "off while part of the model streams from system memory (a GPU too "
-                                       "small for it). Token models only; other kinds ignore it. A drafter "
-                                       "follows its model: compiled when it is."),
+                                       "small for it). A drafter follows its model: compiled when it is. MAR: "
+                                       "on compiles its diffusion head's reverse steps (for GPUs; auto leaves "
+                                       "them eager for now); DD and VAR models ignore it."),
                 io.Combo.Input("weight_dtype", options=list(WEIGHT_FORMATS), default="auto", optional=True,
                                tooltip=WEIGHTS_TOOLTIP),
             ],

@@ -37,7 +37,7 @@ from ..errors import FastARError, check_choice
 from ..model_loaders.mar.diffusion import ReverseStep
 from ..model_loaders.mar.loader import check_mar_draft
 from .continuous_acceptance import Relaxation, accept, sample_residual
-from .masked import Canvas, Guide, MaskedSettings, Plan, at, mask_schedule, record_work, reverse_process, row_index
+from .masked import Canvas, Guide, MaskedSettings, Plan, at, mask_schedule, record_work, row_index
 from .stats import DecodeStats, Stopwatch
 from .verifier import ProgressFn, finish
 
@@ -95,7 +95,8 @@ class CSpDRun:
         B = conditioning.batch
         self.settings, self.cspd, self.generator, self.watch = settings, cspd, generator, watch
         self.plan = Plan.draw(target, settings, B, generator)
-        self.target, self.draft = Guide(target, conditioning, settings), Guide(draft, conditioning, settings)
+        self.target = Guide(target, conditioning, settings)
+        self.draft = Guide(draft, conditioning, settings, like=self.target)
         self.canvas = Canvas(target, B)
         self.stats = DecodeStats(decoder=cspd.decoder + ("" if settings.reuse is None else "+reuse"),
                                  grid=tuple(target.grid), batch=B,
@@ -177,9 +178,7 @@ class CSpDRun:
         scales = torch.cat([torch.full((d.values.shape[0], 1), float(s), device=conds.device)
                             for d, (_, _, s) in zip(drafted, contexts)])
         starts, noises = zip(*(self.plan.trajectory(d.positions) for d in drafted))
-        last = reverse_process(self.target.model.head, self.target.diffusion, conds, unconds, scales,
-                               self.settings.temperature, torch.cat(starts), torch.cat(noises, dim=1),
-                               self.target.head_refresh)
+        last = self.target.reverse(conds, unconds, scales, torch.cat(starts), torch.cat(noises, dim=1))
         sizes = [d.values.shape[0] for d in drafted]
         self.watch.lap("forward")
         return [ReverseStep(*parts) for parts in zip(last.mean.split(sizes), last.std.split(sizes),

@@ -164,13 +164,20 @@ def decode(model, conditioning, sampling: SamplingSettings, spec: DecoderSpec, *
     notes = quality_warnings(spec, drafter)
     for note in notes:
         warnings.warn(note, FastARWarning, stacklevel=2)
-    compiling = COMPILE_CLOCK.seconds
     with finite_logits(model.dtype):
-        codes, stats = run_decoder(model, conditioning, sampling, spec, make_generator(seed, model.device),
-                                   on_iteration, drafter, codebook)
-    stats.compile_time_s = COMPILE_CLOCK.seconds - compiling
+        codes, stats = counting_compile_time(run_decoder, model, conditioning, sampling, spec,
+                                             make_generator(seed, model.device), on_iteration, drafter, codebook)
     stats.warnings.extend(notes)
     return codes, stats
+
+
+def counting_compile_time(run, *args, **kwargs):
+    """``run(...)``'s (output, stats), its stats with the seconds it spent compiling steps (a first run's compilation
+    reported apart from the decoder's time)."""
+    compiling = COMPILE_CLOCK.seconds
+    out, stats = run(*args, **kwargs)
+    stats.compile_time_s = COMPILE_CLOCK.seconds - compiling
+    return out, stats
 
 
 def check_codebook(decoder: Decoder, model, codebook) -> None:
@@ -240,9 +247,10 @@ def decode_masked(model, conditioning, settings: MaskedSettings, decoder: str = 
                               "for the reference code's rule" if decoder == "cspd" else
                               "cspd-relaxed needs a ratio temperature above 1 or the path factor (the reference "
                               "code: temperature 42); at 1 without it, it is cspd")
-        return cspd_decode(model, drafter, conditioning, settings, cspd, generator=generator,
-                           on_iteration=on_iteration, watch=watch)
-    return masked_decode(model, conditioning, settings, generator=generator, on_iteration=on_iteration, watch=watch)
+        return counting_compile_time(cspd_decode, model, drafter, conditioning, settings, cspd, generator=generator,
+                                     on_iteration=on_iteration, watch=watch)
+    return counting_compile_time(masked_decode, model, conditioning, settings, generator=generator,
+                                 on_iteration=on_iteration, watch=watch)
 
 
 def decode_next_scale(model, conditioning, sampling: SamplingSettings, *, seed: int, vqvae, decoder: str = "ar",

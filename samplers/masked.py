@@ -21,11 +21,11 @@ from typing import Optional
 import torch
 
 from ..errors import FastARError, check_choice
-from ..interrupts import check_interrupt
 from ..model_loaders.mar.diffusion import ReverseStep
 from ..model_loaders.mar.lazy import LazyFeatures
-from ..model_loaders.mar.model import HeadCache
+from ..model_loaders.shared.compiled import compiled_mode
 from .feature_reuse import FeatureReuse
+from .head_steps import reverse_process
 from .stats import DecodeStats, Stopwatch
 from .verifier import ProgressFn, finish
 
@@ -142,41 +142,14 @@ class Plan:
         return self.paths.noise[0][row_index(positions), positions].flatten(0, 1)
 
 
-def reverse_process(head, diffusion, z_cond, z_uncond, cfg_scale, temperature: float,
-                    start: torch.Tensor, noise: torch.Tensor, head_refresh: int = 0) -> ReverseStep:
-    """Run the reverse process from x_T ``start`` [N, C] along ``noise`` for conditions ``[N, D]`` and return
-    the last step's Gaussian (its std scaled by the temperature, and the earlier steps' log std summed: relaxed
-    CSpD's path factor). The official sampler takes its mean.
-    ``cfg_scale``: a float, or ``[N, 1]`` per token. In the head's precision (fp32) throughout.
-    ``head_refresh`` > 0: LazyMAR-style reuse, a full head call at the first reverse step and every
-    ``head_refresh``-th after it, reusing calls (``DiffusionHead.guided_reusing``) between them."""
-    dtype = head.input_proj.weight.dtype  # fp32 as loaded (fp64 in the exactness tests)
-    x = start.to(dtype)
-    z = z_cond if z_uncond is None else torch.cat([z_cond, z_uncond])
-    condition = head.cond_embed(z.to(dtype))  # the same at every reverse step: embedded once
-    times = head.time_embed(diffusion.model_timesteps(x.device))  # [S, width]: every step's timestep, in one call
-    path_log_std = torch.zeros(x.shape[0], dtype=dtype, device=x.device)
-    kept = HeadCache() if head_refresh else None
-    for index in reversed(range(diffusion.num_steps)):
-        check_interrupt()  # Cancel need not wait for the rest of a MAR step's head calls (seconds at large batches)
-        y = condition + times[index]
-        if kept is None or (diffusion.num_steps - 1 - index) % head_refresh == 0:
-            eps, variance = head.guided(x, y, cfg_scale, kept)
-        else:
-            eps, variance = head.guided_reusing(x, y[: x.shape[0]], cfg_scale, kept)
-        step = diffusion.reverse_step(x, index, eps, variance)
-        if index == 0:
-            return ReverseStep(step.mean, step.std * temperature, path_log_std)
-        x = step.mean + step.std * noise[index] * temperature
-        path_log_std = path_log_std + torch.log(step.std * temperature).sum(-1)
-    raise AssertionError("a diffusion has at least one step")
-
-
 class Guide:
     """One model's side of a generation: its class vectors (and unconditional ones under CFG), its head."""
 
-    def __init__(self, model, conditioning, settings: MaskedSettings):
+    def __init__(self, model, conditioning, settings: MaskedSettings, like: "Guide | None" = None):
+        """``like``: the guide whose head steps this one's follow, compiled or eager (a CSpD draft's, its
+        target's); by default ``model``'s compile switch decides."""
         self.model, self.settings = model, settings
+        self.head_mode = like.head_mode if like is not None else compiled_mode(model)
         self.diffusion = model.diffusion(settings.diffusion_steps)
         self.cond = model.class_vectors(conditioning, uncond=False)
         self.uncond = model.class_vectors(conditioning, uncond=True) if settings.cfg_scale != 1.0 else None
@@ -241,8 +214,12 @@ class Guide:
         """The last reverse step's Gaussian for ``positions`` [B, n] from conditions ``[B, L, D]``,
         flattened to ``[B * n, C]``."""
         start, noise = plan.trajectory(positions)
-        return reverse_process(self.model.head, self.diffusion, at(z_cond, positions), at(z_uncond, positions),
-                               cfg_scale, self.settings.temperature, start, noise, self.head_refresh)
+        return self.reverse(at(z_cond, positions), at(z_uncond, positions), cfg_scale, start, noise)
+
+    def reverse(self, z_cond, z_uncond, cfg_scale, start, noise) -> ReverseStep:
+        """The head's reverse process for tokens with conditions ``[N, D]`` (``reverse_process``)."""
+        return reverse_process(self.model.head, self.diffusion, z_cond, z_uncond, cfg_scale, self.settings.temperature,
+                               start, noise, self.head_refresh, self.head_mode)
 
 
 def record_work(stats: DecodeStats, *guides: Guide) -> None:

@@ -139,9 +139,19 @@ def test_a_mar_profile_times_its_transformer_call_head_and_images():
     assert entry["forward_gflop"] == transformer_gflop(model, 4, 8) > transformer_gflop(model, 4, 8, attention=False)
 
 
+def test_a_compiled_mar_profile_times_its_reverse_process_both_ways():
+    report = run_profile(mar_args(compile=True, batches=[1]))
+    entry = report["batches"]["1"]
+    compiled = entry["compiled_head"]
+    assert report["compiled"] == "default" and report["dynamo"]["graph_breaks"] == {}
+    assert compiled["speedup"] == pytest.approx(entry["head_process_ms"] / compiled["head_process_ms"])
+    assert compiled["apart"] < 1e-2  # the same tokens, to the rounding of fused kernels
+    assert set(entry["decoders"]) == {"ar", "cspd", "ar (eager head)"}
+
+
 def test_mar_profiles_refuse_the_token_options():
-    with pytest.raises(FastARError, match="--compile, --baselines: for token models; a MAR profile times"):
-        run_profile(mar_args(compile=True, baselines=True))
+    with pytest.raises(FastARError, match="--baselines: for token models; a MAR profile times"):
+        run_profile(mar_args(baselines=True))
     with pytest.raises(FastARError, match="--kernels: for token models"):
         run_profile(mar_args(kernels=True))
 

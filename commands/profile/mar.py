@@ -12,8 +12,12 @@ for the tokens the step predicts. Per batch (each image with its CFG row) the re
   after the pruning block) and a reusing head step (the guided rows, the kept MLP outputs), with their speed-ups
   and the whole MAR step's at the default schedule (how many calls reuse, one head call in ``head_refresh_every``
   in full);
+- ``head_process_ms``: the whole reverse process of one MAR step's tokens as the sampler runs it (every reverse
+  step: the head, the Gaussian, the draw), eagerly; with ``--compile`` also through compiled reverse steps
+  (``compiled_head``: its time, the speed-up, and how far apart the two processes' tokens are);
 - whole images of ``ar`` (MAR's sampler) and ``cspd`` (drafted by a smaller MAR: the paper's MAR-B for MAR-L
-  and MAR-H, a 2 + 2-block model of the shape otherwise, or ``--drafter`` with ``--model``), ms per target call.
+  and MAR-H, a 2 + 2-block model of the shape otherwise, or ``--drafter`` with ``--model``), ms per target call;
+  with ``--compile`` their heads run compiled, and ``ar (eager head)`` is timed beside them.
 """
 from __future__ import annotations
 
@@ -27,7 +31,9 @@ from ...model_loaders.shared.protocol import ClassConditioning
 from ...model_loaders.mar.lazy import LazyFeatures
 from ...model_loaders.mar.model import HeadCache
 from ...samplers.decoders import decode_masked
+from ...model_loaders.shared.compiled import compile_steps, compiled_mode
 from ...samplers.feature_reuse import FeatureReuse
+from ...samplers.head_steps import reverse_process
 from ...samplers.masked import MaskedSettings
 from .common import Timing, image_costs, randomise
 
@@ -115,21 +121,46 @@ def mar_batch(model: MAR, draft, timing: Timing, batch: int, bytes_per_s: float,
              "head_ms": head_step_s * 1e3 * settings.diffusion_steps, "mar_steps": settings.num_iter,
              "reuse": reuse_costs(model, timing, batch, settings, tokens, known, vectors, (x, y, head_step_s),
                                   forward_s)}
+    entry |= head_process_costs(model, timing, settings, x, z)
     if decoders:
         conditioning = ClassConditioning(torch.zeros(batch, dtype=torch.long))
+        mode = compiled_mode(model)
 
         def run(name):
+            decoder, head = name.split(" ")[0], "on" if mode and "eager head" not in name else "off"
+
             def image(seed):
-                tokens, stats = decode_masked(model, conditioning, settings, name, seed=seed,
-                                              drafter=draft if name == "cspd" else None)
+                compile_steps(model, head, mode)
+                tokens, stats = decode_masked(model, conditioning, settings, decoder, seed=seed,
+                                              drafter=draft if decoder == "cspd" else None)
                 return stats.target_forwards, tokens
             return image
-        costs, _ = image_costs({name: run(name) for name in MAR_DECODERS if name == "ar" or draft is not None},
-                            timing, rounds)
+        names = [name for name in MAR_DECODERS if name == "ar" or draft is not None] + (["ar (eager head)"] if mode else [])
+        costs, _ = image_costs({name: run(name) for name in names}, timing, rounds)
+        compile_steps(model, "on" if mode else "off", mode)
         for cost in costs.values():
             cost["over_floor"] = cost["ms_per_iteration"] / floor_ms
         entry["decoders"] = costs
     return entry
+
+
+def head_process_costs(model: MAR, timing: Timing, settings: MaskedSettings, x: torch.Tensor, z: torch.Tensor) -> dict:
+    """One MAR step's reverse process (``x``: its tokens' x_T, ``z``: their conditions, guided) eagerly and, where
+    the model's switch compiles its head, through compiled steps (the module doc)."""
+    diffusion = model.diffusion(settings.diffusion_steps)
+    noise = torch.randn(diffusion.num_steps, *x.shape, device=x.device, generator=torch.Generator(x.device).manual_seed(0))
+
+    def process(mode):
+        return reverse_process(model.head, diffusion, z, z, settings.cfg_scale, 1.0, x, noise, mode=mode).mean
+
+    eager_s, mode = timing.median_s(lambda: process(None)), compiled_mode(model)
+    costs = {"head_process_ms": eager_s * 1e3}
+    if mode:
+        compiled = process(mode)  # the first call compiles
+        compiled_s, eager = timing.median_s(lambda: process(mode)), process(None)
+        costs["compiled_head"] = {"head_process_ms": compiled_s * 1e3, "speedup": eager_s / compiled_s,
+                                  "apart": float((compiled - eager).abs().mean() / eager.abs().mean())}
+    return costs
 
 
 def reuse_costs(model: MAR, timing: Timing, batch: int, settings: MaskedSettings, tokens, known, vectors, head_call,
@@ -162,6 +193,10 @@ def print_mar_batch(batch: int, entry: dict) -> None:
           f"({entry['forward_gflop']:.3g} GFLOP, {entry['forward_gflop'] / entry['forward_ms'] * 1e3:.0f} GFLOP/s; weight floor {entry['floor_ms']:.2f} ms, "
           f"{entry['forward_over_floor']:.1f}x), head {entry['head_step_ms']:.2f} ms per reverse step, "
           f"{entry['head_ms']:.0f} ms per MAR step", flush=True)
+    compiled = entry.get("compiled_head")
+    print(f"[profile]   a MAR step's reverse process: {entry['head_process_ms']:.1f} ms eagerly"
+          + (f", {compiled['head_process_ms']:.1f} ms compiled ({compiled['speedup']:.2f}x; tokens "
+             f"{compiled['apart']:.1e} apart)" if compiled else ""), flush=True)
     reuse = entry["reuse"]
     print(f"[profile]   feature reuse (defaults): a reusing call {reuse['call_ms']:.1f} ms ({reuse['call_speedup']:.2f}x), "
           f"a reusing head step {reuse['head_step_ms']:.2f} ms ({reuse['head_speedup']:.2f}x); {reuse['reused_calls']} "
@@ -172,8 +207,8 @@ def print_mar_batch(batch: int, entry: dict) -> None:
 
 
 def check_mar_options(args) -> None:
-    refused = [flag for flag, on in (("--compile", args.compile), ("--baselines", args.baselines),
-                                     ("--grid", args.grid), ("--kernels", args.kernels)) if on]
+    refused = [flag for flag, on in (("--baselines", args.baselines), ("--grid", args.grid),
+                                     ("--kernels", args.kernels)) if on]
     if refused:
         raise FastARError(f"{', '.join(refused)}: for token models; a MAR profile times its transformer call, "
-                          "its diffusion head and whole ar / cspd images")
+                          "its diffusion head (--compile: its reverse steps compiled too) and whole ar / cspd images")

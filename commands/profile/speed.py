@@ -344,14 +344,14 @@ def run_profile(args) -> dict:
     drafter = drafter_for(args, model)
     if mar:
         check_mar_options(args)
-    eager_twin = target(args, device, dtype) if args.compile else None  # the same weights, beside it
+    eager_twin = target(args, device, dtype) if args.compile and not mar else None  # the same weights, beside it
     if args.compile:
         compile_steps(model, mode=getattr(args, "compile_mode", None))
     bytes_per_s = bandwidth(timing)
     host_bytes_per_s = host_bandwidth(timing) if streamed_bytes(model) else None
     name = Path(args.model).name if args.model else args.shape
     report = {"shape": name, "device": str(device), "dtype": args.dtype, "weights": args.weights,
-              "machine": platform.machine(), "compiled": None if mar else compiled_mode(model),
+              "machine": platform.machine(), "compiled": compiled_mode(model),
               "params": parameter_count(model), "grid": list(model.grid),
               "drafter": drafter_name(drafter),
               "bandwidth_gb_s": bytes_per_s / 1e9, "memory": memory_needs(model, args.batches),

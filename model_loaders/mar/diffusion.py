@@ -18,6 +18,8 @@ import torch
 from ...errors import FastARError
 
 TRAIN_STEPS = 1000
+# one reverse index's constants, in the order of ``constant_rows``
+CONSTANTS = ("log_beta", "clipped_log_variance", "recip_sqrt_ac", "recip_sqrt_ac_m1", "coef_x0", "coef_xt")
 
 
 def cosine_betas(steps: int = TRAIN_STEPS, max_beta: float = 0.999) -> np.ndarray:
@@ -73,6 +75,7 @@ class SpacedDiffusion:
         self.numbers = {k: v.tolist() for k, v in self.table.items()}  # one step's constants, read without tensors
         self.num_steps = len(self.timestep_map)
         self._on_device: dict[str, torch.Tensor] = {}
+        self._rows: dict[tuple, torch.Tensor] = {}
 
     def model_timesteps(self, device) -> torch.Tensor:
         """``[S]``: every reverse index's training timestep, on ``device`` (made once per device: made from
@@ -92,14 +95,28 @@ class SpacedDiffusion:
             return {k: v[index] for k, v in self.numbers.items()}
         return {k: v.to(index.device)[index].unsqueeze(-1) for k, v in self.table.items()}
 
+    def constant_rows(self, device, dtype) -> torch.Tensor:
+        """``[S, 6]``: each reverse index's constants as a row (in CONSTANTS' order) on ``device`` in ``dtype``, made
+        once from the same numbers ``constants`` gives: a compiled reverse step reads its row as an input, where a
+        number would be baked into its graph (one graph per reverse index)."""
+        key = (str(device), dtype)
+        if key not in self._rows:
+            self._rows[key] = torch.tensor(list(zip(*(self.numbers[k] for k in CONSTANTS))), dtype=dtype, device=device)
+        return self._rows[key]
+
     def reverse_step(self, x: torch.Tensor, index: int | torch.Tensor, eps: torch.Tensor,
                      variance_values: torch.Tensor) -> ReverseStep:
         """The Gaussian of x_{t-1} given x_t = ``x`` and the head's outputs at reverse index ``index``."""
-        c = self.constants(index)
+        return self.gaussian(x, self.constants(index), eps, variance_values)
+
+    @staticmethod
+    def gaussian(x: torch.Tensor, c: dict, eps: torch.Tensor, variance_values: torch.Tensor) -> ReverseStep:
+        """The Gaussian of x_{t-1} given x_t = ``x``, the head's outputs and one reverse index's constants ``c``
+        (numbers, columns, or 0-d tensors)."""
         x0 = c["recip_sqrt_ac"] * x - c["recip_sqrt_ac_m1"] * eps
         blend = (variance_values + 1) / 2
         log_variance = blend * c["log_beta"] + (1 - blend) * c["clipped_log_variance"]
-        return ReverseStep(self.posterior_mean(x0, x, c), torch.exp(0.5 * log_variance))
+        return ReverseStep(SpacedDiffusion.posterior_mean(x0, x, c), torch.exp(0.5 * log_variance))
 
     @staticmethod
     def posterior_mean(x0: torch.Tensor, x: torch.Tensor, c: dict) -> torch.Tensor:

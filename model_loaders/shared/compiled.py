@@ -38,6 +38,10 @@ COMPILED_METHODS = ("forward", "forward_at")
 # the GPU check (H200, torch 2.11: ar and sjd on LlamaGen and Lumina-mGPT layouts, fp32 greedy, exact); elsewhere
 # (mps, ...) "auto" leaves steps eager
 PROVEN_DEVICES = ("cpu", "cuda")
+# where "auto" compiles each kind of model's steps: a token model's on the proven devices; MAR's diffusion-head
+# steps nowhere yet: on the CPU they give eager's tokens (tests/test_compiled.py) but no speed (its head's matmuls
+# are the time there), and on CUDA, where eager launches are the time, the GPU check has not compared them yet
+AUTO_DEVICES = {"token-ar": PROVEN_DEVICES, "masked-ar": ()}
 SWITCH = ("auto", "on", "off")
 CUDA_GRAPHS = "reduce-overhead"  # torch.compile's mode that replays each step as a CUDA graph (CUDA's default)
 COMPILE_MODES = ("default", CUDA_GRAPHS, "max-autotune", "max-autotune-no-cudagraphs")
@@ -51,14 +55,19 @@ def compile_steps(model, when: str = "on", mode: str | None = None):
     """Set ``model``'s compile switch (in place, returns ``model``). ``when``: 'on' (every device), 'auto' (the
     device types in PROVEN_DEVICES) or 'off'; it is read at each session start, since ComfyUI moves a model
     between devices. ``mode``: torch.compile's; default 'reduce-overhead' (CUDA graphs) on CUDA, 'default'
-    elsewhere. The first generation of each shape pays the compilation (seconds to a minute). Models that are
-    not token models have no static-cache step: 'on' refuses them, 'auto' and 'off' leave them as they are."""
+    elsewhere. The first generation of each shape pays the compilation (seconds to a minute). A MAR model compiles
+    its diffusion head's reverse steps (samplers/head_steps.py), its transformer call stays eager; other models
+    (VAR, DD students) have no compiled steps: 'on' refuses them, 'auto' and 'off' leave them as they are."""
     problem = switch_error(when)
     if problem:
         raise FastARError(problem)
-    if getattr(model, "kind", "token-ar") != "token-ar":
+    kind = getattr(model, "kind", "token-ar")
+    if kind == "masked-ar":  # read by samplers/masked.py's guides
+        model.compile_switch, model.compile_mode = when, mode
+        return model
+    if kind != "token-ar":
         if when == "on":
-            raise FastARError(f"compiled steps are for token models (their static-cache step); this is {model.what}")
+            raise FastARError(f"compiled steps are for token models and MAR's diffusion head; this is {model.what}")
         return model
     if not hasattr(model, "compile_switch"):
         eager_start = model.start
@@ -129,7 +138,8 @@ def compiled_mode(model) -> str | None:
     some of its weights stream from host memory: the copies would sit inside the graphs, for no gain)."""
     when = getattr(model, "compile_switch", "off")
     device = model.device.type
-    if when == "off" or (when == "auto" and device not in PROVEN_DEVICES) or is_streaming(model):
+    auto_devices = AUTO_DEVICES[getattr(model, "kind", "token-ar")]
+    if when == "off" or (when == "auto" and device not in auto_devices) or is_streaming(model):
         return None
     return model.compile_mode or (CUDA_GRAPHS if device == "cuda" else "default")
 
