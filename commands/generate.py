@@ -117,9 +117,14 @@ def generate_tokens(args, models, conditioning, progress):
     drafted = f", {stats.drafter_forwards} drafter forwards ({stats.drafter_time_s:.2f} s)" if models.drafter else ""
     print(f"{stats.decoder}: {stats.num_tokens} tokens x {stats.batch} in {stats.target_forwards} forwards "
           f"(step compression {stats.step_compression:.2f}x, mean accepted {stats.mean_accepted:.2f}){drafted}, "
-          f"{stats.wall_time_s:.2f} s" + (f" ({stats.compile_time_s:.1f} s of it compiling steps)"
-                                          if stats.compile_time_s else ""))
+          f"{seconds(stats)}")
     return codes, stats
+
+
+def seconds(stats) -> str:
+    """A run's wall time, and how much of it compiled steps."""
+    return f"{stats.wall_time_s:.2f} s" + (f" ({stats.compile_time_s:.1f} s of it compiling steps)"
+                                          if stats.compile_time_s else "")
 
 
 def generate_masked(args, models, conditioning, progress):
@@ -136,7 +141,7 @@ def generate_masked(args, models, conditioning, progress):
                  f"{stats.resample_tries} residual proposals ({stats.resample_fallbacks} fell back)")
     if stats.reuse_note:
         line += f", {stats.reuse_note}"
-    print(f"{line}, {stats.wall_time_s:.2f} s")
+    print(f"{line}, {seconds(stats)}")
     return tokens, stats
 
 

@@ -22,6 +22,7 @@ import torch
 from ...settings import cspd_from, masked_settings_from, reuse_from
 from ...errors import FastARError
 from ...model_loaders.shared.demo import DEMO_KL, DEMO_MAR
+from ...model_loaders.shared.compiled import compiled_mode
 from ...pipeline import class_conditioning, load_models
 from ...samplers.cspd import REFERENCE_TEMPERATURE, CSpDSettings
 from ...samplers.decoders import decode_masked
@@ -142,7 +143,8 @@ def run_mar_bench(args) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     model_path = args.model or DEMO_MAR
     models = load_models(str(model_path), args.vq or str(DEMO_KL), args.device, args.dtype,
-                         drafter_path=args.drafter or "demo", gpu_weights=args.gpu_weights, weights=args.weights)
+                         drafter_path=args.drafter or "demo", gpu_weights=args.gpu_weights, weights=args.weights,
+                         compile_switch=args.compile)
     if models.ar.kind != "masked-ar":
         raise FastARError(f"bench --mar compares MAR decoders: {model_path} is {models.ar.what}; drop --mar to "
                           "bench a token model")
@@ -182,6 +184,7 @@ def run_mar_bench(args) -> dict:
     report = {
         "model": str(model_path), "drafter": args.drafter or "bundled demo draft",
         "device": str(models.ar.device), "dtype": str(models.ar.dtype).replace("torch.", ""),
+        "compiled": compiled_mode(models.ar),  # the diffusion heads' reverse steps (samplers/head_steps.py)
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads", "samples": args.samples,
         "results": results, "bench_time_s": round(time.perf_counter() - started),
     }
@@ -195,7 +198,8 @@ def run_mar_bench(args) -> dict:
 def markdown(report: dict) -> str:
     base = report["results"]["mar"]["settings"]
     lines = [
-        f"# FastAR MAR benchmark ({report['model']}, {report['device']}, {report['dtype']}, {report['samples']} "
+        f"# FastAR MAR benchmark ({report['model']}, {report['device']}, {report['dtype']}"
+        + (f", compiled heads ({report['compiled']})" if report.get("compiled") else "") + f", {report['samples']} "
         f"samples per row; cfg {base['cfg_scale']} {base['cfg_schedule']}, temperature {base['temperature']}, "
         f"{base['diffusion_steps']} diffusion steps)",
         "",
