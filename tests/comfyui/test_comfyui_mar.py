@@ -99,6 +99,21 @@ def test_mar_same_seed_same_image_and_another_seed_another(comfy, object_info):
     assert not np.array_equal(first[0], fresh_run(comfy, prompt)[0])
 
 
+def test_mars_head_compiled_draws_the_eager_images_and_says_when_it_compiles(comfy, object_info):
+    """Load AR Model's compile switch on a MAR: its diffusion head's reverse steps compiled (off under auto for
+    now), images as eager's to the rounding of fused kernels, and the run that compiles says so on the Stats node."""
+    prompt = ar_mar(object_info)
+    node_of(prompt, "FastARSamplerAR")["inputs"]["seed"] = 2468
+    eager = fresh_run(comfy, prompt)  # the workflow's auto: the head eager
+    node_of(prompt, "FastARLoadModel")["inputs"]["compile"] = "on"
+    entry = comfy.run(prompt)
+    succeeded(entry)
+    compiled = images_of(comfy, entry)
+    assert len(compiled) == len(eager) and all(np.abs(a.astype(float) - b).mean() < 1.0 for a, b in zip(compiled, eager))
+    texts = [out["text"][0] for out in entry["outputs"].values() if "text" in out]
+    assert any("compiling steps:" in text for text in texts), texts
+
+
 def test_mar_progress_and_live_previews(comfy, object_info, events):
     prompt = ar_mar(object_info)
     node_of(prompt, "FastARSamplerAR")["inputs"]["seed"] = 77
