@@ -375,10 +375,13 @@ def mar_lines(profiles: dict) -> list[str]:
         for batch, entry in profile.get("batches", {}).items():
             if "head_process_ms" in entry:
                 compiled = entry.get("compiled_head")
-                lines.append(f"- {name}, batch {batch}: a MAR step's reverse process {entry['head_process_ms']:.1f} ms "
-                             "eagerly" + (f", {compiled['head_process_ms']:.1f} ms on compiled steps "
-                                          f"({compiled['speedup']:.2f}x; latents {compiled['apart']:.1e} apart)"
-                                          if compiled else ""))
+                line = (f"- {name}, batch {batch}: a MAR step's reverse process {entry['head_process_ms']:.1f} ms "
+                        "eagerly" + (f", {compiled['head_process_ms']:.1f} ms on compiled steps "
+                                     f"({compiled['speedup']:.2f}x; latents {compiled['apart']:.1e} apart)"
+                                     if compiled else ""))
+                line += f"; transformer call {entry['forward_ms']:.1f} ms eagerly" + (
+                    f", {entry['compiled_forward_ms']:.1f} ms compiled" if "compiled_forward_ms" in entry else "")
+                lines.append(line)
     return lines
 
 

@@ -145,8 +145,8 @@ class LoadARModel(CheckpointLoader):
                                        "proven it gives the same tokens (CPU, NVIDIA GPUs), off elsewhere, and "
                                        "off while part of the model streams from system memory (a GPU too "
                                        "small for it). A drafter follows its model: compiled when it is. MAR: "
-                                       "on compiles its diffusion head's reverse steps (for GPUs; auto leaves "
-                                       "them eager for now); DD and VAR models ignore it."),
+                                       "on compiles its transformer call and diffusion head's reverse steps "
+                                       "(for GPUs; auto leaves them eager for now); DD and VAR models ignore it."),
                 io.Combo.Input("weight_dtype", options=list(WEIGHT_FORMATS), default="auto", optional=True,
                                tooltip=WEIGHTS_TOOLTIP),
             ],

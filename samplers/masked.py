@@ -14,6 +14,7 @@ Trajectory noise (x_T and each reverse step's noise) is drawn per token position
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 from typing import Optional
@@ -23,7 +24,7 @@ import torch
 from ..errors import FastARError, check_choice
 from ..model_loaders.mar.diffusion import ReverseStep
 from ..model_loaders.mar.lazy import LazyFeatures
-from ..model_loaders.shared.compiled import compiled_mode
+from ..model_loaders.shared.compiled import WITHOUT_GRAPHS, compiled_function, compiled_mode
 from .feature_reuse import FeatureReuse
 from .head_steps import reverse_process
 from .stats import DecodeStats, Stopwatch
@@ -146,10 +147,12 @@ class Guide:
     """One model's side of a generation: its class vectors (and unconditional ones under CFG), its head."""
 
     def __init__(self, model, conditioning, settings: MaskedSettings, like: "Guide | None" = None):
-        """``like``: the guide whose head steps this one's follow, compiled or eager (a CSpD draft's, its
-        target's); by default ``model``'s compile switch decides."""
+        """``like``: the guide whose steps this one's follow, compiled or eager (a CSpD draft's, its target's); by
+        default ``model``'s compile switch decides."""
         self.model, self.settings = model, settings
-        self.head_mode = like.head_mode if like is not None else compiled_mode(model)
+        self.compile_mode = like.compile_mode if like is not None else compiled_mode(model)
+        self.transformer = model.conditions if self.compile_mode is None else \
+            functools.partial(compiled_conditions(type(model), self.compile_mode), model)
         self.diffusion = model.diffusion(settings.diffusion_steps)
         self.cond = model.class_vectors(conditioning, uncond=False)
         self.uncond = model.class_vectors(conditioning, uncond=True) if settings.cfg_scale != 1.0 else None
@@ -205,9 +208,9 @@ class Guide:
         repeat = tokens.shape[0] // self.cond.shape[0]
         cond = self.cond.repeat(repeat, 1)
         if self.uncond is None:
-            return self.model.conditions(tokens, known, cond, known_count), None
-        both = self.model.conditions(torch.cat([tokens, tokens]), torch.cat([known, known]),
-                                     torch.cat([cond, self.uncond.repeat(repeat, 1)]), known_count)
+            return self.transformer(tokens, known, cond, known_count), None
+        both = self.transformer(torch.cat([tokens, tokens]), torch.cat([known, known]),
+                                torch.cat([cond, self.uncond.repeat(repeat, 1)]), known_count)
         return both.chunk(2)
 
     def last_step(self, z_cond, z_uncond, positions, plan: Plan, cfg_scale) -> ReverseStep:
@@ -219,7 +222,14 @@ class Guide:
     def reverse(self, z_cond, z_uncond, cfg_scale, start, noise) -> ReverseStep:
         """The head's reverse process for tokens with conditions ``[N, D]`` (``reverse_process``)."""
         return reverse_process(self.model.head, self.diffusion, z_cond, z_uncond, cfg_scale, self.settings.temperature,
-                               start, noise, self.head_refresh, self.head_mode)
+                               start, noise, self.head_refresh, self.compile_mode)
+
+
+def compiled_conditions(model_class: type, mode: str):
+    """The transformer call (``conditions``) through torch.compile: without CUDA graphs (its kept-token count, and
+    with it its shapes, changes at every step: a graph per count would be recorded), dynamic where calls differ
+    (the first count, then one graph for the others: dynamo specialises a count of 0 or 1)."""
+    return compiled_function(model_class.conditions, WITHOUT_GRAPHS.get(mode, mode), dynamic=None)
 
 
 def record_work(stats: DecodeStats, *guides: Guide) -> None:

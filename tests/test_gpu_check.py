@@ -60,13 +60,13 @@ def test_mars_compiled_reverse_steps_are_judged_by_how_close_their_latents_come(
 def test_the_report_states_the_speed_goals():
     entry = {"floor_ms": 4.0, "forward_ms": {"1": 6.0}, "forward_over_floor": 1.5,
              "decoders": {"ar": {"image_s": 8.0, "target_forwards": 1024}, "sjd": {"image_s": 4.0, "target_forwards": 400}}}
-    mar = {"floor_ms": 2.0, "forward_ms": 9.0, "head_ms": 1, "head_process_ms": 120.0,
+    mar = {"floor_ms": 2.0, "forward_ms": 9.0, "compiled_forward_ms": 3.0, "head_ms": 1, "head_process_ms": 120.0,
            "compiled_head": {"head_process_ms": 15.0, "speedup": 8.0, "apart": 0.0012}}
     lines = goal_lines({"profile-7b": {"batches": {"2": entry}}, "profile-mar": {"batches": {"1": mar}}})
     assert lines == ["- profile-7b, batch 2: forward 6.00 ms, 1.50x the 4.00 ms floor (misses 1.25x); sjd 2.00x "
                      "faster than ar per image for 2.56x fewer forwards (0.78 of it: misses 0.9)",
                      "- profile-mar, batch 1: a MAR step's reverse process 120.0 ms eagerly, 15.0 ms on compiled "
-                     "steps (8.00x; latents 1.2e-03 apart)"]
+                     "steps (8.00x; latents 1.2e-03 apart); transformer call 9.0 ms eagerly, 3.0 ms compiled"]
     assert goal_lines({}) == ["- no token profile ran"]
     whole = goal_lines({"profile-7b": {"batches": {"2": {**entry, "whole_cache_forward_ms": 6.5}}}})
     assert whole[0].startswith("- profile-7b, batch 2: forward 6.00 ms, 1.50x the 4.00 ms floor (misses 1.25x), "

@@ -54,11 +54,12 @@ def run(model, labels, settings=SETTINGS, seed=0, decoder="ar", drafter=None):
 
 
 def compiled_calls(monkeypatch) -> list:
-    """From now on, every call of a compiled step (the real one runs) leaves an entry in the list returned."""
+    """From now on, every call of a compiled step (the real one runs) leaves its function's name in the list
+    returned: ``compiled_update`` for a reverse step, ``conditions`` for a transformer call."""
     calls, real = [], CompiledStep.compiled_or_eager
 
     def counted(self, *args, **kwargs):
-        calls.append(self.mode)
+        calls.append(self.eager.__name__)
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(CompiledStep, "compiled_or_eager", counted)
@@ -76,7 +77,9 @@ def test_compiled_head_steps_give_eagers_tokens(demo, labels, settings, monkeypa
     want, _ = run(eager, labels, settings)
     calls = compiled_calls(monkeypatch)
     got, stats = run(compiled, labels, settings)
-    assert len(calls) == settings.num_iter * settings.diffusion_steps  # every reverse step ran compiled...
+    # every reverse step and every transformer call ran compiled...
+    assert calls.count("compiled_update") == settings.num_iter * settings.diffusion_steps
+    assert calls.count("conditions") == (settings.num_iter if settings.reuse is None else 0)  # reuse's stays eager
     assert apart(got, want) < CLOSE  # ...and drew eager's tokens
     other, _ = run(eager, labels, settings, seed=1)
     assert apart(other, want) > 30 * CLOSE  # which another seed does not
@@ -89,19 +92,24 @@ def test_cspd_compiles_its_draft_and_target_heads_alike(demo, monkeypatch):
     calls = compiled_calls(monkeypatch)
     got, stats = run(compiled, (0, 1), decoder="cspd", drafter=draft)
     heads = stats.target_forwards + stats.drafter_forwards  # the draft's calls and the target's scoring calls
-    assert len(calls) == heads * SETTINGS.diffusion_steps and stats.drafter_forwards > 0
+    assert calls.count("compiled_update") == heads * SETTINGS.diffusion_steps and stats.drafter_forwards > 0
+    assert calls.count("conditions") == heads
     assert apart(got, want) < CLOSE
     assert compiled_mode(draft) is None  # the draft followed its target, whatever its own switch says
 
 
 def test_one_graph_serves_every_token_count_cfg_scale_and_temperature():
     """A step's row count changes along MAR's schedule and the linear CFG changes the scale every step: none of
-    it compiles again, nor another generation's scale, temperature or batch."""
+    it compiles the head again, nor another generation's scale, temperature or batch. The transformer call's
+    known-token count changes every step too: its second count compiles the graph for all later ones, and the
+    first new batch size one for every batch."""
     compiled = compile_steps(tiny_mar(1), "on")
-    run(compiled, (1, 2))  # compiles the CFG variant, if no earlier test did
+    run(compiled, (1, 2))  # compiles the CFG variants, if no earlier test did
     graphs = unique_graphs()
     run(compiled, (0, 1, 3, 2, 1), replace(SETTINGS, cfg_scale=2.0, temperature=0.7, num_iter=6), seed=3)
-    run(compiled, (2,) * 7, replace(SETTINGS, cfg_schedule="constant"), seed=4)  # row counts no other test makes
+    assert unique_graphs() <= graphs + 1  # at most the transformer's graph for any batch
+    graphs = unique_graphs()
+    run(compiled, (2,) * 7, replace(SETTINGS, cfg_schedule="constant", num_iter=8), seed=4)  # rows no other test makes
     assert unique_graphs() == graphs
 
 

@@ -17,10 +17,12 @@ for the tokens the step predicts. Per batch (each image with its CFG row) the re
   (``compiled_head``: its time, the speed-up, and how far apart the two processes' tokens are);
 - whole images of ``ar`` (MAR's sampler) and ``cspd`` (drafted by a smaller MAR: the paper's MAR-B for MAR-L
   and MAR-H, a 2 + 2-block model of the shape otherwise, or ``--drafter`` with ``--model``), ms per target call;
-  with ``--compile`` their heads run compiled, and ``ar (eager head)`` is timed beside them.
+  with ``--compile`` their steps run compiled (``compiled_forward_ms``: the transformer call so), and ``ar (eager)`` is
+  timed beside them.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -34,7 +36,7 @@ from ...samplers.decoders import decode_masked
 from ...model_loaders.shared.compiled import compile_steps, compiled_mode
 from ...samplers.feature_reuse import FeatureReuse
 from ...samplers.head_steps import reverse_process
-from ...samplers.masked import MaskedSettings
+from ...samplers.masked import MaskedSettings, compiled_conditions
 from .common import Timing, image_costs, randomise
 
 MAR_DECODERS = ("ar", "cspd")
@@ -122,20 +124,25 @@ def mar_batch(model: MAR, draft, timing: Timing, batch: int, bytes_per_s: float,
              "reuse": reuse_costs(model, timing, batch, settings, tokens, known, vectors, (x, y, head_step_s),
                                   forward_s)}
     entry |= head_process_costs(model, timing, settings, x, z)
+    if compiled_mode(model):
+        call = functools.partial(compiled_conditions(type(model), compiled_mode(model)), model)
+        for count in (L // 2 - 1, L // 2):  # the first two counts compile (the second: every later count)
+            call(tokens, known, vectors, count)
+        entry["compiled_forward_ms"] = timing.median_s(lambda: call(tokens, known, vectors, L // 2)) * 1e3
     if decoders:
         conditioning = ClassConditioning(torch.zeros(batch, dtype=torch.long))
         mode = compiled_mode(model)
 
         def run(name):
-            decoder, head = name.split(" ")[0], "on" if mode and "eager head" not in name else "off"
+            decoder, switch = name.split(" ")[0], "on" if mode and "eager" not in name else "off"
 
             def image(seed):
-                compile_steps(model, head, mode)
+                compile_steps(model, switch, mode)
                 tokens, stats = decode_masked(model, conditioning, settings, decoder, seed=seed,
                                               drafter=draft if decoder == "cspd" else None)
                 return stats.target_forwards, tokens
             return image
-        names = [name for name in MAR_DECODERS if name == "ar" or draft is not None] + (["ar (eager head)"] if mode else [])
+        names = [name for name in MAR_DECODERS if name == "ar" or draft is not None] + (["ar (eager)"] if mode else [])
         costs, _ = image_costs({name: run(name) for name in names}, timing, rounds)
         compile_steps(model, "on" if mode else "off", mode)
         for cost in costs.values():
@@ -194,6 +201,9 @@ def print_mar_batch(batch: int, entry: dict) -> None:
           f"{entry['forward_over_floor']:.1f}x), head {entry['head_step_ms']:.2f} ms per reverse step, "
           f"{entry['head_ms']:.0f} ms per MAR step", flush=True)
     compiled = entry.get("compiled_head")
+    if "compiled_forward_ms" in entry:
+        print(f"[profile]   compiled transformer call {entry['compiled_forward_ms']:.1f} ms "
+              f"({entry['forward_ms'] / entry['compiled_forward_ms']:.2f}x)", flush=True)
     print(f"[profile]   a MAR step's reverse process: {entry['head_process_ms']:.1f} ms eagerly"
           + (f", {compiled['head_process_ms']:.1f} ms compiled ({compiled['speedup']:.2f}x; tokens "
              f"{compiled['apart']:.1e} apart)" if compiled else ""), flush=True)

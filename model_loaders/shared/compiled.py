@@ -38,9 +38,9 @@ COMPILED_METHODS = ("forward", "forward_at")
 # the GPU check (H200, torch 2.11: ar and sjd on LlamaGen and Lumina-mGPT layouts, fp32 greedy, exact); elsewhere
 # (mps, ...) "auto" leaves steps eager
 PROVEN_DEVICES = ("cpu", "cuda")
-# where "auto" compiles each kind of model's steps: a token model's on the proven devices; MAR's diffusion-head
-# steps nowhere yet: on the CPU they give eager's tokens (tests/test_compiled.py) but no speed (its head's matmuls
-# are the time there), and on CUDA, where eager launches are the time, the GPU check has not compared them yet
+# where "auto" compiles each kind of model's steps: a token model's on the proven devices; MAR's steps nowhere yet:
+# on the CPU they give eager's tokens (tests/test_head_steps.py) but no speed (matmuls are the time there), and on
+# CUDA, where eager launches are the time, the GPU check has not compared them yet
 AUTO_DEVICES = {"token-ar": PROVEN_DEVICES, "masked-ar": ()}
 SWITCH = ("auto", "on", "off")
 CUDA_GRAPHS = "reduce-overhead"  # torch.compile's mode that replays each step as a CUDA graph (CUDA's default)
@@ -56,7 +56,7 @@ def compile_steps(model, when: str = "on", mode: str | None = None):
     device types in PROVEN_DEVICES) or 'off'; it is read at each session start, since ComfyUI moves a model
     between devices. ``mode``: torch.compile's; default 'reduce-overhead' (CUDA graphs) on CUDA, 'default'
     elsewhere. The first generation of each shape pays the compilation (seconds to a minute). A MAR model compiles
-    its diffusion head's reverse steps (samplers/head_steps.py), its transformer call stays eager; other models
+    its transformer call and its diffusion head's reverse steps (samplers/masked.py, head_steps.py); other models
     (VAR, DD students) have no compiled steps: 'on' refuses them, 'auto' and 'off' leave them as they are."""
     problem = switch_error(when)
     if problem:

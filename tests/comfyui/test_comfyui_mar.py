@@ -100,7 +100,7 @@ def test_mar_same_seed_same_image_and_another_seed_another(comfy, object_info):
 
 
 def test_mars_head_compiled_draws_the_eager_images_and_says_when_it_compiles(comfy, object_info):
-    """Load AR Model's compile switch on a MAR: its diffusion head's reverse steps compiled (off under auto for
+    """Load AR Model's compile switch on a MAR: its transformer call and diffusion head's reverse steps compiled (off under auto for
     now), images as eager's to the rounding of fused kernels, and the run that compiles says so on the Stats node."""
     prompt = ar_mar(object_info)
     node_of(prompt, "FastARSamplerAR")["inputs"]["seed"] = 2468
