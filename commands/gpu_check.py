@@ -7,7 +7,7 @@ What it runs, each step a ``python -m fastar ...`` subprocess (a device assert i
   degenerate (several classes or prompts, CFG >= 2); lossless decoders (sjd, spec) against ``ar`` on the GPU;
 - the conformance fixtures (tests/conformance) on the GPU in fp32 against the official samplers' codes;
 - compiled steps against eager ones on the GPU (the proof ``--compile auto`` needs before it turns on for CUDA):
-  ar and sjd, and ZipAR's feeds anywhere; MAR's compiled reverse steps, whose latents must come close to eager's;
+  ar and sjd, and ZipAR's feeds anywhere; MAR's compiled steps, whose latents must come close to eager's;
 - bf16 and fp16 runs of every demo family and decoder, their images side by side in ``precision.png``;
 - 8-bit blocks (int8, fp8): compiled steps against eager ones (issue 35), and a 7B shape's compiled int8 step against
   its bf16 one;
@@ -54,7 +54,7 @@ class Family:
     decoders: tuple = ("ar", "sjd")
     greedy: bool = True  # sampled discrete codes, so greedy is defined (not MAR's latents, not a DD student's map)
     compiles: bool = True  # --compile applies (token models' static-cache steps)
-    head_compiles: bool = False  # --compile applies to MAR's diffusion head: its latents are compared instead
+    latents_compile: bool = False  # --compile applies to MAR's steps: its latents are compared, not codes
 
 
 FAMILIES = [
@@ -70,7 +70,7 @@ FAMILIES = [
            ["--classes", "0,1,2,3"], ("dd",), greedy=False, compiles=False),
     Family("mar", ["--model", DEMO / "demo_mar.safetensors", "--vae", DEMO / "demo_kl_vae.safetensors"],
            ["--classes", "0,1,2,3", "--cfg", "3", "--num-iter", "16", "--diffusion-steps", "25"],
-           ("ar", "cspd", "ar-reuse"), greedy=False, compiles=False, head_compiles=True),
+           ("ar", "cspd", "ar-reuse"), greedy=False, compiles=False, latents_compile=True),
 ]
 DRAFTERS = {"spec": DEMO / "demo_drafter", "lantern": DEMO / "demo_drafter", "cspd": DEMO / "demo_mar_draft.safetensors"}
 VARIANTS = {"ar-reuse": ["--decoder", "ar", "--reuse"]}  # a decoder with a switch (a step's name stays a plain file name)
@@ -164,11 +164,11 @@ def correctness_steps(out: Path, device: str) -> list[Step]:
             steps.append(generate(f"{fam.name}-{first}-greedy-gpu-streamed", "streamed-vs-resident", base,
                                   [*GREEDY, "--decoder", first, "--gpu-weights", "0"], out, device=device,
                                   dtype="fp32", compare={"step": gpu}))  # every block from host memory
-        for decoder in fam.decoders if fam.head_compiles else ():  # continuous latents: close, not equal
-            eager = f"{fam.name}-{decoder}-gpu-eager-head"
+        for decoder in fam.decoders if fam.latents_compile else ():  # continuous latents: close, not equal
+            eager = f"{fam.name}-{decoder}-gpu-eager"
             steps.append(generate(eager, "compiled-vs-eager", base, [*decoder_args(decoder), "--seed", "1"], out,
                                   device=device, dtype="fp32", tokens=False, latents=True))
-            steps.append(generate(f"{fam.name}-{decoder}-gpu-compiled-head", "compiled-vs-eager", base,
+            steps.append(generate(f"{fam.name}-{decoder}-gpu-compiled", "compiled-vs-eager", base,
                                   [*decoder_args(decoder), "--seed", "1", "--compile", "on"], out, device=device,
                                   dtype="fp32", tokens=False, latents=True, compare={"latents": eager}))
         for dtype in ("fp32", "bf16", "fp16"):

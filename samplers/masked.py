@@ -24,7 +24,7 @@ import torch
 from ..errors import FastARError, check_choice
 from ..model_loaders.mar.diffusion import ReverseStep
 from ..model_loaders.mar.lazy import LazyFeatures
-from ..model_loaders.shared.compiled import WITHOUT_GRAPHS, compiled_function, compiled_mode
+from ..model_loaders.shared.compiled import compiled_function, compiled_mode, without_graphs
 from .feature_reuse import FeatureReuse
 from .head_steps import reverse_process
 from .stats import DecodeStats, Stopwatch
@@ -144,7 +144,8 @@ class Plan:
 
 
 class Guide:
-    """One model's side of a generation: its class vectors (and unconditional ones under CFG), its head."""
+    """One model's side of a generation: its class vectors (and unconditional ones under CFG), its transformer call
+    and its head, compiled or eager."""
 
     def __init__(self, model, conditioning, settings: MaskedSettings, like: "Guide | None" = None):
         """``like``: the guide whose steps this one's follow, compiled or eager (a CSpD draft's, its target's); by
@@ -229,7 +230,7 @@ def compiled_conditions(model_class: type, mode: str):
     """The transformer call (``conditions``) through torch.compile: without CUDA graphs (its kept-token count, and
     with it its shapes, changes at every step: a graph per count would be recorded), dynamic where calls differ
     (the first count, then one graph for the others: dynamo specialises a count of 0 or 1)."""
-    return compiled_function(model_class.conditions, WITHOUT_GRAPHS.get(mode, mode), dynamic=None)
+    return compiled_function(model_class.conditions, without_graphs(mode), dynamic=None)
 
 
 def record_work(stats: DecodeStats, *guides: Guide) -> None:

@@ -44,11 +44,11 @@ def test_codes_that_differ_are_reported_with_their_share_and_first_position(tmp_
 
 def test_mars_compiled_reverse_steps_are_judged_by_how_close_their_latents_come(tmp_path):
     verdicts = check_verdicts(tmp_path, "mar-ar-gpu-", 1)
-    assert verdicts["mar-ar-gpu-eager-head"] == "ran" and verdicts["mar-ar-gpu-compiled-head"].startswith("close ("), \
+    assert verdicts["mar-ar-gpu-eager"] == "ran" and verdicts["mar-ar-gpu-compiled"].startswith("close ("), \
         verdicts
-    (tmp_path / "latents" / "other.npy").write_bytes((tmp_path / "latents" / "mar-ar-gpu-eager-head.npy").read_bytes())
-    steps = [Step("mar-ar-gpu-eager-head", [], "g"), Step("other", [], "g", {"latents": "mar-ar-gpu-eager-head"}),
-             Step("missing", [], "g", {"latents": "mar-ar-gpu-eager-head"})]
+    (tmp_path / "latents" / "other.npy").write_bytes((tmp_path / "latents" / "mar-ar-gpu-eager.npy").read_bytes())
+    steps = [Step("mar-ar-gpu-eager", [], "g"), Step("other", [], "g", {"latents": "mar-ar-gpu-eager"}),
+             Step("missing", [], "g", {"latents": "mar-ar-gpu-eager"})]
     for step in steps:
         step.rc = 0
     latents = np.load(tmp_path / "latents" / "other.npy")

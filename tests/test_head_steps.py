@@ -120,5 +120,5 @@ def test_the_switch_reaches_mars_head_and_auto_waits_for_the_gpu_check():
     assert compiled_mode(compile_steps(mar, "off")) is None
     var = torch.nn.Module()
     var.kind, var.what = "next-scale", "a VAR model"
-    with pytest.raises(FastARError, match="token models and MAR's diffusion head; this is a VAR model"):
+    with pytest.raises(FastARError, match="token models and MAR models; this is a VAR model"):
         compile_steps(var, "on")

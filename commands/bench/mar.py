@@ -184,7 +184,7 @@ def run_mar_bench(args) -> dict:
     report = {
         "model": str(model_path), "drafter": args.drafter or "bundled demo draft",
         "device": str(models.ar.device), "dtype": str(models.ar.dtype).replace("torch.", ""),
-        "compiled": compiled_mode(models.ar),  # the diffusion heads' reverse steps (samplers/head_steps.py)
+        "compiled": compiled_mode(models.ar),  # transformer calls and reverse steps (samplers/masked.py, head_steps.py)
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads", "samples": args.samples,
         "results": results, "bench_time_s": round(time.perf_counter() - started),
     }
@@ -199,7 +199,7 @@ def markdown(report: dict) -> str:
     base = report["results"]["mar"]["settings"]
     lines = [
         f"# FastAR MAR benchmark ({report['model']}, {report['device']}, {report['dtype']}"
-        + (f", compiled heads ({report['compiled']})" if report.get("compiled") else "") + f", {report['samples']} "
+        + (f", compiled steps ({report['compiled']})" if report.get("compiled") else "") + f", {report['samples']} "
         f"samples per row; cfg {base['cfg_scale']} {base['cfg_schedule']}, temperature {base['temperature']}, "
         f"{base['diffusion_steps']} diffusion steps)",
         "",

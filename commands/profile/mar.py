@@ -123,15 +123,15 @@ def mar_batch(model: MAR, draft, timing: Timing, batch: int, bytes_per_s: float,
              "head_ms": head_step_s * 1e3 * settings.diffusion_steps, "mar_steps": settings.num_iter,
              "reuse": reuse_costs(model, timing, batch, settings, tokens, known, vectors, (x, y, head_step_s),
                                   forward_s)}
-    entry |= head_process_costs(model, timing, settings, x, z)
-    if compiled_mode(model):
-        call = functools.partial(compiled_conditions(type(model), compiled_mode(model)), model)
+    mode = compiled_mode(model)
+    entry |= head_process_costs(model, timing, settings, x, z, mode)
+    if mode:
+        call = functools.partial(compiled_conditions(type(model), mode), model)
         for count in (L // 2 - 1, L // 2):  # the first two counts compile (the second: every later count)
             call(tokens, known, vectors, count)
         entry["compiled_forward_ms"] = timing.median_s(lambda: call(tokens, known, vectors, L // 2)) * 1e3
     if decoders:
         conditioning = ClassConditioning(torch.zeros(batch, dtype=torch.long))
-        mode = compiled_mode(model)
 
         def run(name):
             decoder, switch = name.split(" ")[0], "on" if mode and "eager" not in name else "off"
@@ -151,16 +151,17 @@ def mar_batch(model: MAR, draft, timing: Timing, batch: int, bytes_per_s: float,
     return entry
 
 
-def head_process_costs(model: MAR, timing: Timing, settings: MaskedSettings, x: torch.Tensor, z: torch.Tensor) -> dict:
-    """One MAR step's reverse process (``x``: its tokens' x_T, ``z``: their conditions, guided) eagerly and, where
-    the model's switch compiles its head, through compiled steps (the module doc)."""
+def head_process_costs(model: MAR, timing: Timing, settings: MaskedSettings, x: torch.Tensor, z: torch.Tensor,
+                       mode: str | None) -> dict:
+    """One MAR step's reverse process (``x``: its tokens' x_T, ``z``: their conditions, guided) eagerly and, with a
+    compile ``mode``, through compiled steps (the module doc)."""
     diffusion = model.diffusion(settings.diffusion_steps)
     noise = torch.randn(diffusion.num_steps, *x.shape, device=x.device, generator=torch.Generator(x.device).manual_seed(0))
 
     def process(mode):
         return reverse_process(model.head, diffusion, z, z, settings.cfg_scale, 1.0, x, noise, mode=mode).mean
 
-    eager_s, mode = timing.median_s(lambda: process(None)), compiled_mode(model)
+    eager_s = timing.median_s(lambda: process(None))
     costs = {"head_process_ms": eager_s * 1e3}
     if mode:
         compiled = process(mode)  # the first call compiles
@@ -221,4 +222,4 @@ def check_mar_options(args) -> None:
                                      ("--kernels", args.kernels)) if on]
     if refused:
         raise FastARError(f"{', '.join(refused)}: for token models; a MAR profile times its transformer call, "
-                          "its diffusion head (--compile: its reverse steps compiled too) and whole ar / cspd images")
+                          "its diffusion head (--compile: both compiled too) and whole ar / cspd images")

@@ -53,7 +53,7 @@ CAN_SKIP_GUARDS = "skip_guard_eval_unsafe" in inspect.signature(getattr(torch.co
 
 def compile_steps(model, when: str = "on", mode: str | None = None):
     """Set ``model``'s compile switch (in place, returns ``model``). ``when``: 'on' (every device), 'auto' (the
-    device types in PROVEN_DEVICES) or 'off'; it is read at each session start, since ComfyUI moves a model
+    device types in AUTO_DEVICES for its kind) or 'off'; it is read at each session start, since ComfyUI moves a model
     between devices. ``mode``: torch.compile's; default 'reduce-overhead' (CUDA graphs) on CUDA, 'default'
     elsewhere. The first generation of each shape pays the compilation (seconds to a minute). A MAR model compiles
     its transformer call and its diffusion head's reverse steps (samplers/masked.py, head_steps.py); other models
@@ -67,7 +67,7 @@ def compile_steps(model, when: str = "on", mode: str | None = None):
         return model
     if kind != "token-ar":
         if when == "on":
-            raise FastARError(f"compiled steps are for token models and MAR's diffusion head; this is {model.what}")
+            raise FastARError(f"compiled steps are for token models and MAR models; this is {model.what}")
         return model
     if not hasattr(model, "compile_switch"):
         eager_start = model.start
@@ -95,13 +95,18 @@ def compile_steps(model, when: str = "on", mode: str | None = None):
 WITHOUT_GRAPHS = {CUDA_GRAPHS: "default", "max-autotune": "max-autotune-no-cudagraphs"}
 
 
+def without_graphs(mode: str) -> str:
+    """``mode`` without CUDA graphs: for steps that update state in place or whose shapes change every call."""
+    return WITHOUT_GRAPHS.get(mode, mode)
+
+
 def following_mode(forward) -> str | None:
     """The torch.compile mode for a step that follows ``forward`` (a session's forward): the forward's, without
     CUDA graphs, while it runs compiled; None (eager) where it is not compiled or fell back to eager (a machine
     that cannot compile says so once, not once per step)."""
     if not runs_compiled(forward):
         return None
-    return WITHOUT_GRAPHS.get(forward.step.mode, forward.step.mode)
+    return without_graphs(forward.step.mode)
 
 
 def runs_compiled(step) -> bool:
