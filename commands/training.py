@@ -42,7 +42,11 @@ def write_whole(path: Path, write) -> None:
     """``write(file)`` to a file beside ``path`` named for this process, then renamed to ``path``: an interrupted
     write never leaves half a file, and two processes caching the same data at once each rename a whole one."""
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-    write(partial)
+    try:
+        write(partial)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     os.replace(partial, path)
 
 

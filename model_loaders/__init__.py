@@ -7,7 +7,7 @@ from .dd.loader import load_dd_student
 from .janus.loader import load_janus, vq_of_janus
 from .llamagen.loader import load_llamagen, load_vq
 from .mar.loader import load_kl_vae, load_mar
-from .shared.quantized import check_weight_format, quantised_loading
+from .shared.quantized import format_to_load, quantised_loading
 from .shared.streaming import make_streamable
 from .var.loader import load_var, load_var_dd, load_var_vqvae
 
@@ -20,12 +20,15 @@ LOADERS = {"llamagen-dd": load_dd_student, "llamagen-gpt": load_llamagen, "llama
 def load_ar_model(path, weights: str = "auto", **kw):
     """The generative model (token-AR, MAR or a DD student) in a checkpoint file or folder; ``kw`` go to the
     family's loader. Its blocks can stream from host memory where the GPU is too small (streaming.py), and hold
-    8-bit weights (``weights`` int8 or fp8, quantized.py)."""
-    if check_weight_format(weights) == "auto":
-        return make_streamable(load_family(path, AR_MODEL, kw))
+    8-bit weights (``weights`` int8 or fp8, quantized.py; a pre-quantised checkpoint's own with ``auto``)."""
+    check_torch_version()
+    sd, info = read_state_dict(path)
+    weights = format_to_load(info.metadata, weights, info.source)
+    if weights == "auto":
+        return make_streamable(load_family(sd, info, AR_MODEL, kw))
     # quantised in host memory as it loads, then moved: a model too big for the GPU in bf16 may fit in 8 bits
     with quantised_loading(weights, kw.get("dtype")):
-        model = load_family(path, AR_MODEL, kw | {"device": "cpu"})  # streamable too
+        model = load_family(sd, info, AR_MODEL, kw | {"device": "cpu"})  # streamable too
     return model.to(kw["device"]) if kw.get("device") is not None else model
 
 
@@ -55,7 +58,5 @@ def embedded_image_decoder(sd: dict, info) -> dict:
     return inner
 
 
-def load_family(path, kind: str, kw: dict):
-    check_torch_version()
-    sd, info = read_state_dict(path)
+def load_family(sd, info, kind: str, kw: dict):
     return LOADERS[require_family(sd, info.source, kind)](sd, info=info, **kw)

@@ -33,8 +33,9 @@ DTYPE_TOOLTIP = ("Weights precision. auto: ComfyUI's choice for your device (bf1
 WEIGHTS_TOOLTIP = ("The transformer blocks' weights in 8 bits, quantised as the model loads (nothing to download): "
                    "int8 or fp8 (e4m3, as ComfyUI's fp8 weight dtypes), each with a scale per output channel: the "
                    "blocks take half the memory of bf16, at a small cost in fidelity; embeddings, norms and the "
-                   "output head keep the dtype above. auto: the weights as the checkpoint has them. On a CPU pick "
-                   "int8 (with dtype bf16 it is faster than unquantised weights): fp8 is slow there.")
+                   "output head keep the dtype above. auto: the weights as the checkpoint has them (an 8-bit copy "
+                   "written by python -m fastar quantize loads in its own format, with nothing to quantise). On a "
+                   "CPU pick int8 (with dtype bf16 it is faster than unquantised weights): fp8 is slow there.")
 
 
 def weights_error(weights: str) -> str | None:

@@ -22,7 +22,7 @@ from .eagle import EagleConfig, EagleDrafter, EagleHead, LayoutEagleDrafter
 from ..shared.building import build_and_load, weight_shape
 from ..shared.demo import DEMO_DRAFTER, DEMO_MAR_DRAFT
 from ..shared.joined import parted_state_dict
-from ..shared.quantized import quantize_weights
+from ..shared.quantized import format_to_load, quantised_loading, quantize_weights
 from ..llamagen.model import LlamaGenGPT
 from ..mar.loader import load_mar_draft
 
@@ -34,8 +34,8 @@ SMALL_AR_FAMILIES = ("llamagen-gpt", "llamagen-gpt-hf")  # the checkpoints a sma
 def load_drafter(path, target: LlamaGenGPT, *, device=None, dtype=None, weights: str = "auto"):
     """The drafter in a checkpoint file or folder, bound to ``target``; device and dtype default to the
     target's. ``weights``: its blocks in 8 bits (int8, fp8: quantized.py) or as the checkpoint has them."""
-    drafter = read_drafter(path, target, device, dtype)
-    quantize_weights(drafter_weights(drafter), weights)
+    drafter = read_drafter(path, target, device, dtype, weights)
+    quantize_weights(drafter_weights(drafter), weights)  # an EAGLE head's (a model drafter's loaded so already)
     return drafter
 
 
@@ -47,9 +47,10 @@ def drafter_weights(drafter) -> torch.nn.Module:
     return drafter.head if isinstance(drafter, EagleDrafter) else drafter.model
 
 
-def read_drafter(path, target, device, dtype):
+def read_drafter(path, target, device, dtype, weights: str = "auto"):
     if target.kind == "masked-ar":
-        return load_mar_draft(DEMO_MAR_DRAFT if path == "demo" else path, target, device=device, dtype=dtype)
+        return load_mar_draft(DEMO_MAR_DRAFT if path == "demo" else path, target, device=device, dtype=dtype,
+                              weights=weights)
     path = DEMO_DRAFTER if path == "demo" else path
     sd, info = read_state_dict(path)
     device = target.device if device is None else device
@@ -67,7 +68,8 @@ def read_drafter(path, target, device, dtype):
     if family not in SMALL_AR_FAMILIES:  # the kind first: a MAR, VAR or DD student cannot draft codes one by one
         raise FastARError(f"{info.source} is {FAMILY_WHAT[family]}, and the target is {target.what}: a drafter "
                           "for it is an EAGLE drafter folder or a smaller LlamaGen GPT trained on the same VQ codes")
-    model = LOADERS[family](sd, info=info, device=device, dtype=dtype)
+    with quantised_loading(format_to_load(info.metadata, weights, info.source), dtype):
+        model = LOADERS[family](sd, info=info, device=device, dtype=dtype)
     check_ar_drafter(model, target, info.source)
     return SmallARDrafter(model)
 

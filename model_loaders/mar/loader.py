@@ -18,7 +18,7 @@ from ...errors import FastARError
 from ..shared.checkpoint import AR_MODEL, FAMILY_WHAT, IMAGE_DECODER, CheckpointInfo, detect_family, read_state_dict, require_family
 from .kl_vae import KLAutoencoder
 from ..shared.ldm_blocks import KLConfig
-from ..shared.quantized import quantised_state
+from ..shared.quantized import format_to_load, is_codes, quantised_loading, quantised_state
 from ..shared.building import build_and_load, checkpoint_of, config_from_metadata, first_setting, official_heads, weight_shape, where_config_goes
 from .model import MAR, MARConfig
 
@@ -37,21 +37,24 @@ def load_mar(path_or_state_dict, *, device="cpu", dtype=torch.float32, info: Che
                           "embeddings fix the grid), so leave the image size on auto")
     model = build_and_load(MAR, mar_config(sd, info), sd, info.source, device, dtype)
     # the head's weights straight from the file in fp32: a round trip through fp16/bf16 would round them
-    head = {k.removeprefix("diffloss."): v.float() for k, v in sd.items() if k.startswith("diffloss.")}
+    head = {k.removeprefix("diffloss."): v if is_codes(v) else v.float() for k, v in sd.items()
+            if k.startswith("diffloss.")}  # a pre-quantised file's codes as they are
     model.diffloss.float().load_state_dict(quantised_state(model.diffloss, head, torch.float32))
     return model
 
 
-def load_mar_draft(path, target: MAR, *, device=None, dtype=None) -> MAR:
-    """A smaller MAR to draft for ``target`` (CSpD), checked to work on the same latents."""
+def load_mar_draft(path, target: MAR, *, device=None, dtype=None, weights: str = "auto") -> MAR:
+    """A smaller MAR to draft for ``target`` (CSpD), checked to work on the same latents; ``weights``: its 8-bit
+    format (quantized.py), or ``auto``: as the checkpoint holds them."""
     sd, info = read_state_dict(path)
     family = detect_family(sd)
     if family != "mar":
         what = f"{FAMILY_WHAT[family]} ({family})" if family else "no model FastAR knows"
         raise FastARError(f"{info.source} is {what}, not a MAR draft model: CSpD drafts with a smaller MAR trained on "
                           "the same VAE latents as the target (e.g. mar_base for mar_huge)")
-    draft = load_mar(sd, info=info, device=target.device if device is None else device,
-                     dtype=target.z_proj.weight.dtype if dtype is None else dtype)
+    dtype = target.z_proj.weight.dtype if dtype is None else dtype
+    with quantised_loading(format_to_load(info.metadata, weights, info.source), dtype):
+        draft = load_mar(sd, info=info, device=target.device if device is None else device, dtype=dtype)
     check_mar_draft(target, draft, info.source)
     return draft
 

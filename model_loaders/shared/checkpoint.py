@@ -9,6 +9,8 @@ a DDP ``module.`` prefix is stripped and cache buffers are dropped. The family i
 from __future__ import annotations
 
 import argparse
+import contextlib
+import contextvars
 import json
 import pickle
 import re
@@ -23,7 +25,7 @@ from torch import nn
 
 from ...errors import FastARError
 from .joined import JoinedWeights, joined_parts, missing_parts, stored_shapes
-from .quantized import load_quantiser, loading_state
+from .quantized import is_codes, load_quantiser, loading_state
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 WEIGHT_SUFFIXES = (".safetensors", *PICKLE_SUFFIXES)
@@ -395,8 +397,8 @@ def load_weights(model: nn.Module, sd: Mapping[str, torch.Tensor], source: str, 
     layers take 8-bit codes and scales made from each weight as it is read."""
     quantiser = load_quantiser(model, dtype)  # first: its 8-bit layers change what the model expects
     expected, parts = model.state_dict(), joined_parts(model)
-    computed = quantiser.scales if quantiser else set()  # made from the weights, not read
     stored, sd = sd, JoinedWeights(sd, parts)
+    computed = {k for k in quantiser.scales if k not in sd} if quantiser else set()  # made from the weights, not read
     missing = [name for k in expected if k not in sd and k not in computed for name in missing_parts(k, stored, parts)]
     part_names = {name for pieces in parts.values() for name, _ in pieces}
     unexpected = [k for k in sd if k not in expected and k not in part_names]
@@ -415,12 +417,36 @@ def load_weights(model: nn.Module, sd: Mapping[str, torch.Tensor], source: str, 
     if problems:
         raise FastARError(f"{source} does not fit the model it describes: " + "; ".join(problems))
     if not isinstance(stored, ShardedWeights):
-        model.load_state_dict(loading_state(quantiser, ((k, sd[k]) for k in expected if k not in computed)),
+        model.load_state_dict(recorded(loading_state(quantiser, ((k, sd[k]) for k in expected if k not in computed))),
                               strict=True, assign=True)
         return
+    kept = quantiser.scales if quantiser else set()  # 8-bit scales stay fp32 (a pre-quantised file's, read here)
     for name in expected:
         if name in computed:
             continue
         tensor = sd[name]
-        tensor = tensor.to(device=device, dtype=dtype if dtype is not None and tensor.is_floating_point() else None)
-        model.load_state_dict(loading_state(quantiser, [(name, tensor)]), strict=False, assign=True)
+        cast = dtype is not None and tensor.is_floating_point() and not is_codes(tensor) and name not in kept
+        tensor = tensor.to(device=device, dtype=dtype if cast else None)
+        model.load_state_dict(recorded(loading_state(quantiser, [(name, tensor)])), strict=False, assign=True)
+
+
+_recording: contextvars.ContextVar[dict | None] = contextvars.ContextVar("fastar_recorded_weights", default=None)
+
+
+@contextlib.contextmanager
+def recording_weights():
+    """Yields a dict that receives every tensor ``load_weights`` puts into a model inside, under the model's keys,
+    as it goes in (before any later change the loader makes): what prequantised.py writes."""
+    state: dict[str, torch.Tensor] = {}
+    token = _recording.set(state)
+    try:
+        yield state
+    finally:
+        _recording.reset(token)
+
+
+def recorded(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    record = _recording.get()
+    if record is not None:
+        record.update(state)
+    return state

@@ -22,7 +22,7 @@ def joined_parts(model: nn.Module) -> dict[str, tuple[tuple[str, int], ...]]:
     for prefix, module in model.named_modules():
         pre = f"{prefix}." if prefix else ""
         for layer, pieces in getattr(module, "joined", {}).items():
-            for tensor in ("weight", "bias"):
+            for tensor in ("weight", "bias", "weight_scale"):  # an 8-bit layer's scales too (quantized.py)
                 if getattr(getattr(module, layer), tensor, None) is not None:
                     parts[f"{pre}{layer}.{tensor}"] = tuple((f"{pre}{name}.{tensor}", rows) for name, rows in pieces)
     return parts
@@ -81,11 +81,16 @@ def stored_shapes(key: str, shape: tuple[int, ...], sd: Mapping,
 def parted_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """``model.state_dict()`` with every joined weight split into its parts, where it was: the checkpoints' own
     layout."""
-    parts, state = joined_parts(model), {}
-    for key, tensor in model.state_dict().items():
+    return parted(model.state_dict(), joined_parts(model))
+
+
+def parted(state: Mapping[str, torch.Tensor], parts: dict[str, tuple[tuple[str, int], ...]]) -> dict[str, torch.Tensor]:
+    """``state`` (a model's keys) with each joined tensor of ``parts`` (``joined_parts``) split into its parts."""
+    out = {}
+    for key, tensor in state.items():
         if key not in parts:
-            state[key] = tensor
+            out[key] = tensor
             continue
         for (name, _), part in zip(parts[key], tensor.split([rows for _, rows in parts[key]])):
-            state[name] = part
-    return state
+            out[name] = part
+    return out

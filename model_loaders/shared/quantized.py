@@ -45,6 +45,25 @@ def check_weight_format(name: str) -> str:
     return name
 
 
+STORED_FORMAT = "fastar_weights"  # the metadata entry of a pre-quantised checkpoint (commands/quantize.py): its format
+
+
+def format_to_load(metadata: dict, asked: str, source: str) -> str:
+    """The format a checkpoint loads in: a pre-quantised one's own (what ``auto`` gives it; the other 8-bit format
+    is refused, since codes cannot become the other format's without the full-precision weights), else ``asked``."""
+    check_weight_format(asked)
+    stored = metadata.get(STORED_FORMAT)
+    if stored is None:
+        return asked
+    if stored not in CODE_DTYPES:
+        raise FastARError(f"{source}: its {STORED_FORMAT} metadata says {stored!r}, which is neither int8 nor fp8: "
+                          "the file was not written by this FastAR; write it again with python -m fastar quantize")
+    if asked not in ("auto", stored):
+        raise FastARError(f"{source} holds {stored} weights (written by python -m fastar quantize): load it with "
+                          f"weight_dtype auto or {stored}; for {asked}, quantise the full-precision checkpoint")
+    return stored
+
+
 def quantize_rows(weight: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``weight`` [out, in] as 8-bit codes and one fp32 scale per output channel (row):
     ``codes * scale[:, None]`` approximates ``weight``. A few rows at a time: the fp32 temporaries of a whole 7B
@@ -216,11 +235,19 @@ class LoadQuantiser:
         self.scales = {f"{key}_scale" for key in self.weights}
 
     def state(self, key: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
-        """What the model takes for checkpoint tensor ``key``: codes and scales for an 8-bit layer's weight."""
-        if key not in self.weights:
+        """What the model takes for checkpoint tensor ``key``: codes and scales for an 8-bit layer's weight (codes
+        already, in a pre-quantised file: as they are, their scales stored beside them)."""
+        if key not in self.weights or tensor.dtype == CODE_DTYPES[self.fmt]:
             return {key: tensor}
+        if is_codes(tensor):
+            raise FastARError(f"{key} holds {tensor.dtype} codes, not {self.fmt}: load the file in its own format")
         codes, scale = quantize_rows(tensor if self.dtype is None else tensor.to(self.dtype), self.fmt)
         return {key: codes, f"{key}_scale": scale}
+
+
+def is_codes(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` holds 8-bit codes (a pre-quantised checkpoint's), which no cast may touch."""
+    return tensor.dtype in CODE_DTYPES.values()
 
 
 def loading_state(quantiser: LoadQuantiser | None, tensors) -> dict[str, torch.Tensor]:

@@ -145,6 +145,30 @@ def test_8_bit_weights_draw_the_prompted_class(comfy, object_info):
     assert not np.array_equal(drawn["int8"], drawn["auto"]) and not np.array_equal(drawn["fp8"], drawn["auto"])
 
 
+def test_an_8_bit_copy_loads_in_its_format_and_draws_what_quantising_at_load_draws(comfy, object_info, models):
+    """A copy from ``python -m fastar quantize`` in ComfyUI's model folder: Load AR Model lists it, loads it in int8
+    with weight_dtype auto (the Stats node says so), and the same seed draws the very images weight_dtype int8 draws
+    from the full-precision file (the same codes); asking for fp8 stops with what to do."""
+    from fastar.commands.quantize import write_quantised
+    from fastar.model_loaders.shared.demo import DEMO_AR
+
+    copy = write_quantised(DEMO_AR, "int8", models / "demo_c2i-int8.safetensors").name
+    prompt = workflow_prompt("fastar_demo_sjd", object_info)
+    node_of(prompt, "FastARSamplerSJD")["inputs"].update(seed=4242, batch=2)
+    node_of(prompt, "FastARLoadModel")["inputs"]["weight_dtype"] = "int8"
+    at_load = saved_images(comfy, fresh_entry(comfy, prompt))
+    node_of(prompt, "FastARLoadModel")["inputs"].update(model_name=copy, weight_dtype="auto")
+    entry = fresh_entry(comfy, prompt)
+    stats = [out["text"][0].splitlines()[0] for out in entry["outputs"].values() if "text" in out]
+    assert stats and all("int8 weights" in line for line in stats), stats
+    assert np.array_equal(saved_images(comfy, entry), at_load)
+    node_of(prompt, "FastARLoadModel")["inputs"]["weight_dtype"] = "fp8"
+    comfy.free_memory()
+    refused = comfy.run(prompt)
+    assert refused["status"]["status_str"] == "error"
+    assert "holds int8 weights" in harness.execution_error(refused)["exception_message"]
+
+
 def test_progress_and_live_previews_arrive_while_decoding(comfy, object_info, events):
     prompt = workflow_prompt("fastar_compare_ar_sjd_gsd", object_info)
     node_of(prompt, "FastARSamplerAR")["inputs"]["seed"] = 99  # not cached
