@@ -117,8 +117,8 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                    "verification and the drafter's steps (same tokens as eager). The first image of each batch and "
                    "window compiles (3-20 s on a CPU), later ones run up to 1.7x faster, so a one-shot run leaves it "
                    "off; auto: on where proven equal (CPU and CUDA). MAR: its transformer call and diffusion head's "
-                   "reverse steps (for GPUs, where eager steps are launch bound; auto leaves them eager until the "
-                   "GPU check has compared them); --compile = on")
+                   "reverse steps, VAR: each scale's forward (both for GPUs, where eager steps are launch bound; auto "
+                   "leaves them eager until the GPU check has compared them); --compile = on")
     p.add_argument("--flow-steps", type=int, default=SPEC_DEFAULTS.flow_steps,
                    help="fm: solver steps of the flow-matching map that turns each token's noise into its code")
     dd = p.add_argument_group("Distilled Decoding students (dd)")

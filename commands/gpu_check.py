@@ -7,7 +7,7 @@ What it runs, each step a ``python -m fastar ...`` subprocess (a device assert i
   degenerate (several classes or prompts, CFG >= 2); lossless decoders (sjd, spec) against ``ar`` on the GPU;
 - the conformance fixtures (tests/conformance) on the GPU in fp32 against the official samplers' codes;
 - compiled steps against eager ones on the GPU (the proof ``--compile auto`` needs before it turns on for CUDA):
-  ar and sjd, and ZipAR's feeds anywhere; MAR's compiled steps, whose latents must come close to eager's;
+  ar and sjd, ZipAR's feeds anywhere and VAR's scales; MAR's compiled steps, whose latents must come close to eager's;
 - bf16 and fp16 runs of every demo family and decoder, their images side by side in ``precision.png``;
 - 8-bit blocks (int8, fp8): compiled steps against eager ones (issue 35), and a 7B shape's compiled int8 step against
   its bf16 one;
@@ -53,7 +53,7 @@ class Family:
     condition: list  # what to draw, with CFG
     decoders: tuple = ("ar", "sjd")
     greedy: bool = True  # sampled discrete codes, so greedy is defined (not MAR's latents, not a DD student's map)
-    compiles: bool = True  # --compile applies (token models' static-cache steps)
+    compiles: bool = True  # --compile applies (static-cache steps: token models' and VAR's scales)
     latents_compile: bool = False  # --compile applies to MAR's steps: its latents are compared, not codes
 
 
@@ -63,7 +63,7 @@ FAMILIES = [
     Family("lumina-text", ["--model", DEMO / "demo_text", "--vq", DEMO / "demo_vqgan.safetensors"],
            [*PROMPTS, "--cfg", "3"], ("ar", "sjd", "gsd", "zipar")),
     Family("var", ["--model", DEMO / "demo_var.safetensors", "--vq", DEMO / "demo_var_vqvae.safetensors"],
-           ["--classes", "0,1,2,3", "--cfg", "2"], ("ar",), compiles=False),
+           ["--classes", "0,1,2,3", "--cfg", "2"], ("ar",)),
     Family("var-dd", ["--model", DEMO / "demo_var_dd.safetensors", "--vq", DEMO / "demo_var_vqvae.safetensors"],
            ["--classes", "0,1,2,3"], ("dd",), greedy=False, compiles=False),
     Family("llamagen-dd", ["--model", DEMO / "demo_dd.safetensors", "--vq", DEMO / "demo_vq.safetensors"],

@@ -147,7 +147,8 @@ class LoadARModel(CheckpointLoader):
                                        "off while part of the model streams from system memory (a GPU too "
                                        "small for it). A drafter follows its model: compiled when it is. MAR: "
                                        "on compiles its transformer call and diffusion head's reverse steps "
-                                       "(for GPUs; auto leaves them eager for now); DD and VAR models ignore it."),
+                                       "(for GPUs; auto leaves them eager for now), VAR each scale's forward "
+                                       "(likewise); DD students ignore it."),
                 io.Combo.Input("weight_dtype", options=list(WEIGHT_FORMATS), default="auto", optional=True,
                                tooltip=WEIGHTS_TOOLTIP),
             ],

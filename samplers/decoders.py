@@ -274,8 +274,9 @@ def decode_next_scale(model, conditioning, sampling: SamplingSettings, *, seed: 
         draw = NoiseToCode(noise.to(model.device), vqvae.codebook().float().to(model.device),
                            FlowMapSettings(steps=flow_steps)).span
     with finite_logits(model.dtype):
-        return next_scale_decode(model, vqvae, conditioning, sampling.validate(), generator=generator,
-                                 on_iteration=on_iteration, draw=draw, name=decoder, scale_codes=scale_codes)
+        return counting_compile_time(next_scale_decode, model, vqvae, conditioning, sampling.validate(),
+                                     generator=generator, on_iteration=on_iteration, draw=draw, name=decoder,
+                                     scale_codes=scale_codes)
 
 
 def check_hybrid_teacher(student, teacher) -> None:

@@ -118,7 +118,7 @@ def test_the_switch_reaches_mars_head_and_auto_waits_for_the_gpu_check():
     assert compiled_mode(compile_steps(mar, "on")) == "default"
     assert compiled_mode(compile_steps(mar, "auto")) is None  # no gain on the CPU; CUDA not compared yet
     assert compiled_mode(compile_steps(mar, "off")) is None
-    var = torch.nn.Module()
-    var.kind, var.what = "next-scale", "a VAR model"
-    with pytest.raises(FastARError, match="token models and MAR models; this is a VAR model"):
-        compile_steps(var, "on")
+    student = torch.nn.Module()
+    student.kind, student.what = "few-step", "a Distilled Decoding student"
+    with pytest.raises(FastARError, match="token, VAR and MAR models; this is a Distilled Decoding student"):
+        compile_steps(student, "on")

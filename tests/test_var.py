@@ -318,3 +318,51 @@ def test_fm_on_a_var_samples_the_exact_joint_of_its_scales():
         assert tv_of_fm() > bound
     finally:
         fm.expected_code = original
+
+
+def demo_var_pair():
+    from fastar.model_loaders.shared.demo import DEMO_VAR, DEMO_VAR_VQVAE
+
+    return load_ar_model(DEMO_VAR), load_image_decoder(DEMO_VAR_VQVAE)
+
+
+@pytest.mark.parametrize("decoder", ["ar", "fm"])
+def test_compiled_scale_steps_give_eagers_image_and_compile_each_scale_once(decoder):
+    """compile on: each scale's forward through torch.compile (a graph per scale, none more for the next image)
+    draws eager's very f_hat on the trained demo VAR: sampled with its guidance ramp at temperature 0.9, top-k and
+    top-p, batch 2, and by the flow map; a VAR does not compile under auto (no gain on the CPU, CUDA not compared)."""
+    from fastar.model_loaders.shared.compiled import compile_steps, compiled_mode, unique_graphs
+    from fastar.samplers.decoders import decode_next_scale
+
+    model, vqvae = demo_var_pair()
+    assert compiled_mode(compile_steps(model, "auto")) is None
+    rows = ClassConditioning(torch.tensor([1, 6]))
+    sampling = SamplingSettings(cfg_scale=1.5, temperature=0.9, top_k=100, top_p=0.95)
+    run = lambda seed: decode_next_scale(model, rows, sampling, seed=seed, vqvae=vqvae, decoder=decoder)  # noqa: E731
+    eager = [run(seed)[0] for seed in (0, 1)]
+    compile_steps(model, "on")
+    graphs = unique_graphs()
+    first, _ = run(0)
+    compiled = unique_graphs()
+    assert compiled - graphs <= len(model.cfg.patch_nums)  # fewer where an earlier test compiled them
+    second, stats = run(1)
+    assert unique_graphs() == compiled and stats.compile_time_s == 0
+    assert torch.equal(first, eager[0]) and torch.equal(second, eager[1]) and not torch.equal(eager[0], eager[1])
+
+
+def test_cuda_graph_scale_steps_keep_their_caches_between_images():
+    """Mode reduce-overhead (CUDA graphs): a session's per-block key and value caches are the model's static buffers,
+    the same addresses for the next image; f_hat as eager's."""
+    from fastar.model_loaders.shared.compiled import compile_steps
+    from fastar.samplers.decoders import decode_next_scale
+
+    eager, vqvae = tiny_var(), tiny_vqvae()
+    model = compile_steps(tiny_var(), "on", mode="reduce-overhead")
+    rows, sampling = ClassConditioning(torch.tensor([0, 4])), SamplingSettings(cfg_scale=1.5, top_k=8)
+    addresses = []
+    for seed in (0, 1):
+        got = decode_next_scale(model, rows, sampling, seed=seed, vqvae=vqvae)[0]
+        assert torch.equal(got, decode_next_scale(eager, rows, sampling, seed=seed, vqvae=vqvae)[0])
+        addresses.append([b.data_ptr() for b in model.static_buffers.buffers])
+    assert addresses[0] == addresses[1] and len(addresses[0]) == 2 * len(model.blocks)
+    assert model.static_buffers.buffers[0].shape == (4, 2, 30, 16)  # 2 rows and their CFG rows, 2 heads, 30 slots

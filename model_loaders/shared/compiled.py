@@ -38,10 +38,10 @@ COMPILED_METHODS = ("forward", "forward_at")
 # the GPU check (H200, torch 2.11: ar and sjd on LlamaGen and Lumina-mGPT layouts, fp32 greedy, exact); elsewhere
 # (mps, ...) "auto" leaves steps eager
 PROVEN_DEVICES = ("cpu", "cuda")
-# where "auto" compiles each kind of model's steps: a token model's on the proven devices; MAR's steps nowhere yet:
-# on the CPU they give eager's tokens (tests/test_head_steps.py) but no speed (matmuls are the time there), and on
-# CUDA, where eager launches are the time, the GPU check has not compared them yet
-AUTO_DEVICES = {"token-ar": PROVEN_DEVICES, "masked-ar": ()}
+# where "auto" compiles each kind of model's steps: a token model's on the proven devices; MAR's and VAR's nowhere
+# yet: on the CPU they give eager's tokens (tests/test_head_steps.py, test_var.py) but little or no speed (matmuls
+# are the time there), and on CUDA, where eager launches are the time, the GPU check has not compared them yet
+AUTO_DEVICES = {"token-ar": PROVEN_DEVICES, "masked-ar": (), "next-scale": ()}
 SWITCH = ("auto", "on", "off")
 CUDA_GRAPHS = "reduce-overhead"  # torch.compile's mode that replays each step as a CUDA graph (CUDA's default)
 COMPILE_MODES = ("default", CUDA_GRAPHS, "max-autotune", "max-autotune-no-cudagraphs")
@@ -55,9 +55,10 @@ def compile_steps(model, when: str = "on", mode: str | None = None):
     """Set ``model``'s compile switch (in place, returns ``model``). ``when``: 'on' (every device), 'auto' (the
     device types in AUTO_DEVICES for its kind) or 'off'; it is read at each session start, since ComfyUI moves a model
     between devices. ``mode``: torch.compile's; default 'reduce-overhead' (CUDA graphs) on CUDA, 'default'
-    elsewhere. The first generation of each shape pays the compilation (seconds to a minute). A MAR model compiles
-    its transformer call and its diffusion head's reverse steps (samplers/masked.py, head_steps.py); other models
-    (VAR, DD students) have no compiled steps: 'on' refuses them, 'auto' and 'off' leave them as they are."""
+    elsewhere. The first generation of each shape pays the compilation (seconds to a minute). A VAR model compiles
+    each scale's forward like a token model's step (its session's caches static, var/model.py), a MAR model its
+    transformer call and its diffusion head's reverse steps (samplers/masked.py, head_steps.py); DD students have
+    no steps to compile: 'on' refuses them, 'auto' and 'off' leave them as they are."""
     problem = switch_error(when)
     if problem:
         raise FastARError(problem)
@@ -65,9 +66,9 @@ def compile_steps(model, when: str = "on", mode: str | None = None):
     if kind == "masked-ar":  # read by samplers/masked.py's guides
         model.compile_switch, model.compile_mode = when, mode
         return model
-    if kind != "token-ar":
+    if kind not in AUTO_DEVICES:
         if when == "on":
-            raise FastARError(f"compiled steps are for token models and MAR models; this is {model.what}")
+            raise FastARError(f"compiled steps are for token, VAR and MAR models; this is {model.what}")
         return model
     if not hasattr(model, "compile_switch"):
         eager_start = model.start

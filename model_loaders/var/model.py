@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..shared.compiled_session import cache_zeros
 from ..shared.protocol import ClassConditioning, ModelOutput
 
 MAX_SCALE_MUL = math.log(100.0)
@@ -81,7 +82,7 @@ class SelfAttention(nn.Module):
         self.scale_mul_1H11 = nn.Parameter(torch.full((1, heads, 1, 1), 4.0).log())  # log space
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor], cache: Optional[list]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor], cache: Optional["ScaleSlots"]) -> torch.Tensor:
         B, L, C = x.shape
         bias = torch.cat([self.q_bias, self.zero_k_bias, self.v_bias])
         qkv = self.mat_qkv(x) + bias  # the layer has none of its own: VAR's q and v biases, k's zero
@@ -89,9 +90,7 @@ class SelfAttention(nn.Module):
         q = F.normalize(q, dim=-1) * self.scale_mul_1H11.clamp(max=MAX_SCALE_MUL).exp()
         k = F.normalize(k, dim=-1)
         if cache is not None:  # earlier scales' keys and values, then this scale's
-            if cache:
-                k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
-            cache[:] = [k, v]
+            k, v = cache.extend(k, v)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
         return self.proj(out.transpose(1, 2).reshape(B, L, C))
 
@@ -218,6 +217,34 @@ class VAR(nn.Module):
         return VARSession(self, conditioning.labels.to(self.device), cfg)
 
 
+class ScaleCache:
+    """A block's keys and values for every slot of the sequence ``[rows, heads, L, head_dim]``, filled scale by scale:
+    the same tensors from a generation's first scale to its last (the release grows a list instead), which is what
+    a step compiled with CUDA graphs needs (compiled_session.py: reused between generations there)."""
+
+    def __init__(self, rows: int, heads: int, slots: int, head_dim: int, dtype: torch.dtype, device: torch.device):
+        self.k = cache_zeros(rows, heads, slots, head_dim, dtype=dtype, device=device)
+        self.v = cache_zeros(rows, heads, slots, head_dim, dtype=dtype, device=device)
+
+    def at(self, begin: int, end: int) -> "ScaleSlots":
+        return ScaleSlots(self, begin, end)
+
+
+@dataclass(frozen=True)
+class ScaleSlots:
+    """The slots of one scale in a ScaleCache: where its keys and values go, and all a query of it attends to."""
+
+    cache: ScaleCache
+    begin: int
+    end: int
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This scale's keys and values written; the keys and values of every slot up to its end."""
+        self.cache.k[:, :, self.begin:self.end] = k
+        self.cache.v[:, :, self.begin:self.end] = v
+        return self.cache.k[:, :, :self.end], self.cache.v[:, :, :self.end]
+
+
 class VARSession:
     """One generation: scales are fed in order, each attending to the cached keys and values of the earlier
     ones (the release's KV cache; equal to the block-causal mask)."""
@@ -228,7 +255,9 @@ class VARSession:
         self.cond = model.class_emb(rows)
         self.positions = model.level_positions()
         self.bounds = model.cfg.scale_bounds()
-        self.caches = [[] for _ in model.blocks]
+        heads = model.cfg.n_head
+        self.caches = [ScaleCache(rows.shape[0], heads, model.cfg.seq_len, model.cfg.dim // heads, model.dtype,
+                                  model.device) for _ in model.blocks]
 
     @torch.no_grad()
     def forward(self, scale: int, inputs: Optional[torch.Tensor] = None) -> ModelOutput:
@@ -243,7 +272,7 @@ class VARSession:
             x = x.repeat(self.cond.shape[0] // x.shape[0], 1, 1)
         x = x + self.positions[:, begin:end]
         for block, cache in zip(model.blocks, self.caches):
-            x = block(x, self.cond, None, cache)
+            x = block(x, self.cond, None, cache.at(begin, end))
         logits = model.logits(x, self.cond)
         if logits.shape[0] == self.batch:
             return ModelOutput(logits)

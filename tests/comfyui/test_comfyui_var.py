@@ -48,6 +48,20 @@ def test_var_samples_scale_by_scale_and_repeats_by_seed(comfy):
     assert all(np.array_equal(a, b) for a, b in zip(first, same))
 
 
+def test_var_compiled_draws_the_eager_images_and_says_when_it_compiles(comfy):
+    """Load AR Model's compile switch on a VAR: each scale's forward compiled (off under auto for now), the very
+    images of eager steps, and the run that compiles says so on the Stats node."""
+    prompt = var_prompt(seed=97)
+    eager = images_of(comfy, comfy.run(prompt))
+    prompt["1"]["inputs"]["compile"] = "on"
+    entry = comfy.run(prompt)
+    assert entry["status"]["status_str"] == "success", harness.execution_error(entry)
+    compiled = images_of(comfy, entry)
+    assert len(compiled) == len(eager) == 2 and all(np.array_equal(a, b) for a, b in zip(compiled, eager))
+    texts = [out["text"][0] for out in entry["outputs"].values() if "text" in out]
+    assert any("compiling steps:" in text for text in texts), texts
+
+
 def test_var_mix_ups_give_fastar_messages(comfy):
     error = failed(comfy, var_prompt(sampler="FastARSamplerSJD"))
     assert "sjd needs a token model (LlamaGen); this is a VAR model (next-scale prediction): use one of ar" \
