@@ -158,7 +158,7 @@ def generate_next_scale(args, models, conditioning, progress):
                                      scale_codes=token_maps)
     print(f"{stats.decoder}: {len(models.ar.cfg.patch_nums)} scales ({models.ar.cfg.seq_len} tokens) x {stats.batch} in "
           f"{stats.target_forwards} forwards, cfg {sampling.cfg_scale} ramped over the scales, top-k {sampling.top_k}, "
-          f"top-p {sampling.top_p}, {stats.wall_time_s:.2f} s")
+          f"top-p {sampling.top_p}, {seconds(stats)}")
     return f_hat, stats, token_maps
 
 

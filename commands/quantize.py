@@ -57,10 +57,10 @@ def quantised_tensors(source: Path, fmt: str, image_size: int | None):
 def write_quantised(source, fmt: str, out=None, image_size: int | None = None) -> Path:
     """Write ``source`` (a checkpoint file or model folder of an AR model) with its blocks' linear layers in
     ``fmt`` to ``out`` (default: beside it, see ``default_out``); returns where it went."""
-    from ..model_loaders.shared.quantized import STORED_FORMAT
+    from ..model_loaders.shared.quantized import CODE_DTYPES, STORED_FORMAT
     from .training import write_whole
 
-    if fmt not in ("int8", "fp8"):
+    if fmt not in CODE_DTYPES:
         raise FastARError(f"weight format {fmt!r}: choose int8 or fp8")
     source = Path(source)
     out = Path(out) if out else default_out(source, fmt)

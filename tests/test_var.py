@@ -226,6 +226,8 @@ def test_cli_generates_with_the_release_sampler_and_refuses_raster_decoders(tmp_
                                     ClassConditioning(torch.tensor([1, 4])), SamplingSettings(1.5, 1.0, 900, 0.96),
                                     generator=torch.Generator().manual_seed(2))
     np.testing.assert_allclose(np.load(tmp_path / "a.npy"), expected.numpy(), rtol=1e-5, atol=1e-5)
+    r = fastar(*common, "--seed", 2, "--compile", "on", "--out", tmp_path / "c.png", cwd=tmp_path)
+    assert r.returncode == 0 and " s of it compiling steps)" in r.stdout, r.stderr  # apart from the sampling time
     r = fastar(*common, "--decoder", "sjd", cwd=tmp_path)
     assert r.returncode == 2 and "sjd needs a token model (LlamaGen); this is a VAR model (next-scale prediction): " \
         "use one of ar, fm with it" in r.stderr

@@ -22,7 +22,7 @@ from .eagle import EagleConfig, EagleDrafter, EagleHead, LayoutEagleDrafter
 from ..shared.building import build_and_load, weight_shape
 from ..shared.demo import DEMO_DRAFTER, DEMO_MAR_DRAFT
 from ..shared.joined import parted_state_dict
-from ..shared.quantized import format_to_load, quantised_loading, quantize_weights
+from ..shared.quantized import quantize_weights, stored_format_loading
 from ..llamagen.model import LlamaGenGPT
 from ..mar.loader import load_mar_draft
 
@@ -68,7 +68,7 @@ def read_drafter(path, target, device, dtype, weights: str = "auto"):
     if family not in SMALL_AR_FAMILIES:  # the kind first: a MAR, VAR or DD student cannot draft codes one by one
         raise FastARError(f"{info.source} is {FAMILY_WHAT[family]}, and the target is {target.what}: a drafter "
                           "for it is an EAGLE drafter folder or a smaller LlamaGen GPT trained on the same VQ codes")
-    with quantised_loading(format_to_load(info.metadata, weights, info.source), dtype):
+    with stored_format_loading(info.metadata, weights, info.source, dtype):
         model = LOADERS[family](sd, info=info, device=device, dtype=dtype)
     check_ar_drafter(model, target, info.source)
     return SmallARDrafter(model)

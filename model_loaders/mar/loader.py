@@ -18,7 +18,7 @@ from ...errors import FastARError
 from ..shared.checkpoint import AR_MODEL, FAMILY_WHAT, IMAGE_DECODER, CheckpointInfo, detect_family, read_state_dict, require_family
 from .kl_vae import KLAutoencoder
 from ..shared.ldm_blocks import KLConfig
-from ..shared.quantized import format_to_load, is_codes, quantised_loading, quantised_state
+from ..shared.quantized import is_codes, quantised_state, stored_format_loading
 from ..shared.building import build_and_load, checkpoint_of, config_from_metadata, first_setting, official_heads, weight_shape, where_config_goes
 from .model import MAR, MARConfig
 
@@ -53,7 +53,7 @@ def load_mar_draft(path, target: MAR, *, device=None, dtype=None, weights: str =
         raise FastARError(f"{info.source} is {what}, not a MAR draft model: CSpD drafts with a smaller MAR trained on "
                           "the same VAE latents as the target (e.g. mar_base for mar_huge)")
     dtype = target.z_proj.weight.dtype if dtype is None else dtype
-    with quantised_loading(format_to_load(info.metadata, weights, info.source), dtype):
+    with stored_format_loading(info.metadata, weights, info.source, dtype):
         draft = load_mar(sd, info=info, device=target.device if device is None else device, dtype=dtype)
     check_mar_draft(target, draft, info.source)
     return draft

@@ -436,7 +436,7 @@ _recording: contextvars.ContextVar[dict | None] = contextvars.ContextVar("fastar
 @contextlib.contextmanager
 def recording_weights():
     """Yields a dict that receives every tensor ``load_weights`` puts into a model inside, under the model's keys,
-    as it goes in (before any later change the loader makes): what prequantised.py writes."""
+    as it goes in (before any later change the loader makes): what commands/quantize.py writes."""
     state: dict[str, torch.Tensor] = {}
     token = _recording.set(state)
     try:

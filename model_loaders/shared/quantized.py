@@ -224,6 +224,12 @@ def quantised_loading(fmt: str, dtype: torch.dtype | None):
         _loading.reset(token)
 
 
+def stored_format_loading(metadata: dict, asked: str, source: str, dtype: torch.dtype | None):
+    """``quantised_loading`` in the format a checkpoint loads in (``format_to_load``): for loaders that hand a read
+    checkpoint to a family's loader (drafters)."""
+    return quantised_loading(format_to_load(metadata, asked, source), dtype)
+
+
 class LoadQuantiser:
     """The 8-bit layers of a model loading inside ``quantised_loading``: the keys of their weights, and the codes
     and scales of each from the checkpoint's tensor."""
