@@ -213,6 +213,10 @@ def probe_and_profile_steps(out: Path, device: str) -> list[Step]:
                             "--compile", "--repeats", "2", "--kernels"), env=compiled),
             replace(profile("profile-anole-7b-compiled", "anole-7b", "--windows", "1,16", "--batches", "2",
                             "--no-decoders", "--compile", "--kernels"), env=compiled),
+            # inductor's Triton matrix products (epilogues fused, no split-K reductions): fewer kernels, fewer gaps?
+            replace(profile("profile-anole-7b-max-autotune", "anole-7b", "--windows", "1,16", "--batches", "2",
+                            "--no-decoders", "--compile", "--compile-mode", "max-autotune", "--kernels"),
+                    env=compiled, timeout=480),  # autotuning each product's shape: minutes
             # MAR-B's reverse process eagerly (about 100 small ops per reverse step) and on compiled steps
             profile("profile-mar-b-compiled", "mar-b", "--batches", "1,2", "--no-decoders", "--compile"),
             # issue 35: int8 blocks, the dequantisation fused into compiled steps (goal: 1.6x the bf16 step)
@@ -461,9 +465,10 @@ def main(argv=None) -> int:
     env = os.environ | {"OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1"}
     chosen = lambda step: not args.only or any(part in step.name for part in args.only.split(","))  # noqa: E731
     steps = [s for s in correctness_steps(out, args.device) if chosen(s)]
-    with ThreadPoolExecutor(args.workers) as pool:
-        list(pool.map(lambda s: run_step(s, deadline - 200, env), steps))  # leave time for the timed steps
     later = [s for s in probe_and_profile_steps(out, args.device) if chosen(s)]
+    reserve = 200 if later else 0  # time left for the timed steps, when any will run
+    with ThreadPoolExecutor(args.workers) as pool:
+        list(pool.map(lambda s: run_step(s, deadline - reserve, env), steps))
     for step in later:
         run_step(step, deadline, os.environ | {"PYTHONUNBUFFERED": "1"})
     steps += later

@@ -8,13 +8,15 @@ import sys
 import numpy as np
 import torch
 
-from fastar.commands.gpu_check import Step, goal_lines, judge, kernel_lines
+from fastar.cli import build_parser
+from fastar.commands.gpu_check import (PROBES, Step, correctness_steps, goal_lines, judge, kernel_lines,
+                                       probe_and_profile_steps)
 
 
-def check_verdicts(out, only: str, workers: int) -> dict:
+def check_verdicts(out, only: str, workers: int, budget: int = 900) -> dict:
     """Run the check's steps named in ``only`` on the CPU; each step's verdict."""
     done = subprocess.run([sys.executable, "-m", "fastar.commands.gpu_check", "--device", "cpu", "--out", out,
-                           "--only", only, "--workers", str(workers), "--budget", "900"], capture_output=True,
+                           "--only", only, "--workers", str(workers), "--budget", str(budget)], capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr
     report = json.loads((out / "report.json").read_text())
@@ -26,6 +28,25 @@ def test_the_check_runs_its_steps_and_reports_exact_codes(tmp_path):
     assert verdicts == {"llamagen-c2i-ar-greedy-cpu": "ran", "llamagen-c2i-ar-greedy-gpu-fp32": "exact",
                         "conformance-var-0": "exact"}, verdicts
     assert "| conformance-var-0 | conformance-on-gpu | exact |" in (tmp_path / "report.md").read_text()
+
+
+def test_a_short_budget_still_runs_the_chosen_correctness_steps(tmp_path):
+    # the time kept back for the timed profiles is kept only when one of them was chosen
+    assert check_verdicts(tmp_path, "llamagen-c2i-ar-greedy-cpu", 1, budget=60) == {"llamagen-c2i-ar-greedy-cpu": "ran"}
+
+
+def test_every_step_is_a_command_that_parses(tmp_path):
+    """A typo in a step's arguments would cost a lent GPU's minutes: every step's command line must parse."""
+    steps = correctness_steps(tmp_path, "cuda") + probe_and_profile_steps(tmp_path, "cuda")
+    assert len({step.name for step in steps}) == len(steps)
+    parser = build_parser()
+    for step in steps:
+        argv = [str(a) for a in step.argv]
+        assert argv[:2] == [sys.executable, "-m"], step.name
+        if argv[2] == "fastar":
+            parser.parse_args(argv[3:])  # exits (SystemExit) on an unknown option or a bad choice
+        else:
+            assert argv[2] == "fastar.commands.gpu_check" and argv[argv.index("--probe") + 1] in PROBES, step.name
 
 
 def test_codes_that_differ_are_reported_with_their_share_and_first_position(tmp_path):
