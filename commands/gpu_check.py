@@ -14,9 +14,10 @@ What it runs, each step a ``python -m fastar ...`` subprocess (a device assert i
 - host syncs per decoder (``torch.cuda.set_sync_debug_mode``), the peak memory of a 7B shape with CFG, the fused
   8-bit matmul against the dequantised product and timed beside bf16, and inductor's own 8-bit product beside it
   (``--probe``, in-process: gpu_probes.py);
-- the speed profile of LlamaGen-XL and a 7B shape against the bandwidth floor (``python -m fastar profile``).
+- the speed profile of LlamaGen-XL and a 7B shape against the bandwidth floor (``python -m fastar profile``), eager,
+  compiled as CUDA graphs, and the 7B step under inductor's max-autotune too.
 Steps run a few at a time (correctness) and the profiles alone at the end (timing); a step that would start
-after ``--budget`` seconds is reported as skipped. Writes ``report.json``, ``report.md`` and ``precision.png``.
+after ``--budget`` seconds is reported as skipped (correctness steps 200 s earlier when timed steps were chosen). Writes ``report.json``, ``report.md`` and ``precision.png``.
 """
 from __future__ import annotations
 
