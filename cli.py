@@ -11,14 +11,14 @@ from pathlib import Path
 from .errors import FastARError, FastARWarning
 from .model_loaders.shared.compiled import COMPILE_MODES, SWITCH
 from .model_loaders.shared.quantized import WEIGHT_FORMATS
-from .samplers.acceptance import PROB_FILTERS
-from .samplers.cspd import VERIFY_MODES
+from .samplers.token_loops.acceptance import PROB_FILTERS
+from .samplers.masked_loops.cspd import VERIFY_MODES
 from .samplers.decoders import DECODERS
-from .samplers.drafts import COUPLINGS, INIT_STRATEGIES
-from .samplers.masked import CFG_SCHEDULES
-from .samplers.next_scale import VAR_SAMPLING
-from .samplers.speculative import DRAFTS
-from .samplers.zipar import ATTENTIONS as ZIPAR_ATTENTIONS
+from .samplers.token_loops.drafts import COUPLINGS, INIT_STRATEGIES
+from .samplers.masked_loops.masked import CFG_SCHEDULES
+from .samplers.few_step_loops.next_scale import VAR_SAMPLING
+from .samplers.token_loops.speculative import DRAFTS
+from .samplers.token_loops.zipar import ATTENTIONS as ZIPAR_ATTENTIONS
 from .settings import (CSPD_DEFAULTS, DD_DEFAULTS, MASKED_DEFAULTS, REUSE_DEFAULTS, SAMPLING_DEFAULTS, SPEC_DEFAULTS,
                        check_arguments)
 from .commands.distill_dd import add_arguments as add_distill_args

@@ -11,8 +11,8 @@ import torch
 
 from .errors import FastARError
 from .model_loaders.shared.transformer import SPARE_SLOTS
-from .samplers.acceptance import DISTANCE_CHUNK
-from .samplers.zipar import zipar_feeds
+from .samplers.token_loops.acceptance import DISTANCE_CHUNK
+from .samplers.token_loops.zipar import zipar_feeds
 
 GB = 1e9
 DECODE_CHUNK = 16  # images decoded at once at most (also on a CPU)

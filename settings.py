@@ -3,11 +3,11 @@ which shares them) mean, with their defaults and ranges, in one place below both
 from __future__ import annotations
 
 from .errors import FastARError
-from .samplers.cspd import REFERENCE_TEMPERATURE, CSpDSettings
+from .samplers.masked_loops.cspd import REFERENCE_TEMPERATURE, CSpDSettings
 from .samplers.decoders import DecoderSpec
-from .samplers.distilled import DDSettings
-from .samplers.feature_reuse import FeatureReuse
-from .samplers.masked import MaskedSettings
+from .samplers.few_step_loops.distilled import DDSettings
+from .samplers.masked_loops.feature_reuse import FeatureReuse
+from .samplers.masked_loops.masked import MaskedSettings
 from .samplers.processing import SamplingSettings
 
 SPEC_DEFAULTS = DecoderSpec()

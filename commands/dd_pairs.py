@@ -23,8 +23,8 @@ from ..errors import FastARError
 from ..model_loaders.dd.student import model_fingerprint
 from ..model_loaders.shared.protocol import ClassConditioning
 from ..samplers.decoders import fm_decode, make_generator
-from ..samplers.flow_map import FlowMapSettings, NoiseToCode, token_noise
-from ..samplers.next_scale import RecordedDraw, next_scale_decode
+from ..samplers.few_step_loops.flow_map import FlowMapSettings, NoiseToCode, token_noise
+from ..samplers.few_step_loops.next_scale import RecordedDraw, next_scale_decode
 from ..samplers.processing import SamplingSettings
 from .training import write_whole
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from ..errors import FastARError
 from ..samplers.decoders import LOSSLESS, NEEDS_DRAFTER, check_decoder
-from ..samplers.distilled import DDSettings
-from ..samplers.next_scale import VAR_SAMPLING
+from ..samplers.few_step_loops.distilled import DDSettings
+from ..samplers.few_step_loops.next_scale import VAR_SAMPLING
 from ..samplers.processing import SamplingSettings
 from ..settings import (SAMPLING_DEFAULTS, check_arguments, cspd_from, masked_settings_from, sampling_from,
                         spec_from, top_k_of, top_p_of)
@@ -167,7 +167,7 @@ def generate_distilled(args, models, conditioning, progress):
     import torch
 
     from ..samplers.decoders import decode_distilled, make_generator
-    from ..samplers.flow_map import token_noise
+    from ..samplers.few_step_loops.flow_map import token_noise
 
     if (args.teacher is None) != (args.dd_regenerate is None):
         raise FastARError("the DD hybrid needs both --teacher (the student's teacher) and --dd-regenerate S")
@@ -267,7 +267,7 @@ def codes_of(models, outputs):
     """Image codes ``[B, h*w]``: a token model's own, or the nearest code of each of a DD student's vectors."""
     if models.ar.kind != "few-step":
         return outputs
-    from ..samplers.flow_map import nearest_code
+    from ..samplers.few_step_loops.flow_map import nearest_code
 
     return nearest_code(outputs.flatten(0, 1), models.codebook().to(outputs.device)).view(outputs.shape[:2])
 

@@ -18,10 +18,10 @@ def probe_sync(device: str, out: Path, images: int = 4, mar_steps: int = 16) -> 
     from ..model_loaders import load_ar_model
     from ..model_loaders.drafters.loader import load_drafter
     from ..model_loaders.shared.protocol import ClassConditioning
-    from ..samplers.cspd import CSpDSettings
+    from ..samplers.masked_loops.cspd import CSpDSettings
     from ..samplers.decoders import DecoderSpec, decode, decode_masked
-    from ..samplers.feature_reuse import FeatureReuse
-    from ..samplers.masked import MaskedSettings
+    from ..samplers.masked_loops.feature_reuse import FeatureReuse
+    from ..samplers.masked_loops.masked import MaskedSettings
     from ..samplers.processing import SamplingSettings
 
     torch_device = torch.device(device)

@@ -33,7 +33,7 @@ from ..model_loaders.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
 from ..model_loaders.llamagen.model import LlamaGenConfig, LlamaGenGPT
 from ..model_loaders.shared.protocol import ClassConditioning
 from ..pipeline import resolve_device
-from ..samplers.jacobi import ar_decode
+from ..samplers.token_loops.jacobi import ar_decode
 from ..samplers.processing import SamplingSettings
 from .training import DATA_DIR, Timer, cosine_lr, init_weights, save_fp16, save_whole, setup, train_step
 

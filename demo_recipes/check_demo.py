@@ -24,9 +24,9 @@ from ..model_loaders.drafters.loader import load_drafter
 from ..model_loaders.shared.protocol import ClassConditioning, PromptConditioning
 from ..model_loaders.shared.quantized import WEIGHT_FORMATS
 from ..pipeline import outputs_to_images
-from ..samplers.cspd import CSpDSettings
+from ..samplers.masked_loops.cspd import CSpDSettings
 from ..samplers.decoders import DecoderSpec, decode, decode_masked
-from ..samplers.masked import MaskedSettings
+from ..samplers.masked_loops.masked import MaskedSettings
 from ..samplers.processing import SamplingSettings
 from ..commands.bench.classifier import classify, frechet_distance, load_classifier
 from .demo_common import OUT_DIR

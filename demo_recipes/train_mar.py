@@ -46,7 +46,7 @@ from ..model_loaders.shared.demo import DEMO_KL, DEMO_MAR, DEMO_MAR_DRAFT
 from ..model_loaders.mar.diffusion import TRAIN_STEPS, SpacedDiffusion
 from ..model_loaders.mar.model import MAR, MARConfig
 from ..model_loaders.shared.protocol import ClassConditioning
-from ..samplers.masked import MaskedSettings, masked_decode
+from ..samplers.masked_loops.masked import MaskedSettings, masked_decode
 from .demo_common import OUT_DIR, cached_encoding, to_tensor, to_uint8
 from ..commands.training import Timer, cosine_lr, ema_update, save_fp16, setup, train_step
 from ..commands.bench.demo_data import CLASS_NAMES, MAR_TOKEN, balanced_labels, make_batch

@@ -20,7 +20,7 @@ from ..model_loaders import load_ar_model, load_image_decoder
 from ..model_loaders.shared.demo import DEMO_VAR, DEMO_VAR_VQVAE
 from ..model_loaders.shared.protocol import ClassConditioning
 from ..model_loaders.var.model import VAR, VARConfig
-from ..samplers.next_scale import next_scale_decode
+from ..samplers.few_step_loops.next_scale import next_scale_decode
 from ..samplers.processing import SamplingSettings
 from .demo_common import cached_encoding, to_tensor
 from ..commands.training import Timer, cosine_lr, ema_update, save_fp16, setup, train_step

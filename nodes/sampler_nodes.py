@@ -16,9 +16,9 @@ from ..model_loaders.drafters.eagle import EagleHead
 from ..model_loaders.shared.protocol import CaptionConditioning, ClassConditioning, PromptConditioning
 from ..model_loaders.shared.quantized import weight_format
 from ..pipeline import CONDITIONING_NAMES, check_image_decoder, class_conditioning, conditioning_type
-from ..samplers.acceptance import PROB_FILTERS
-from ..samplers.cspd import VERIFY_MODES, CSpDSettings
-from ..samplers.zipar import ATTENTIONS as ZIPAR_ATTENTIONS
+from ..samplers.token_loops.acceptance import PROB_FILTERS
+from ..samplers.masked_loops.cspd import VERIFY_MODES, CSpDSettings
+from ..samplers.token_loops.zipar import ATTENTIONS as ZIPAR_ATTENTIONS
 from ..samplers.decoders import (
     MASKED_AR,
     NEXT_SCALE,
@@ -30,12 +30,12 @@ from ..samplers.decoders import (
     decode_masked,
     decode_next_scale,
 )
-from ..samplers.distilled import DDSettings
-from ..samplers.drafts import COUPLINGS, INIT_STRATEGIES
-from ..samplers.feature_reuse import FeatureReuse
-from ..samplers.masked import CFG_SCHEDULES, MaskedSettings
+from ..samplers.few_step_loops.distilled import DDSettings
+from ..samplers.token_loops.drafts import COUPLINGS, INIT_STRATEGIES
+from ..samplers.masked_loops.feature_reuse import FeatureReuse
+from ..samplers.masked_loops.masked import CFG_SCHEDULES, MaskedSettings
 from ..samplers.processing import SamplingSettings
-from ..samplers.speculative import DRAFTS
+from ..samplers.token_loops.speculative import DRAFTS
 from . import comfy_glue as glue
 from .loader_nodes import FastARConditioning, FastARDrafter, FastARModel, FastARVQ
 from .values import STATS_TYPE, TOKENS_TYPE, Conditioning, DrafterHandle, Latents, ModelHandle, Tokens

@@ -16,19 +16,19 @@ import torch
 
 from ..errors import FastARError, FastARWarning, check_choice
 from ..model_loaders.shared.compiled import COMPILE_CLOCK
-from .acceptance import ExactRule, GroupedRule, LanternRule
-from .jacobi import ar_decode, jacobi_decode
-from .latent_neighbours import latent_neighbours
+from .token_loops.acceptance import ExactRule, GroupedRule, LanternRule
+from .token_loops.jacobi import ar_decode, jacobi_decode
+from .token_loops.latent_neighbours import latent_neighbours
 from .processing import SamplingSettings, finite_logits
-from .cspd import CSpDSettings, cspd_decode
-from .distilled import DDSettings, Hybrid, dd_decode
-from .flow_map import FlowMapSettings, NoiseToCode, token_noise
-from .masked import MaskedSettings, masked_decode
-from .next_scale import next_scale_decode
-from .speculative import DRAFTS, speculative_decode
+from .masked_loops.cspd import CSpDSettings, cspd_decode
+from .few_step_loops.distilled import DDSettings, Hybrid, dd_decode
+from .few_step_loops.flow_map import FlowMapSettings, NoiseToCode, token_noise
+from .masked_loops.masked import MaskedSettings, masked_decode
+from .few_step_loops.next_scale import next_scale_decode
+from .token_loops.speculative import DRAFTS, speculative_decode
 from .stats import Stopwatch
-from .verifier import ProgressFn
-from .zipar import ATTENTIONS as ZIPAR_ATTENTIONS, zipar_decode
+from .token_loops.verifier import ProgressFn
+from .token_loops.zipar import ATTENTIONS as ZIPAR_ATTENTIONS, zipar_decode
 
 TOKEN_AR, MASKED_AR, FEW_STEP, NEXT_SCALE = "token-ar", "masked-ar", "few-step", "next-scale"
 KIND_NAMES = {TOKEN_AR: "a token model (LlamaGen)", MASKED_AR: "a MAR model", FEW_STEP: "a Distilled Decoding student",

@@ -160,7 +160,7 @@ def test_drafters_of_another_family_or_layout_are_refused(folders, drafter_files
 
 def test_compiled_steps_give_eagers_tokens_with_the_drafter(folders, drafter_files, monkeypatch):
     """Sampled spec with the Anole drafter (its layout's rows, RoPE and image-token ids) and the target's steps
-    compiled: the drafter's steps and every loop step compile alongside (samplers/loop_step.py), same tokens."""
+    compiled: the drafter's steps and every loop step compile alongside (samplers/token_loops/loop_step.py), same tokens."""
     from fastar.model_loaders.drafters.eagle import EagleSession
     from fastar.model_loaders.shared.compiled import compile_steps, compiled_function
     from fastar.samplers.decoders import DecoderSpec, decode

@@ -11,7 +11,7 @@ from fastar.model_loaders import load_ar_model
 from fastar.model_loaders.drafters.small_ar import SmallARDrafter
 from fastar.model_loaders.llamagen.model import LlamaGenSession
 from fastar.model_loaders.shared.protocol import PromptConditioning
-from fastar.samplers import verifier
+from fastar.samplers.token_loops import verifier
 from fastar.samplers.decoders import DecoderSpec, decode
 from fastar.samplers.processing import SamplingSettings
 from tiny_llamagen import tiny_conditioning, tiny_model

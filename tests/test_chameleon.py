@@ -12,7 +12,7 @@ import torch
 
 from fastar.model_loaders import load_ar_model
 from fastar.model_loaders.shared.protocol import PromptConditioning
-from fastar.samplers.jacobi import ar_decode
+from fastar.samplers.token_loops.jacobi import ar_decode
 from fastar.samplers.processing import SamplingSettings
 from fastar.tests.tiny_chameleon import CODES, code_name, hf_model, vocabulary, write_folder
 

@@ -171,7 +171,7 @@ def test_zipar_feeds_run_compiled_to_eagers_tokens_in_a_few_shapes(shape):
     from fastar.model_loaders.shared.compiled import compiled_forward
     from fastar.model_loaders.shared.llm_decoder import LayoutSession
     from fastar.model_loaders.shared.protocol import PromptConditioning
-    from fastar.samplers.zipar import zipar_feeds
+    from fastar.samplers.token_loops.zipar import zipar_feeds
 
     if shape == "llamagen":
         eager, compiled = (tiny_model(seed=3, grid=(4, 7)) for _ in range(2))
@@ -210,7 +210,7 @@ def test_cancel_during_a_first_compile_returns_at_once_and_the_compiled_graph_is
 
     eager, compiled = models
     step = compiled_forward(LlamaGenSession, "default")
-    # shapes no other test has; ar: no loop step (samplers/loop_step.py) compiling graphs of its own besides
+    # shapes no other test has; ar: no loop step (samplers/token_loops/loop_step.py) compiling graphs of its own besides
     spec, rows = DecoderSpec("ar"), ClassConditioning(torch.tensor([1, 2, 3]))
     # the compilation starts only once the cancel came: however fast this machine compiles, it is under way
     cancelled, real = threading.Event(), step.compiled

@@ -15,9 +15,9 @@ import torch
 from fastar.errors import FastARError
 from fastar.model_loaders.mar.diffusion import ReverseStep
 from fastar.model_loaders.shared.protocol import ClassConditioning
-from fastar.samplers import continuous_acceptance as rule
-from fastar.samplers.cspd import REFERENCE_TEMPERATURE, CSpDSettings, cspd_decode, merged_schedule
-from fastar.samplers.masked import MaskedSettings, mask_schedule, masked_decode
+from fastar.samplers.masked_loops import continuous_acceptance as rule
+from fastar.samplers.masked_loops.cspd import REFERENCE_TEMPERATURE, CSpDSettings, cspd_decode, merged_schedule
+from fastar.samplers.masked_loops.masked import MaskedSettings, mask_schedule, masked_decode
 from fastar.tests.test_mar import tiny_mar
 
 def ks_normal(values: np.ndarray) -> float:
@@ -169,7 +169,7 @@ def test_the_relaxed_rule_accepts_more_and_is_not_the_target():
 
 
 def test_the_path_factor_sums_the_earlier_steps_log_stds():
-    from fastar.samplers.masked import Guide, Plan
+    from fastar.samplers.masked_loops.masked import Guide, Plan
 
     rows = ClassConditioning(torch.tensor([0, 2]))
     settings = MaskedSettings(num_iter=4, diffusion_steps=3)

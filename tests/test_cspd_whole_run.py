@@ -22,10 +22,10 @@ import pytest
 import torch
 
 from fastar.model_loaders.shared.protocol import ClassConditioning
-from fastar.samplers import continuous_acceptance as rule
-from fastar.samplers import cspd as cspd_module
-from fastar.samplers.cspd import CSpDSettings, cspd_decode, merged_schedule
-from fastar.samplers.masked import MaskedSettings, masked_decode
+from fastar.samplers.masked_loops import continuous_acceptance as rule
+from fastar.samplers.masked_loops import cspd as cspd_module
+from fastar.samplers.masked_loops.cspd import CSpDSettings, cspd_decode, merged_schedule
+from fastar.samplers.masked_loops.masked import MaskedSettings, masked_decode
 from fastar.tests.test_cspd import ks_normal
 from fastar.tests.test_mar import tiny_mar
 

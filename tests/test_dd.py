@@ -22,8 +22,8 @@ from fastar.model_loaders.shared.demo import DEMO_VQ
 from fastar.model_loaders.shared.joined import parted_state_dict
 from fastar.model_loaders.shared.protocol import ClassConditioning
 from fastar.samplers.decoders import decode_distilled
-from fastar.samplers.distilled import DDSettings, dd_decode
-from fastar.samplers.jacobi import ar_decode
+from fastar.samplers.few_step_loops.distilled import DDSettings, dd_decode
+from fastar.samplers.token_loops.jacobi import ar_decode
 from fastar.samplers.processing import SamplingSettings
 from tiny_llamagen import tiny_model
 

@@ -11,8 +11,8 @@ from fastar.model_loaders.dd.student import DDStudent, model_fingerprint
 from fastar.model_loaders.shared.demo import DEMO_AR, DEMO_DD, DEMO_VQ
 from fastar.model_loaders.shared.protocol import ClassConditioning
 from fastar.samplers.decoders import fm_decode
-from fastar.samplers.distilled import DDSettings, dd_decode
-from fastar.samplers.flow_map import nearest_code, token_noise
+from fastar.samplers.few_step_loops.distilled import DDSettings, dd_decode
+from fastar.samplers.few_step_loops.flow_map import nearest_code, token_noise
 from fastar.samplers.processing import SamplingSettings
 
 pytestmark = pytest.mark.skipif(not DEMO_DD.exists(), reason="demo DD student not built")

@@ -11,9 +11,9 @@ from fastar.model_loaders.shared.demo import DEMO_KL, DEMO_MAR
 from fastar.model_loaders.drafters.loader import load_drafter
 from fastar.model_loaders.shared.protocol import ClassConditioning
 from fastar.pipeline import outputs_to_images
-from fastar.samplers.cspd import CSpDSettings, merged_schedule
+from fastar.samplers.masked_loops.cspd import CSpDSettings, merged_schedule
 from fastar.samplers.decoders import decode_masked
-from fastar.samplers.masked import MaskedSettings
+from fastar.samplers.masked_loops.masked import MaskedSettings
 from fastar.commands.bench.classifier import classify, load_classifier
 
 SETTINGS = MaskedSettings(num_iter=32, cfg_scale=3.0, diffusion_steps=50)  # what README's numbers are measured at

@@ -14,8 +14,8 @@ from fastar.model_loaders.shared.demo import DEMO_VAR, DEMO_VAR_DD, DEMO_VAR_VQV
 from fastar.model_loaders.shared.protocol import ClassConditioning
 from fastar.pipeline import decode_images
 from fastar.samplers.decoders import decode_distilled, decode_next_scale
-from fastar.samplers.distilled import DDSettings
-from fastar.samplers.flow_map import token_noise
+from fastar.samplers.few_step_loops.distilled import DDSettings
+from fastar.samplers.few_step_loops.flow_map import token_noise
 from fastar.commands.bench.classifier import classify, load_classifier
 from fastar.demo_recipes.train_var import JUDGED
 

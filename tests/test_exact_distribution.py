@@ -14,13 +14,13 @@ import torch
 
 from fastar.model_loaders.drafters.small_ar import SmallARDrafter
 from fastar.model_loaders.shared.protocol import ClassConditioning, ModelOutput
-from fastar.samplers import jacobi, speculative
-from fastar.samplers.acceptance import ExactRule
+from fastar.samplers.token_loops import jacobi, speculative
+from fastar.samplers.token_loops.acceptance import ExactRule
 from fastar.samplers.decoders import DecoderSpec, decode, make_generator
-from fastar.samplers.drafts import COUPLINGS, INIT_STRATEGIES, DraftSource
-from fastar.samplers.jacobi import jacobi_decode
+from fastar.samplers.token_loops.drafts import COUPLINGS, INIT_STRATEGIES, DraftSource
+from fastar.samplers.token_loops.jacobi import jacobi_decode
 from fastar.samplers.processing import SamplingSettings, probabilities, sample
-from fastar.samplers.speculative import speculative_decode
+from fastar.samplers.token_loops.speculative import speculative_decode
 from fastar.commands.bench.toy_model import ToyModel
 
 ROWS = 12000

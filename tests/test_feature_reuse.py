@@ -10,8 +10,8 @@ from fastar.model_loaders.mar.lazy import LazyFeatures, prune_block
 from fastar.model_loaders.shared.demo import DEMO_MAR
 from fastar.model_loaders.mar.model import MAR, MARConfig, Trace
 from fastar.model_loaders.shared.protocol import ClassConditioning
-from fastar.samplers.feature_reuse import FeatureReuse
-from fastar.samplers.masked import MaskedSettings, Plan, masked_decode
+from fastar.samplers.masked_loops.feature_reuse import FeatureReuse
+from fastar.samplers.masked_loops.masked import MaskedSettings, Plan, masked_decode
 
 ROWS = ClassConditioning(torch.tensor([1, 3]))
 
@@ -203,7 +203,7 @@ def test_the_head_refreshes_as_told():
 
 
 def cspd_run(target, draft, reuse, verify, seed=0):
-    from fastar.samplers.cspd import CSpDSettings, cspd_decode
+    from fastar.samplers.masked_loops.cspd import CSpDSettings, cspd_decode
 
     settings = MaskedSettings(num_iter=8, cfg_scale=2.0, diffusion_steps=4, reuse=reuse)
     return cspd_decode(target, draft, ROWS, settings, CSpDSettings(gamma=3, prefill=0.1, verify=verify),
@@ -229,7 +229,7 @@ def test_cspd_reuses_a_cache_only_for_the_context_it_holds(verify, dtype, monkey
     """Every reusing call (the draft inside a round; the target in merged mode) sees the context its cache's last
     call saw plus exactly the ``fresh`` positions: a dropped or replaced draft, or a token fixed without telling
     the cache, would break it. Steps mode's target calls stay full; the work says so."""
-    from fastar.samplers.masked import Guide
+    from fastar.samplers.masked_loops.masked import Guide
 
     calls = []
     original = Guide.step_conditions

@@ -12,7 +12,7 @@ import torch
 
 from fastar.errors import FastARError
 from fastar.model_loaders.shared.protocol import ClassConditioning
-from fastar.samplers import flow_map as fm
+from fastar.samplers.few_step_loops import flow_map as fm
 from fastar.samplers.decoders import DecoderSpec, decode
 from fastar.samplers.processing import SamplingSettings
 from fastar.commands.bench.toy_model import ToyModel

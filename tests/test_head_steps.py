@@ -1,4 +1,4 @@
-"""MAR's diffusion head on compiled reverse steps (samplers/head_steps.py): the same tokens as eager (to the
+"""MAR's diffusion head on compiled reverse steps (samplers/masked_loops/head_steps.py): the same tokens as eager (to the
 rounding of fused kernels) for MAR's sampler with CFG on its linear schedule, a temperature, batch 1 and 2, head
 reuse, and CSpD with its draft; one graph for every step's token count and for other cfg scales and
 temperatures; the switch's reach (auto: not yet; on: MAR's head; never VAR)."""
@@ -14,11 +14,11 @@ from fastar.model_loaders.shared.compiled import (CompiledStep, compile_steps, c
                                                   unique_graphs)
 from fastar.model_loaders.shared.demo import DEMO_MAR
 from fastar.model_loaders.shared.protocol import ClassConditioning
-from fastar.samplers.cspd import CSpDSettings
+from fastar.samplers.masked_loops.cspd import CSpDSettings
 from fastar.samplers.decoders import decode_masked
-from fastar.samplers.feature_reuse import FeatureReuse
-from fastar.samplers.head_steps import compiled_update
-from fastar.samplers.masked import MaskedSettings
+from fastar.samplers.masked_loops.feature_reuse import FeatureReuse
+from fastar.samplers.masked_loops.head_steps import compiled_update
+from fastar.samplers.masked_loops.masked import MaskedSettings
 from test_mar import tiny_mar
 
 SETTINGS = MaskedSettings(num_iter=4, cfg_scale=3.0, temperature=0.9, diffusion_steps=8)  # linear CFG: a scale per step

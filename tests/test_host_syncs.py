@@ -10,10 +10,10 @@ import torch
 
 from fastar.model_loaders.drafters.small_ar import SmallARDrafter
 from fastar.model_loaders.shared.protocol import ClassConditioning
-from fastar.samplers.cspd import CSpDSettings
+from fastar.samplers.masked_loops.cspd import CSpDSettings
 from fastar.samplers.decoders import DecoderSpec, decode, decode_masked, decode_next_scale
-from fastar.samplers.feature_reuse import FeatureReuse
-from fastar.samplers.masked import MaskedSettings
+from fastar.samplers.masked_loops.feature_reuse import FeatureReuse
+from fastar.samplers.masked_loops.masked import MaskedSettings
 from fastar.samplers.processing import SamplingSettings
 from host_syncs import HostSyncs
 from test_feature_reuse import deep_mar

@@ -133,17 +133,41 @@ def test_families_share_only_through_model_loaders_shared():
     assert cross_family_imports(import_graph()) == []
 
 
+MOST_MODULES_PER_FOLDER = 15  # past that a folder stops showing the design: group its modules by purpose
+
+
+def crowded_folders(root: Path = ROOT) -> dict[str, int]:
+    """The package's folders holding more than MOST_MODULES_PER_FOLDER modules (``__init__`` not counted)."""
+    counts: dict[str, int] = {}
+    for path in package_modules(root).values():
+        if path.name != "__init__.py":
+            folder = path.parent.relative_to(root).as_posix()
+            counts[folder] = counts.get(folder, 0) + 1
+    return {folder: n for folder, n in counts.items() if n > MOST_MODULES_PER_FOLDER}
+
+
+def test_no_folder_of_the_package_is_crowded():
+    assert crowded_folders() == {}
+
+
+def test_the_folder_check_sees_a_crowded_folder(tmp_path):
+    for i in range(MOST_MODULES_PER_FOLDER + 1):
+        (tmp_path / "samplers").mkdir(exist_ok=True)
+        (tmp_path / "samplers" / f"loop_{i}.py").write_text("")
+    assert crowded_folders(tmp_path) == {"samplers": MOST_MODULES_PER_FOLDER + 1}
+
+
 def test_the_checks_see_a_circle_and_an_upward_import_added_on_purpose(tmp_path):
-    """A copy of the package with ``samplers.jacobi`` importing the CLI, which imports the samplers."""
+    """A copy of the package with ``samplers.token_loops.jacobi`` importing the CLI, which imports the samplers."""
     for path in package_modules().values():
         copy = tmp_path / path.relative_to(ROOT)
         copy.parent.mkdir(parents=True, exist_ok=True)
         copy.write_text(path.read_text())
-    jacobi = tmp_path / "samplers" / "jacobi.py"
-    jacobi.write_text(jacobi.read_text() + "\n\ndef _loop():\n    from ..cli import main  # noqa\n")
+    jacobi = tmp_path / "samplers" / "token_loops" / "jacobi.py"
+    jacobi.write_text(jacobi.read_text() + "\n\ndef _loop():\n    from ...cli import main  # noqa\n")
     graph = import_graph(tmp_path)
-    assert any("samplers.jacobi" in group and "cli" in group for group in circles(graph))
-    assert "samplers.jacobi -> cli" in upward_imports(graph)
+    assert any("samplers.token_loops.jacobi" in group and "cli" in group for group in circles(graph))
+    assert "samplers.token_loops.jacobi -> cli" in upward_imports(graph)
 
 
 def test_the_family_check_sees_a_family_borrowing_from_another():

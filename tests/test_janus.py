@@ -13,7 +13,7 @@ from PIL import Image
 from fastar.model_loaders import load_ar_model, load_image_decoder
 from fastar.model_loaders.janus.loader import special_token
 from fastar.model_loaders.shared.protocol import PromptConditioning
-from fastar.samplers.jacobi import ar_decode
+from fastar.samplers.token_loops.jacobi import ar_decode
 from fastar.samplers.processing import SamplingSettings
 from fastar.tests.tiny_janus import CODES, GRID, hf_model, vocabulary, write_converted, write_deepseek
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from fastar.errors import FastARError
-from fastar.samplers.acceptance import ExactRule, LanternRule
-from fastar.samplers.latent_neighbours import latent_neighbours
+from fastar.samplers.token_loops.acceptance import ExactRule, LanternRule
+from fastar.samplers.token_loops.latent_neighbours import latent_neighbours
 from fastar.samplers.decoders import DecoderSpec
 
 

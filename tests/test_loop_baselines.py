@@ -10,7 +10,7 @@ from fastar.errors import FastARError
 from fastar.model_loaders import load_ar_model
 from fastar.model_loaders.shared.demo import DEMO_AR
 from fastar.model_loaders.shared.protocol import ClassConditioning, PromptConditioning
-from fastar.samplers.jacobi import ar_decode
+from fastar.samplers.token_loops.jacobi import ar_decode
 from fastar.samplers.processing import SamplingSettings
 from fastar.commands.profile.loop_baselines import baseline_for, plain_loop
 from fastar.commands.profile.speed import build, run_profile

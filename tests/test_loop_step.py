@@ -1,6 +1,6 @@
-"""Compiled loop steps (samplers/loop_step.py): the work of a Jacobi or drafter-chain iteration after its forward
+"""Compiled loop steps (samplers/token_loops/loop_step.py): the work of a Jacobi or drafter-chain iteration after its forward
 (sampling, verification, the next drafts) runs through torch.compile where the model's steps do, with its random
-numbers drawn beforehand (samplers/drawn_noise.py), and a seed gives eager's very tokens: every rule, draft
+numbers drawn beforehand (samplers/token_loops/drawn_noise.py), and a seed gives eager's very tokens: every rule, draft
 initialisation and coupling, greedy and sampled, CFG, top-k and top-p, batch 2."""
 import pytest
 import torch
@@ -9,8 +9,8 @@ from fastar.errors import FastARError
 from fastar.model_loaders.drafters.small_ar import SmallARDrafter
 from fastar.model_loaders.shared.compiled import BoundStep, compile_steps, compiled_function, graph_breaks, unique_graphs
 from fastar.samplers.decoders import DecoderSpec, decode
-from fastar.samplers.drawn_noise import Drawn, Recording, draw
-from fastar.samplers.loop_step import compiled_loop_step
+from fastar.samplers.token_loops.drawn_noise import Drawn, Recording, draw
+from fastar.samplers.token_loops.loop_step import compiled_loop_step
 from fastar.samplers.processing import SamplingSettings, random_codes, uniform
 from tiny_llamagen import tiny_conditioning, tiny_model
 
@@ -133,7 +133,7 @@ def test_progress_read_an_iteration_late_changes_no_token(models, monkeypatch, s
     """CUDA's way (verifier.RowProgress), run on the CPU: each iteration's progress is read after the next one is
     queued, so the loop runs one iteration past the end. It must fix nothing: the same tokens, the same record
     of when each was fixed, one more forward whose count is 0; progress reports never go backwards."""
-    from fastar.samplers import verifier
+    from fastar.samplers.token_loops import verifier
 
     eager, _ = models
     drafter = SmallARDrafter(tiny_model(seed=6)) if spec.decoder == "spec" else None

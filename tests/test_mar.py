@@ -9,8 +9,8 @@ from fastar.errors import FastARError
 from fastar.model_loaders.mar.diffusion import SpacedDiffusion, respaced_steps
 from fastar.model_loaders.mar.model import MAR, MARConfig
 from fastar.model_loaders.shared.protocol import ClassConditioning
-from fastar.samplers.head_steps import reverse_process
-from fastar.samplers.masked import MaskedSettings, cfg_at, mask_schedule, masked_decode
+from fastar.samplers.masked_loops.head_steps import reverse_process
+from fastar.samplers.masked_loops.masked import MaskedSettings, cfg_at, mask_schedule, masked_decode
 
 # (index, log beta, clipped posterior log-variance, sqrt(1/ac), sqrt(1/ac - 1), coef x0, coef xt) of the
 # official create_diffusion("100", noise_schedule="cosine")

@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 
 from fastar.errors import FastARError
-from fastar.samplers.feature_reuse import FeatureReuse
+from fastar.samplers.masked_loops.feature_reuse import FeatureReuse
 
 from fastar.commands.profile.speed import build, kv_bytes_read, run_profile, weight_bytes_read
 

@@ -4,7 +4,7 @@ import torch
 
 from fastar.errors import FastARError
 from fastar.model_loaders.shared.protocol import ModelOutput
-from fastar.samplers.acceptance import ExactRule, GroupedRule, leading_accepts, positive_residual
+from fastar.samplers.token_loops.acceptance import ExactRule, GroupedRule, leading_accepts, positive_residual
 from fastar.samplers.decoders import DecoderSpec, decode
 from fastar.samplers.processing import SamplingSettings, probabilities
 from tiny_llamagen import tiny_conditioning, tiny_model
@@ -166,7 +166,7 @@ def test_relative_probability_filter_means_the_same_at_every_scale():
 
 
 def test_gsd_radius_is_computed_once_per_table_and_stays_on_its_device(monkeypatch):
-    from fastar.samplers import acceptance
+    from fastar.samplers.token_loops import acceptance
 
     calls = []
     real = acceptance._radius
@@ -182,7 +182,7 @@ def test_gsd_radius_is_computed_once_per_table_and_stays_on_its_device(monkeypat
 def test_table_fingerprints_read_a_large_table_in_chunks(monkeypatch):
     """In chunks (a 7B table in float64 at once is a gigabyte): the same content gives the same key, a changed
     value or a moved value another."""
-    from fastar.samplers import table_cache
+    from fastar.samplers.token_loops import table_cache
 
     monkeypatch.setattr(table_cache, "FINGERPRINT_CHUNK", 7)
     table = torch.randn(40, 4, generator=torch.Generator().manual_seed(11))
@@ -197,7 +197,7 @@ def test_table_fingerprints_read_a_large_table_in_chunks(monkeypatch):
 def test_gsd_cluster_distances_in_chunks_change_nothing(monkeypatch):
     """GSD's code distances are computed a few drafts at a time (a 1000-code group at 7B width would gather
     gigabytes at once): the same tokens as all at once."""
-    from fastar.samplers import acceptance
+    from fastar.samplers.token_loops import acceptance
 
     model, spec, sampling = tiny_model(seed=3), DecoderSpec("gsd", window=6, group=9), SamplingSettings(top_k=30)
     want, _ = decode(model, tiny_conditioning(model), sampling, spec, seed=4)
@@ -272,7 +272,7 @@ def test_gumbel_noise_is_fixed_per_position_whatever_the_window():
 
 
 def test_gumbel_coupling_keeps_no_noise_for_the_whole_image():
-    from fastar.samplers.drafts import DraftSource
+    from fastar.samplers.token_loops.drafts import DraftSource
 
     source = DraftSource("random", "gumbel", batch=8, drafts=31, grid=(32, 32), vocab=16384,
                          generator=torch.Generator().manual_seed(0))
@@ -340,7 +340,7 @@ def test_rows_of_a_batch_advance_independently():
 def test_gsd_clusters_are_the_codes_ranked_around_the_draft(vocab, half):
     """The cluster by two top-k selections equals the definition by sorting: x and the codes at ranks
     rank(x) - half .. rank(x) + half of p, those that exist, in rank order."""
-    from fastar.samplers.acceptance import rank_neighbours
+    from fastar.samplers.token_loops.acceptance import rank_neighbours
 
     generator = torch.Generator().manual_seed(vocab)
     p = torch.randn(3, 7, vocab, generator=generator).softmax(-1)

@@ -16,7 +16,7 @@ from fastar.model_loaders.shared.demo import DEMO_VQ
 from fastar.model_loaders.shared.protocol import ClassConditioning
 from fastar.model_loaders.var.model import VAR, VARConfig
 from fastar.model_loaders.var.vqvae import MultiScaleVQVAE, VQVAEConfig, phi_index
-from fastar.samplers.next_scale import RecordedDraw, next_scale_decode, scale_sampling
+from fastar.samplers.few_step_loops.next_scale import RecordedDraw, next_scale_decode, scale_sampling
 from fastar.samplers.processing import SamplingSettings
 from tiny_var import PATCH_NUMS, randomised, release_var_state_dict, release_vqvae_state_dict, tiny_var, tiny_vqvae
 
@@ -284,7 +284,7 @@ def test_fm_on_a_var_samples_the_exact_joint_of_its_scales():
     """Two scales (1 + 4 tokens), three codes: the exact joint is p(scale 0) times the product of scale 1's
     per-token distributions given it; the flow map of each token's noise must sample it (TV under the null
     99.9% bound at 20000 rows), and a broken map (the seed's sign typo) must not."""
-    from fastar.samplers import flow_map as fm
+    from fastar.samplers.few_step_loops import flow_map as fm
     from fastar.samplers.processing import probabilities
     from test_flow_map import null_tv_bound, seed_equation_3, tv_distance
 

@@ -11,7 +11,7 @@ from fastar.model_loaders import load_ar_model
 from fastar.model_loaders.shared.protocol import ClassConditioning
 from fastar.model_loaders.var.dd_student import VARDDConfig, VARDDStudent, dd_mask
 from fastar.samplers.decoders import decode_distilled
-from fastar.samplers.distilled import DDSettings
+from fastar.samplers.few_step_loops.distilled import DDSettings
 from tiny_var import PATCH_NUMS, randomised, tiny_vqvae
 
 TOKENS = sum(p * p for p in PATCH_NUMS)  # 30
@@ -167,8 +167,8 @@ def test_distill_dd_makes_a_var_dd_student_from_a_var_teacher(tmp_path):
     import sys
 
     from fastar.model_loaders import load_image_decoder
-    from fastar.samplers.flow_map import NoiseToCode
-    from fastar.samplers.next_scale import RecordedDraw, next_scale_decode
+    from fastar.samplers.few_step_loops.flow_map import NoiseToCode
+    from fastar.samplers.few_step_loops.next_scale import RecordedDraw, next_scale_decode
     from fastar.commands.dd_pairs import PairSettings, load_pairs
     from fastar.commands.distill_dd import var_student_from_teacher
     from tiny_var import write_release_files

@@ -1,6 +1,6 @@
 """ZipAR: what it samples, proven on enumerable toys; its feeds on the real families' attention.
 
-ZipAR (samplers/zipar.py, as the reference code schedules it) samples the first row, then the second, then starts
+ZipAR (samplers/token_loops/zipar.py, as the reference code schedules it) samples the first row, then the second, then starts
 each later row once the row above has ``lead`` tokens, one token per running row and forward. Token (r, c) is drawn
 from the model given what that schedule has fixed before it (in raster order); a row's first token is predicted
 from a stand-in in the last slot of the row above: the newest token of the row two above. The toy reads a hidden
@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from fastar.model_loaders.shared.protocol import ClassConditioning
-from fastar.samplers import zipar
+from fastar.samplers.token_loops import zipar
 from fastar.samplers.decoders import DecoderSpec, decode
 from fastar.samplers.processing import SamplingSettings
-from fastar.samplers.zipar import zipar_context, zipar_decode
+from fastar.samplers.token_loops.zipar import zipar_context, zipar_decode
 from fastar.commands.bench.toy_model import ToyModel
 
 from test_exact_distribution import ALPHA, chi_square_p_value

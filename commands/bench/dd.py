@@ -26,7 +26,7 @@ from ...errors import FastARError
 from ...model_loaders.shared.demo import DEMO_AR, DEMO_DD, DEMO_VAR, demo_image_decoder
 from ...pipeline import LoadedModels, check_image_decoder, class_conditioning, load_models
 from ...samplers.decoders import NEXT_SCALE, DecoderSpec, decode, decode_distilled, decode_next_scale
-from ...samplers.distilled import DDSettings
+from ...samplers.few_step_loops.distilled import DDSettings
 from ...samplers.processing import SamplingSettings
 from .common import (CHUNK, frechet_against, latency_note, quality, quality_panels, real_features, require_matplotlib,
                     save_panels)

@@ -24,10 +24,10 @@ from ...errors import FastARError
 from ...model_loaders.shared.demo import DEMO_KL, DEMO_MAR
 from ...model_loaders.shared.compiled import compiled_mode
 from ...pipeline import class_conditioning, load_models
-from ...samplers.cspd import REFERENCE_TEMPERATURE, CSpDSettings
+from ...samplers.masked_loops.cspd import REFERENCE_TEMPERATURE, CSpDSettings
 from ...samplers.decoders import decode_masked
-from ...samplers.feature_reuse import FeatureReuse
-from ...samplers.masked import MaskedSettings
+from ...samplers.masked_loops.feature_reuse import FeatureReuse
+from ...samplers.masked_loops.masked import MaskedSettings
 from .common import (CHUNK, frechet_against, latency_note, quality, quality_panels, real_features, require_matplotlib,
                     save_panels)
 
@@ -184,7 +184,7 @@ def run_mar_bench(args) -> dict:
     report = {
         "model": str(model_path), "drafter": args.drafter or "bundled demo draft",
         "device": str(models.ar.device), "dtype": str(models.ar.dtype).replace("torch.", ""),
-        "compiled": compiled_mode(models.ar),  # transformer calls and reverse steps (samplers/masked.py, head_steps.py)
+        "compiled": compiled_mode(models.ar),  # transformer calls and reverse steps (samplers/masked_loops/masked.py, head_steps.py)
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads", "samples": args.samples,
         "results": results, "bench_time_s": round(time.perf_counter() - started),
     }

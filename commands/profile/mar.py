@@ -34,9 +34,9 @@ from ...model_loaders.mar.lazy import LazyFeatures
 from ...model_loaders.mar.model import HeadCache
 from ...samplers.decoders import decode_masked
 from ...model_loaders.shared.compiled import compile_steps, compiled_mode
-from ...samplers.feature_reuse import FeatureReuse
-from ...samplers.head_steps import reverse_process
-from ...samplers.masked import MaskedSettings, compiled_conditions
+from ...samplers.masked_loops.feature_reuse import FeatureReuse
+from ...samplers.masked_loops.head_steps import reverse_process
+from ...samplers.masked_loops.masked import MaskedSettings, compiled_conditions
 from .common import Timing, image_costs, randomise
 
 MAR_DECODERS = ("ar", "cspd")

@@ -18,7 +18,7 @@ checkpoint (``--model``).
   eager twin with the same weights, side by side in the report (``eager``); the compiled forwards and ``sjd`` images
   again with every call guarded in full (``full_guards_forward_ms``, ``full_guards_decoders``: what a repeated call
   saves by skipping most of dynamo's guards), and ``sjd`` images with each iteration's sampling, verification and
-  drafts eager (``eager_loop_step_decoders``: what compiling them saves, samplers/loop_step.py); the graphs dynamo
+  drafts eager (``eager_loop_step_decoders``: what compiling them saves, samplers/token_loops/loop_step.py); the graphs dynamo
   compiled and any graph break (``dynamo``).
 - ``--gpu-weights GB``: the model with only that much of its weights on the GPU, its other blocks streamed from
   pinned host memory at every forward (model_loaders/shared/streaming.py); the floor then counts the streamed bytes at
@@ -52,7 +52,7 @@ from ...model_loaders.shared.streaming import make_streamable, model_bytes, plac
 from ...memory import kv_cache_bytes
 from ...pipeline import DTYPES, check_gpu_weights, resolve_device
 from ...samplers.decoders import DecoderSpec, decode
-from ...samplers.loop_step import eager_loop_steps
+from ...samplers.token_loops.loop_step import eager_loop_steps
 from ...samplers.processing import SamplingSettings
 from .loop_baselines import baseline_for
 from .mar import MAR_SHAPES, build_mar, check_mar_options, mar_batch, print_mar_batch, random_draft

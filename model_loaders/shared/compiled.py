@@ -3,7 +3,7 @@
 A session's forward keeps its shapes for a whole generation (static KV cache, one window width: 1 token for
 ``ar``, W for Jacobi windows, gamma + 1 for drafter chains), so each width compiles once, on first use, and
 every later generation of the same batch reuses it; ZipAR's ``forward_at``, whose feed count changes as rows
-start and finish, is given a few bucketed counts (samplers/zipar.py). The kernels fuse the norms, RoPE and the
+start and finish, is given a few bucketed counts (samplers/token_loops/zipar.py). The kernels fuse the norms, RoPE and the
 MLP gates and drop PyTorch's per-op Python dispatch, which is most of a small model's step on a CPU. On CUDA the
 mode is 'reduce-overhead': each step is replayed as a CUDA graph, which needs the KV caches at fixed addresses
 (compiled_session.py). Same tokens as eager for the same seed: tests/test_compiled.py on the CPU; on CUDA, the
@@ -57,13 +57,13 @@ def compile_steps(model, when: str = "on", mode: str | None = None):
     between devices. ``mode``: torch.compile's; default 'reduce-overhead' (CUDA graphs) on CUDA, 'default'
     elsewhere. The first generation of each shape pays the compilation (seconds to a minute). A VAR model compiles
     each scale's forward like a token model's step (its session's caches static, var/model.py), a MAR model its
-    transformer call and its diffusion head's reverse steps (samplers/masked.py, head_steps.py); DD students have
+    transformer call and its diffusion head's reverse steps (samplers/masked_loops/masked.py, head_steps.py); DD students have
     no steps to compile: 'on' refuses them, 'auto' and 'off' leave them as they are."""
     problem = switch_error(when)
     if problem:
         raise FastARError(problem)
     kind = getattr(model, "kind", "token-ar")
-    if kind == "masked-ar":  # read by samplers/masked.py's guides
+    if kind == "masked-ar":  # read by samplers/masked_loops/masked.py's guides
         model.compile_switch, model.compile_mode = when, mode
         return model
     if kind not in AUTO_DEVICES:

@@ -14,8 +14,8 @@ import torch
 
 from fastar.model_loaders import load_ar_model
 from fastar.model_loaders.shared.protocol import ClassConditioning
-from fastar.samplers import masked
-from fastar.samplers.masked import MaskedSettings, Plan, Trajectories, mask_schedule, masked_decode
+from fastar.samplers.masked_loops import masked
+from fastar.samplers.masked_loops.masked import MaskedSettings, Plan, Trajectories, mask_schedule, masked_decode
 from fastar.tests.conformance.common import assert_image_close, expected, fastar, fixture
 
 # float order only, relative to the tokens' RMS: this random tiny MAR amplifies x_T to tokens of 50 to 130000, where

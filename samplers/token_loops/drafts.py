@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import check_choice
+from ...errors import check_choice
 from .acceptance import ExactRule, positive_residual
-from .processing import counter_gumbel, counter_key, random_codes, sample, uniform
+from ..processing import counter_gumbel, counter_key, random_codes, sample, uniform
 
 INIT_STRATEGIES = ("random", "horizontal", "vertical", "sample-left", "sample-above")
 COUPLINGS = ("independent", "maximal", "gumbel")

@@ -18,10 +18,10 @@ from typing import Optional
 
 import torch
 
-from ..interrupts import check_interrupt
-from ..model_loaders.mar.diffusion import CONSTANTS, ReverseStep, SpacedDiffusion
-from ..model_loaders.mar.model import HeadCache
-from ..model_loaders.shared.compiled import allow_shapes, compiled_function
+from ...interrupts import check_interrupt
+from ...model_loaders.mar.diffusion import CONSTANTS, ReverseStep, SpacedDiffusion
+from ...model_loaders.mar.model import HeadCache
+from ...model_loaders.shared.compiled import allow_shapes, compiled_function
 
 
 @dataclass

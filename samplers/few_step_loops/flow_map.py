@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import FastARError
+from ...errors import FastARError
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,10 @@ from typing import Callable
 
 import torch
 
-from ..model_loaders.shared.protocol import ModelOutput
+from ...model_loaders.shared.protocol import ModelOutput
 from .acceptance import leading_accepts
-from .processing import Pipeline, SamplingSettings, probabilities, sample, uniform
-from .stats import DecodeStats, Stopwatch
+from ..processing import Pipeline, SamplingSettings, probabilities, sample, uniform
+from ..stats import DecodeStats, Stopwatch
 
 # called after every iteration with (tokens fixed in the slowest row, tokens per row, token buffer)
 ProgressFn = Callable[[int, int, torch.Tensor], None]

@@ -33,13 +33,13 @@ from typing import Optional
 
 import torch
 
-from ..errors import FastARError, check_choice
-from ..model_loaders.mar.diffusion import ReverseStep
-from ..model_loaders.mar.loader import check_mar_draft
+from ...errors import FastARError, check_choice
+from ...model_loaders.mar.diffusion import ReverseStep
+from ...model_loaders.mar.loader import check_mar_draft
 from .continuous_acceptance import Relaxation, accept, sample_residual
 from .masked import Canvas, Guide, MaskedSettings, Plan, at, mask_schedule, record_work, row_index
-from .stats import DecodeStats, Stopwatch
-from .verifier import ProgressFn, finish
+from ..stats import DecodeStats, Stopwatch
+from ..token_loops.verifier import ProgressFn, finish
 
 VERIFY_MODES = ("steps", "merged")
 REFERENCE_TEMPERATURE = 42.0  # MarkXCloud/CSpD's inner temperature

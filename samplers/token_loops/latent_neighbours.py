@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import FastARError
+from ...errors import FastARError
 from .table_cache import cached_table
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import FastARError
+from ...errors import FastARError
 
 
 class Recording:

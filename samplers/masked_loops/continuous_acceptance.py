@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..model_loaders.mar.diffusion import ReverseStep
+from ...model_loaders.mar.diffusion import ReverseStep
 
 
 @dataclass(frozen=True)

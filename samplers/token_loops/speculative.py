@@ -18,11 +18,11 @@ from typing import Optional
 
 import torch
 
-from ..model_loaders.shared.protocol import ModelOutput
+from ...model_loaders.shared.protocol import ModelOutput
 from .acceptance import ExactRule
 from .loop_step import LoopStep
-from .processing import Pipeline, SamplingSettings, current_watch, probabilities, sample
-from .stats import Stopwatch
+from ..processing import Pipeline, SamplingSettings, current_watch, probabilities, sample
+from ..stats import Stopwatch
 from .verifier import ProgressFn, RowProgress, TokenBuffer, WindowVerifier, begin, finish
 
 DRAFTS = ("sampled", "top")  # how a drafter proposes: a draw from its q, or its most likely code

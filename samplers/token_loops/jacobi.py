@@ -18,8 +18,8 @@ import torch
 from .acceptance import ExactRule
 from .drafts import DraftSource
 from .loop_step import LoopStep
-from .processing import SamplingSettings, current_watch, probabilities, sample
-from .stats import Stopwatch
+from ..processing import SamplingSettings, current_watch, probabilities, sample
+from ..stats import Stopwatch
 from .verifier import ProgressFn, RowProgress, TokenBuffer, WindowVerifier, begin, finish
 
 DrawFn = Callable[[torch.Tensor, int], torch.Tensor]  # (distributions [B, V], position) -> codes [B]

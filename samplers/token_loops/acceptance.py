@@ -11,8 +11,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..errors import check_choice
-from .processing import probabilities
+from ...errors import check_choice
+from ..processing import probabilities
 from .table_cache import cached_table
 
 _TINY = 1e-12

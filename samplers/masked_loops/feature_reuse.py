@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..errors import FastARError
+from ...errors import FastARError
 
 
 @dataclass(frozen=True)

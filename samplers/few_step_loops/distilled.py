@@ -15,13 +15,13 @@ from typing import Optional
 
 import torch
 
-from ..errors import FastARError
-from ..model_loaders.shared.protocol import ClassConditioning
+from ...errors import FastARError
+from ...model_loaders.shared.protocol import ClassConditioning
 from .flow_map import nearest_code
-from .jacobi import ar_decode
-from .processing import SamplingSettings
-from .stats import DecodeStats, Stopwatch
-from .verifier import ProgressFn
+from ..token_loops.jacobi import ar_decode
+from ..processing import SamplingSettings
+from ..stats import DecodeStats, Stopwatch
+from ..token_loops.verifier import ProgressFn
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ from typing import Callable, Optional
 
 import torch
 
-from ..errors import FastARError
-from .processing import SamplingSettings, probabilities, sample
-from .stats import DecodeStats, Stopwatch
-from .verifier import ProgressFn
+from ...errors import FastARError
+from ..processing import SamplingSettings, probabilities, sample
+from ..stats import DecodeStats, Stopwatch
+from ..token_loops.verifier import ProgressFn
 
 
 VAR_SAMPLING = SamplingSettings(cfg_scale=1.5, top_k=900, top_p=0.96)  # the release's FID setting

@@ -29,12 +29,12 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..errors import FastARError, check_choice
-from ..model_loaders.shared.compiled import runs_compiled
+from ...errors import FastARError, check_choice
+from ...model_loaders.shared.compiled import runs_compiled
 from .acceptance import ExactRule
 from .drafts import DraftSource
-from .processing import SamplingSettings, probabilities, sample
-from .stats import Stopwatch
+from ..processing import SamplingSettings, probabilities, sample
+from ..stats import Stopwatch
 from .verifier import ProgressFn, begin, finish, verify_run
 
 

@@ -13,7 +13,7 @@ import contextlib
 import contextvars
 import weakref
 
-from ..model_loaders.shared.compiled import BoundStep, compiled_function, following_mode
+from ...model_loaders.shared.compiled import BoundStep, compiled_function, following_mode
 from .drawn_noise import Drawn, Recording, draw
 
 _compiling: contextvars.ContextVar[bool] = contextvars.ContextVar("fastar_compiled_loop_steps", default=True)

@@ -21,14 +21,14 @@ from typing import Optional
 
 import torch
 
-from ..errors import FastARError, check_choice
-from ..model_loaders.mar.diffusion import ReverseStep
-from ..model_loaders.mar.lazy import LazyFeatures
-from ..model_loaders.shared.compiled import compiled_function, compiled_mode, without_graphs
+from ...errors import FastARError, check_choice
+from ...model_loaders.mar.diffusion import ReverseStep
+from ...model_loaders.mar.lazy import LazyFeatures
+from ...model_loaders.shared.compiled import compiled_function, compiled_mode, without_graphs
 from .feature_reuse import FeatureReuse
 from .head_steps import reverse_process
-from .stats import DecodeStats, Stopwatch
-from .verifier import ProgressFn, finish
+from ..stats import DecodeStats, Stopwatch
+from ..token_loops.verifier import ProgressFn, finish
 
 CFG_SCHEDULES = ("linear", "constant")
 
