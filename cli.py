@@ -3,6 +3,7 @@ flags and dispatches to the commands (commands/); what the flags mean is setting
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 import warnings
@@ -19,6 +20,7 @@ from .samplers.masked_loops.masked import CFG_SCHEDULES
 from .samplers.few_step_loops.next_scale import VAR_SAMPLING
 from .samplers.token_loops.speculative import DRAFTS
 from .samplers.token_loops.zipar import ATTENTIONS as ZIPAR_ATTENTIONS
+from .speed_dial import SPEEDS
 from .settings import (CSPD_DEFAULTS, DD_DEFAULTS, MASKED_DEFAULTS, REUSE_DEFAULTS, SAMPLING_DEFAULTS, SPEC_DEFAULTS,
                        check_arguments)
 from .commands.distill_dd import add_arguments as add_distill_args
@@ -36,16 +38,17 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                    "it or to run at another size (default: from its training args, config or file name, e.g. 384 for "
                    "c2i_L_384.pt)")
     p.add_argument("--cfg", type=float, help="classifier-free guidance. Token models and MAR: 1 = off, default "
-                   f"{SAMPLING_DEFAULTS.cfg_scale}; VAR: ramped from none at the first scale to --cfg at the last "
-                   f"(1 still guides), 0 = off, default the release's {VAR_SAMPLING.cfg_scale}; a DD student has "
-                   "none (1)")
-    p.add_argument("--temperature", type=float, default=SAMPLING_DEFAULTS.temperature, help="0 = greedy")
+                   f"{SAMPLING_DEFAULTS.cfg_scale} (the bundled MAR demo's own: 3); VAR: ramped from none at the first "
+                   f"scale to --cfg at the last (1 still guides), 0 = off, default the release's "
+                   f"{VAR_SAMPLING.cfg_scale}; a DD student has none (1)")
+    p.add_argument("--temperature", type=float, help=f"0 = greedy (default {SAMPLING_DEFAULTS.temperature:g}, or the "
+                   "model's own)")
     p.add_argument("--top-k", type=int, help=f"0 = off; default off ({SAMPLING_DEFAULTS.top_k}), for VAR the "
                    f"release's {VAR_SAMPLING.top_k} (give 0 to turn it off)")
     p.add_argument("--top-p", type=float, help=f"1 = off; default off ({SAMPLING_DEFAULTS.top_p:g}), for VAR the "
-                   f"release's {VAR_SAMPLING.top_p:g} (give 1 to turn it off)")
+                   f"release's {VAR_SAMPLING.top_p:g} (the bundled VAR demo's own: 0.7; give 1 to turn it off)")
     p.add_argument("--window", type=int, default=SPEC_DEFAULTS.window,
-                   help="SJD/GSD: tokens per forward (last fixed token + drafts)")
+                   help="SJD/GSD: tokens per forward (last fixed token + drafts: at least 2; plain AR is --decoder ar)")
     p.add_argument("--init", choices=INIT_STRATEGIES, default=SPEC_DEFAULTS.init, help="SJD/GSD: draft initialisation")
     p.add_argument("--coupling", choices=COUPLINGS, default=SPEC_DEFAULTS.coupling,
                    help="SJD/GSD: how drafts are redrawn after a rejection (all lossless)")
@@ -59,8 +62,9 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                    help="GSD d: keep group members among the draft's nearest codes (0.5 = nearer half, 1 = all)")
     p.add_argument("--drafter", help="spec/lantern/gsd: a drafter to draft chains with: a LANTERN/EAGLE drafter "
                    "folder or a smaller AR checkpoint of the same family; 'demo' = the bundled demo drafter "
-                   "(default for spec on the demo model). Without one, lantern and gsd draft Jacobi windows (for lantern "
-                   "much faster but at a large quality loss: use a drafter)")
+                   "(default for spec and lantern on the class demo, for cspd on the MAR demo); 'none' = no drafter. "
+                   "Without one, lantern and gsd draft Jacobi windows (for lantern much faster but at a large quality "
+                   "loss: use a drafter)")
     p.add_argument("--gamma", type=int, help=f"drafter: drafts per target forward (default {SPEC_DEFAULTS.gamma}; "
                    f"CSpD: draft MAR steps per target call, default {CSPD_DEFAULTS.gamma})")
     p.add_argument("--drafts", choices=DRAFTS, default=SPEC_DEFAULTS.drafts,
@@ -68,12 +72,14 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                    "code, as EAGLE-2 and LANTERN's reference code draft; accepted with the target's probability of "
                    "it alone, so far less often on ambiguous image models: the setting of the LANTERN paper's figures)")
     mar = p.add_argument_group("MAR models (ar and cspd)")
-    mar.add_argument("--num-iter", type=int, default=MASKED_DEFAULTS.num_iter,
-                     help="MAR steps: tokens are fixed in this many parallel steps (1 to the token count)")
-    mar.add_argument("--cfg-schedule", choices=CFG_SCHEDULES, default=MASKED_DEFAULTS.cfg_schedule,
+    mar.add_argument("--num-iter", type=int,
+                     help="MAR steps: tokens are fixed in this many parallel steps (1 to the token count; default the "
+                     f"model's own: 32 for the bundled demo, the release's {MASKED_DEFAULTS.num_iter} otherwise)")
+    mar.add_argument("--cfg-schedule", choices=CFG_SCHEDULES,
                      help="MAR: guidance grows with the tokens fixed (linear, MAR's default) or stays at --cfg")
-    mar.add_argument("--diffusion-steps", type=int, default=MASKED_DEFAULTS.diffusion_steps,
-                     help="MAR: reverse diffusion steps of the token head")
+    mar.add_argument("--diffusion-steps", type=int,
+                     help="MAR: reverse diffusion steps of the token head (default the model's own: 50 for the bundled "
+                     f"demo, the release's {MASKED_DEFAULTS.diffusion_steps} otherwise)")
     mar.add_argument("--prefill", type=float, default=CSPD_DEFAULTS.prefill,
                      help="CSpD: fraction of the steps the target does alone first")
     mar.add_argument("--cspd-verify", choices=VERIFY_MODES, default=CSPD_DEFAULTS.verify,
@@ -122,8 +128,9 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--flow-steps", type=int, default=SPEC_DEFAULTS.flow_steps,
                    help="fm: solver steps of the flow-matching map that turns each token's noise into its code")
     dd = p.add_argument_group("Distilled Decoding students (dd)")
-    dd.add_argument("--dd-steps", type=int, choices=(1, 2), default=DD_DEFAULTS.steps,
-                    help="student forwards: 1 (t = 0) or 2 (t = 0, then t2 with the same noise)")
+    dd.add_argument("--dd-steps", type=int, choices=(1, 2),
+                    help="student forwards: 1 (t = 0) or 2 (t = 0, then t2 with the same noise); default: the speed "
+                    f"dial's (2, 1 at --speed fast), {DD_DEFAULTS.steps} with --decoder dd")
     dd.add_argument("--dd-t2", type=int, help="the second step's data length in tokens (default: the student's, 80 "
                     "for the released LlamaGen-DD ones; VAR-DD whole scales, d16 55, d20/d24 30)")
     dd.add_argument("--dd-split", type=int, help="positions before it take the logits' greedy code, later ones the "
@@ -153,30 +160,80 @@ class DefaultsFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if action.default in (None, False, argparse.SUPPRESS) or not action.option_strings or "default" in text:
+        if no_default(action.default) or not action.option_strings or "default" in text:
             return text
         return f"{text} (default: %(default)s)"
 
 
-class DefaultsParser(argparse.ArgumentParser):
+def no_default(default) -> bool:
+    """None, a flag's False or SUPPRESS; by identity, since a default of 0 equals False and is worth showing."""
+    return any(default is nothing for nothing in (None, False, argparse.SUPPRESS))
+
+
+class CommandLineParser(argparse.ArgumentParser):
+    """A parser whose errors are one line and a pointer to --help (argparse's usage is dozens of lines that bury
+    the error), with the nearest choice to a mistyped one."""
+
+    commands: dict[str, argparse.ArgumentParser] = {}
+
+    def add_subparsers(self, **kwargs):
+        action = super().add_subparsers(**kwargs)
+        self.commands = action.choices
+        return action
+
+    def parse_args(self, args=None, namespace=None):
+        """argparse's, but an option the command does not know is said by the command's parser, whose --help
+        lists the options (argparse says it at the top, whose --help lists only the commands)."""
+        known, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            self.commands.get(getattr(known, "command", None), self).error(
+                f"unrecognized arguments: {' '.join(unknown)}")
+        return known
+
+    def _check_value(self, action, value):
+        """argparse's check of a choice, naming the nearest one to a typo (Python 3.14's suggest_on_error does the
+        same; earlier ones have no public hook)."""
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as error:
+            close = difflib.get_close_matches(str(value), [str(choice) for choice in action.choices], n=1)
+            if not close:
+                raise
+            raise argparse.ArgumentError(action, f"{error.message}; did you mean '{close[0]}'?") from None
+
+    def error(self, message):
+        listed = "commands" if self.commands else "options and their defaults"
+        self.exit(2, f"{self.prog}: error: {message}\n{self.prog} --help lists the {listed}\n")
+
+
+class DefaultsParser(CommandLineParser):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, formatter_class=DefaultsFormatter, **kwargs)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m fastar", description="Fast autoregressive image generation.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=DefaultsParser)
+def add_command(sub, name: str, summary: str) -> argparse.ArgumentParser:
+    """A command whose summary heads its --help and the list of commands."""
+    return sub.add_parser(name, help=summary, description=summary)
 
-    gen = sub.add_parser("generate", help="generate images with one decoder")
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = CommandLineParser(prog="python -m fastar", description="Fast autoregressive image generation.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=DefaultsParser)
+
+    gen = add_command(sub, "generate", "generate images with one decoder")
     add_decoding_args(gen)
     which = gen.add_mutually_exclusive_group()
-    which.add_argument("--class", dest="class_", help="class index or name, repeated over --batch")
+    which.add_argument("--class", dest="class_", metavar="CLASS", help="class index or name, repeated over --batch "
+                       "(default: 0, the model's first class)")
     which.add_argument("--classes", help="comma-separated classes, one per row")
     gen.add_argument("--prompt", action="append", help="text-to-image models: a prompt (repeat for several rows)")
     gen.add_argument("--t5", help="text-to-image models: local FLAN-T5 folder (google/flan-t5-xl)")
     gen.add_argument("--batch", type=int, default=1, help="images at once (rows of one class or prompt)")
-    gen.add_argument("--decoder", choices=DECODERS, help="default: sjd for token models, ar (the plain sampler) for MAR "
-                     "and VAR, dd for DD students")
+    gen.add_argument("--decoder", choices=("auto", *DECODERS), default="auto",
+                     help="auto: the speed dial picks the decoder and its settings for the model, drafter and device "
+                     "(--speed; docs/speed.md); or one decoder by name, with its own options below")
+    gen.add_argument("--speed", choices=SPEEDS, help="with --decoder auto: lossless (exactly the model's distribution), "
+                     "balanced (the default: the fastest within a few points of plain sampling's quality) or fast")
     gen.add_argument("--seed", type=int, default=0, help="the same seed, settings and device give the same image")
     gen.add_argument("--out", help="PNG path (batch > 1: PATH_0.png, PATH_1.png, ...); default, when no output is "
                      "given: out/MODEL_DECODER_seedS.png")
@@ -190,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--map-out", help="write the acceptance heatmap (iteration that fixed each token) as PNG")
     gen.add_argument("--quiet", action="store_true", help="no progress line")
 
-    dec = sub.add_parser("decode", help="decode saved latents (--latents-out) or codes (--tokens-out) into images")
+    dec = add_command(sub, "decode", "decode saved latents (--latents-out) or codes (--tokens-out) into images")
     dec.add_argument("--vq", "--vae", dest="vq", required=True, help="the image decoder (VQ tokenizer or KL autoencoder)")
     source = dec.add_mutually_exclusive_group(required=True)
     source.add_argument("--latents-in", help=".npy of float32 latents [B, C, h, w]")
@@ -198,8 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--out", required=True, help="PNG path (several images: PATH_0.png, PATH_1.png, ...)")
     dec.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
 
-    bench = sub.add_parser("bench", help="compare decoders side by side (speed, fidelity, quality) on a model, by "
-                                         "default the demo model")
+    bench = add_command(sub, "bench", "compare decoders side by side (speed, fidelity, quality) on a model, by "
+                                       "default the demo model")
     add_decoding_args(bench)
     bench.add_argument("--mar", action="store_true", help="bench MAR: plain MAR at several step counts against CSpD "
                        "in both verify modes, on the demo MAR (or --model/--vq/--drafter); --decoders and the "
@@ -207,6 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--dd", action="store_true", help="bench a Distilled Decoding student (--model, default the "
                        "demo's) in 1 and 2 steps against its teacher's plain AR and flow-map AR (--teacher, default the "
                        "demo model; --cfg, --top-k ... are the teacher's: give the student's pair settings, cfg default 2.0)")
+    bench.add_argument("--dial", action="store_true", help="measure the speed dial's candidates for token models "
+                       "(speed_dial.py: every decoder and setting it can pick) and print each level's pick from them; "
+                       "--decoders and the sweeps do not apply")
     bench.add_argument("--mar-steps", default="256,64,32,16", help="with --mar: the step counts of the plain MAR rows "
                        "beside --num-iter (counts above the model's token count are skipped)")
     bench.add_argument("--mar-rows", help="with --mar: only these rows, by their labels in the table (e.g. "
@@ -225,8 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--toy-rows", type=int, default=20000,
                        help="samples per setting for the relaxed decoders' total-variation distance on the toy")
 
-    quant = sub.add_parser("quantize", help="write a model's 8-bit weights once, to load directly (half the bytes, "
-                           "nothing to quantise at each load)")
+    quant = add_command(sub, "quantize", "write a model's 8-bit weights once, to load directly (half the bytes, "
+                        "nothing to quantise at each load)")
     quant.add_argument("--model", required=True, help="the AR model's checkpoint file or model folder (any family "
                        "generate loads)")
     quant.add_argument("--weights", choices=[w for w in WEIGHT_FORMATS if w != "auto"], default="int8",
@@ -236,11 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
     quant.add_argument("--image-size", type=int, help="the image size to record, for a checkpoint that does not say "
                        "it (default: as generate reads it)")
 
-    drafter = sub.add_parser("train-drafter", help="train a drafter (EAGLE head or small AR) on a target's samples")
+    drafter = add_command(sub, "train-drafter", "train a drafter (EAGLE head or small AR) on a target's samples")
     add_drafter_training_args(drafter)
 
-    prof = sub.add_parser("profile", help="ms per target forward and decoder iteration against the memory-bandwidth "
-                                          "floor, on a random-weight model of a real shape")
+    prof = add_command(sub, "profile", "ms per target forward and decoder iteration against the memory-bandwidth "
+                                       "floor, on a random-weight model of a real shape")
     prof.add_argument("--shape", default="demo", help="tiny, demo, llamagen-b/-l/-xl/-xxl, lumina-mgpt-7b-768, anole-7b, "
                       "janus-tiny, janus-pro-1b, janus-pro-7b; MAR: mar-tiny, mar-b, mar-l, mar-h")
     prof.add_argument("--grid", help="a random shape's image grid, rows x columns of tokens (e.g. 8x8 for a quick CPU "
@@ -248,7 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--model", help="a token model's or a MAR's checkpoint instead of a random shape (e.g. the "
                       "bundled demo/demo_c2i.safetensors or demo/demo_mar.safetensors)")
     prof.add_argument("--device", help="cuda or cpu (default: cuda when there is one)")
-    prof.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), help="default: bf16 on cuda, fp32 on cpu")
+    prof.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), help="default: bf16 on cuda and for --memory, "
+                      "fp32 on cpu")
     prof.add_argument("--windows", default="1,2,4,8,16,32,64", help="window widths W whose forward is timed")
     prof.add_argument("--batches", type=lambda s: [int(b) for b in s.split(",")], default=[1, 2],
                       help="images per call (each with its CFG row)")
@@ -272,12 +333,13 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--weights", default="auto", choices=WEIGHT_FORMATS,
                       help="the blocks of the model (and drafter) in 8 bits: int8 or fp8; the floor counts their bytes")
     prof.add_argument("--memory", action="store_true", help="only the memory a generation needs (weights, and the "
-                      "KV cache with CFG at each --batches), the --shape built on no device: any size, on any machine")
+                      "KV cache with CFG at each --batches), the --shape built on no device: any size, on any machine; "
+                      "in bf16, as a GPU runs it, unless --dtype says otherwise")
     prof.add_argument("--out", help="write the report as JSON")
     prof.add_argument("--threads", type=int, help="CPU threads")
 
-    distill = sub.add_parser("distill-dd", help="distil a class-to-image LlamaGen-format or VAR model into a "
-                                                "one/two-step Distilled Decoding student")
+    distill = add_command(sub, "distill-dd", "distil a class-to-image LlamaGen-format or VAR model into a "
+                                           "one/two-step Distilled Decoding student")
     add_distill_args(distill)
     return parser
 
@@ -361,9 +423,21 @@ def free_cores() -> int:
     return max(1, min(cores, round(cores - busy)))
 
 
+def overview(parser: CommandLineParser) -> str:
+    """What ``python -m fastar`` alone prints: the commands, one line each, and where their options are."""
+    width = max(map(len, parser.commands))
+    lines = [f"  {name:<{width}}  {command.description}" for name, command in parser.commands.items()]
+    return "\n".join([f"usage: {parser.prog} COMMAND [options]", "", "commands:", *lines, "",
+                      f"{parser.prog} COMMAND --help lists a command's options and their defaults"])
+
+
 def main(argv=None) -> int:
     warnings.showwarning = show_warning
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        print(overview(parser))
+        return 0
     try:
         set_threads(getattr(args, "threads", None))
         commands = {"generate": command_generate, "decode": command_decode, "bench": command_bench,

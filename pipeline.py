@@ -51,6 +51,29 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
+# the CPU instructions that compute each half precision's matrix products, and torch's checks for them
+CPU_HALF_SUPPORT = {torch.bfloat16: ("AVX-512 BF16 or AMX", ("_is_avx512_bf16_supported", "_is_amx_tile_supported")),
+                    torch.float16: ("AMX-FP16", ("_is_amx_fp16_supported",))}
+
+
+def warn_if_emulated(dtype: torch.dtype, device: torch.device) -> None:
+    """bf16 or fp16 asked for on a CPU without instructions for it: PyTorch emulates it, slower than fp32 (a
+    32-row product measured about 4x slower on an AVX2 CPU). On a CPU that has them it can be the faster choice
+    (README: the LlamaGen-L shape's steps), so nothing is said there."""
+    if device.type != "cpu" or dtype not in CPU_HALF_SUPPORT or cpu_computes(dtype):
+        return
+    name, (instructions, _) = DTYPE_NAMES[dtype], CPU_HALF_SUPPORT[dtype]
+    warnings.warn(f"--dtype {name} on this CPU is emulated (it has no {instructions}): slower than fp32, several "
+                  f"times over a window or batch of tokens; leave --dtype out for fp32 unless halving the memory is "
+                  "the point", FastARWarning, stacklevel=3)
+
+
+def cpu_computes(dtype: torch.dtype) -> bool:
+    """Whether this CPU has instructions for ``dtype``'s products (torch's checks are private: one missing from
+    this torch counts as no)."""
+    return any(getattr(torch.cpu, check, lambda: False)() for check in CPU_HALF_SUPPORT[dtype][1])
+
+
 def native_bf16(device: torch.device) -> bool:
     if torch.version.hip:  # ROCm: PyTorch's own answer, emulation left out
         with torch.cuda.device(device):
@@ -199,6 +222,7 @@ def load_models(model_path: str | None, vq_path: str | None, device: str = "auto
 
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
+    warn_if_emulated(dt, dev)
     check_gpu_weights(gpu_weights, dev)
     try:
         ar = load_ar_model(model_path or DEMO_AR, weights, device=dev if gpu_weights is None else "cpu", dtype=dt,
@@ -261,7 +285,17 @@ def conditioning_for(model, *, classes: list[str] | None = None, batch: int = 1,
     if prompts:
         raise FastARError("this is a class-conditional model: give --class or --classes, not --prompt")
     names = model.cfg.class_names
+    if not classes:
+        warnings.warn(first_class_note(model), FastARWarning, stacklevel=2)
     labels = [parse_class(c, names) for c in (classes or ["0"])]
     if len(labels) == 1:
         labels = labels * batch
     return class_conditioning(model, labels)
+
+
+def first_class_note(model) -> str:
+    """What a class-conditional model draws when no class is given (its first), and how to choose one."""
+    names = model.cfg.class_names
+    which = f"class 0 ({names[0]})" if names else "class 0"
+    choices = f"an index 0..{model.cfg.num_classes - 1}" + (f" or a name: {', '.join(names)}" if names else "")
+    return f"no --class given: drawing {which}; choose with --class ({choices}), or --classes A,B,... one per image"

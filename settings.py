@@ -2,6 +2,8 @@
 which shares them) mean, with their defaults and ranges, in one place below both."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from .errors import FastARError
 from .samplers.masked_loops.cspd import REFERENCE_TEMPERATURE, CSpDSettings
 from .samplers.decoders import DecoderSpec
@@ -10,6 +12,7 @@ from .samplers.masked_loops.feature_reuse import FeatureReuse
 from .samplers.masked_loops.masked import MaskedSettings
 from .samplers.processing import SamplingSettings
 
+NO_FLAGS = SimpleNamespace()  # what the nodes pass for "the model's own settings": no flag given
 SPEC_DEFAULTS = DecoderSpec()
 SAMPLING_DEFAULTS = SamplingSettings()
 MASKED_DEFAULTS = MaskedSettings()
@@ -27,17 +30,30 @@ def spec_from(args, decoder: str) -> DecoderSpec:
                        zipar_lead=args.zipar_lead, zipar_attention=args.zipar_attention, drafts=args.drafts)
 
 
-def masked_settings_from(args) -> MaskedSettings:
+def masked_settings_from(args, model=None) -> MaskedSettings:
     if top_k_of(args) != SAMPLING_DEFAULTS.top_k or top_p_of(args) != SAMPLING_DEFAULTS.top_p:
         raise FastARError("--top-k and --top-p act on token probabilities; a MAR model samples continuous tokens: "
                           "leave them out (--temperature and --cfg apply)")
-    return MaskedSettings(num_iter=args.num_iter, cfg_scale=cfg_of(args), cfg_schedule=args.cfg_schedule,
-                          temperature=args.temperature, diffusion_steps=args.diffusion_steps, reuse=reuse_from(args))
+    return MaskedSettings(num_iter=given(args, "num_iter", model, MASKED_DEFAULTS.num_iter),
+                          cfg_scale=cfg_of(args, model),
+                          cfg_schedule=given(args, "cfg_schedule", model, MASKED_DEFAULTS.cfg_schedule),
+                          temperature=given(args, "temperature", model, MASKED_DEFAULTS.temperature),
+                          diffusion_steps=given(args, "diffusion_steps", model, MASKED_DEFAULTS.diffusion_steps),
+                          reuse=reuse_from(args))
+
+
+def given(args, name: str, model=None, fallback=None):
+    """A flag's value; when it is absent, the model's own default (a bundled model's best measured setting, read
+    from its file: ``model.defaults``), else ``fallback`` (the family's or the release's)."""
+    value = getattr(args, name, None)
+    if value is not None:
+        return value
+    return getattr(model, "defaults", {}).get(name, fallback)
 
 
 def reuse_from(args, always: bool = False) -> FeatureReuse | None:
     """--reuse's settings (None without it, unless ``always``: the bench's lazy rows take them either way)."""
-    if not (args.reuse or always):
+    if not (getattr(args, "reuse", False) or always):
         return None
     return FeatureReuse(start_percent=args.reuse_start, end_percent=args.reuse_end, refresh_every=args.refresh_every,
                         token_reuse=args.token_reuse, head_refresh_every=args.head_refresh_every).validate()
@@ -53,23 +69,26 @@ def cspd_from(args, decoder: str = "cspd") -> CSpDSettings:
                         path_factor=args.cspd_path_factor).validate()
 
 
-def cfg_of(args) -> float:
-    return SAMPLING_DEFAULTS.cfg_scale if args.cfg is None else args.cfg
+def cfg_of(args, model=None, fallback: SamplingSettings = SAMPLING_DEFAULTS) -> float:
+    return given(args, "cfg", model, fallback.cfg_scale)
 
 
-def top_k_of(args, default: int = SAMPLING_DEFAULTS.top_k) -> int:
-    """--top-k, or ``default`` when the flag is absent (0 given means off, never the default)."""
-    return default if args.top_k is None else args.top_k
+def top_k_of(args, model=None, fallback: SamplingSettings = SAMPLING_DEFAULTS) -> int:
+    """--top-k, or the model's or ``fallback``'s when the flag is absent (0 given means off, never the default)."""
+    return given(args, "top_k", model, fallback.top_k)
 
 
-def top_p_of(args, default: float = SAMPLING_DEFAULTS.top_p) -> float:
-    """--top-p, or ``default`` when the flag is absent (1 given means off, never the default)."""
-    return default if args.top_p is None else args.top_p
+def top_p_of(args, model=None, fallback: SamplingSettings = SAMPLING_DEFAULTS) -> float:
+    """--top-p, or the model's or ``fallback``'s when the flag is absent (1 given means off, never the default)."""
+    return given(args, "top_p", model, fallback.top_p)
 
 
-def sampling_from(args) -> SamplingSettings:
-    return SamplingSettings(cfg_scale=cfg_of(args), temperature=args.temperature, top_k=top_k_of(args),
-                            top_p=top_p_of(args)).validate()
+def sampling_from(args, model=None, fallback: SamplingSettings = SAMPLING_DEFAULTS) -> SamplingSettings:
+    """The sampling settings: each flag given, else the model's own default, else ``fallback``'s (VAR: the
+    release's)."""
+    return SamplingSettings(cfg_scale=cfg_of(args, model, fallback),
+                            temperature=given(args, "temperature", model, fallback.temperature),
+                            top_k=top_k_of(args, model, fallback), top_p=top_p_of(args, model, fallback)).validate()
 
 
 def check_arguments(args) -> None:

@@ -8,49 +8,72 @@ import time
 from pathlib import Path
 
 from ..errors import FastARError
-from ..samplers.decoders import LOSSLESS, NEEDS_DRAFTER, check_decoder
+from ..samplers.decoders import DRAFTED_BY_DEFAULT, LOSSLESS, check_decoder
 from ..samplers.few_step_loops.distilled import DDSettings
 from ..samplers.few_step_loops.next_scale import VAR_SAMPLING
-from ..samplers.processing import SamplingSettings
+from ..speed_dial import check_auto, choose, window_note
 from ..settings import (SAMPLING_DEFAULTS, check_arguments, cspd_from, masked_settings_from, sampling_from,
                         spec_from, top_k_of, top_p_of)
 
-DEFAULT_DECODER = {"token-ar": "sjd", "masked-ar": "ar", "few-step": "dd", "next-scale": "ar"}
-
 
 def drafter_choice(args, decoder: str) -> str | None:
-    """The drafter path for ``decoder``: --drafter, or the demo drafter for a decoder that needs one on a
-    demo model; None (Jacobi drafts) otherwise."""
-    from ..model_loaders.shared.demo import is_demo_mar
+    """The drafter path for ``decoder``: --drafter, or a bundled model's bundled drafter for a decoder that drafts
+    with one by default (spec, lantern, cspd) or for the speed dial to weigh; None (Jacobi drafts, or none) otherwise."""
+    from ..model_loaders.shared.demo import DEMO_AR, demo_drafter
 
     if args.drafter:
-        return args.drafter
-    return "demo" if decoder in NEEDS_DRAFTER and (args.model is None or is_demo_mar(args.model)) else None
+        return None if args.drafter == "none" else args.drafter
+    wanted = decoder in DRAFTED_BY_DEFAULT or decoder in (None, "auto")  # the dial weighs what is connected
+    bundled = wanted and demo_drafter(args.model or DEMO_AR) is not None
+    return "demo" if bundled else None
 
 
 class ProgressLine:
-    """A one-line progress display on stderr, redrawn at most ten times a second. ``done`` counts the
-    tokens of the slowest row; the rate is of the whole batch."""
+    """Progress on stderr. ``done`` counts the tokens of the slowest row; the rate is of the whole batch. A
+    terminal gets one line, redrawn at most ten times a second; a log (stderr redirected) a plain line per tenth
+    of the work and the last one, since carriage returns pile every redraw into one line of a file."""
 
     def __init__(self, label: str, enabled: bool, batch: int = 1):
         self.label, self.enabled, self.batch = label, enabled, batch
-        self.start, self.last = time.perf_counter(), 0.0
+        self.redraw = sys.stderr.isatty()
+        self.start, self.last, self.tenths = time.perf_counter(), 0.0, 0
 
     def __call__(self, done: int, total: int, _tokens) -> None:
         now = time.perf_counter()
-        if not self.enabled or (now - self.last < 0.1 and done < total):
+        if not self.enabled or not self.due(now, done, total):
             return
-        self.last = now
+        self.last, self.tenths = now, 10 * done // total
         rate = self.batch * done / max(now - self.start, 1e-9)
         bar = "#" * int(30 * done / total)
         rows = f" ({self.batch} images)" if self.batch > 1 else ""
-        print(f"\r{self.label} [{bar:<30}] {done}/{total} tokens{rows}  {rate:.0f} tok/s", end="", file=sys.stderr)
-        if done >= total:
-            print(file=sys.stderr)
+        line = f"{self.label} [{bar:<30}] {done}/{total} tokens{rows}  {rate:.0f} tok/s"
+        if self.redraw:
+            print(f"\r{line}", end="\n" if done >= total else "", file=sys.stderr)
+        else:
+            print(line, file=sys.stderr)
+
+    def due(self, now: float, done: int, total: int) -> bool:
+        """A terminal's redraw at most ten times a second and at the end; a log's line once per tenth of the work."""
+        if self.redraw:
+            return now - self.last >= 0.1 or done >= total
+        return 10 * done // total > self.tenths
 
 
-def numbered(path: Path, index: int, count: int) -> Path:
-    return path if count == 1 else path.with_name(f"{path.stem}_{index}{path.suffix}")
+def numbered_paths(path: Path, count: int) -> list[Path]:
+    """Where ``count`` files of one output go: ``path`` itself for one, PATH_0, PATH_1, ... for more."""
+    if count == 1:
+        return [path]
+    return [path.with_name(f"{path.stem}_{index}{path.suffix}") for index in range(count)]
+
+
+def say_written(paths: list[Path], what: str) -> None:
+    """One line naming the files an output wrote (the first and the last of several), so they can be found."""
+    names = str(paths[0]) if len(paths) == 1 else f"{paths[0]} ... {paths[-1]}"
+    print(f"wrote {names} ({what})")
+
+
+def counted(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 OUTPUTS = ("out", "tokens_out", "latents_out", "stats_out", "map_out", "noise_out")
@@ -72,53 +95,87 @@ def make_output_folders(args) -> None:
 def command_generate(args) -> int:
     from ..pipeline import conditioning_for, load_models
 
+    check_auto(args.decoder, args.speed)
     check_arguments(args)
     make_output_folders(args)
     models = load_models(args.model, args.vq, args.device, args.dtype, drafter_path=drafter_choice(args, args.decoder),
                          image_size=args.image_size, compile_switch=args.compile, gpu_weights=args.gpu_weights,
                          weights=args.weights)
-    args.decoder = args.decoder or DEFAULT_DECODER[models.ar.kind]
     if args.reuse and models.ar.kind != "masked-ar":
         raise FastARError(f"--reuse reuses a MAR model's features between its steps; {args.model or 'the demo model'} "
                           f"is {models.ar.what}: leave --reuse out")
+    classes = args.classes.split(",") if args.classes else [args.class_] if args.class_ else None
+    conditioning = conditioning_for(models.ar, classes=classes, batch=args.batch, prompts=args.prompt,
+                                    t5_folder=args.t5)
+    if args.reuse and args.decoder in (None, "auto"):  # --reuse is a pick: MAR's sampler with feature reuse
+        args.decoder = "ar"
+    choice = dial(args, models, conditioning) if args.decoder in (None, "auto") else None
     if not any(getattr(args, name, None) for name in OUTPUTS):  # said where when written
         args.out = str(DEFAULT_OUT / f"{Path(args.model or 'demo').stem}_{args.decoder}_seed{args.seed}.png")
     kept = kept_output(args, models)
     if kept:  # said now, not after a long generation
         print(f"note: no images from this run: {missing_decoder(args, models)}. The model's output goes to {kept}",
               file=sys.stderr)
-    classes = args.classes.split(",") if args.classes else [args.class_] if args.class_ else None
-    conditioning = conditioning_for(models.ar, classes=classes, batch=args.batch, prompts=args.prompt,
-                                    t5_folder=args.t5)
-    lossless = LOSSLESS[args.decoder] and not getattr(args, "reuse", False)
+    lossless = LOSSLESS[args.decoder] and not getattr(args, "reuse", False) and (choice is None or
+                                                                               choice.candidate.lossless)
     kind = "lossless" if lossless else "relaxed: trades fidelity for speed"
     progress = ProgressLine(f"{args.decoder}, {kind}", enabled=not args.quiet, batch=conditioning.batch)
     token_maps = None
     if models.ar.kind == "masked-ar":
-        outputs, stats = generate_masked(args, models, conditioning, progress)
+        outputs, stats = generate_masked(args, models, conditioning, progress, choice)
     elif models.ar.kind == "few-step":
-        outputs, stats = generate_distilled(args, models, conditioning, progress)
+        outputs, stats = generate_distilled(args, models, conditioning, progress, choice)
     elif models.ar.kind == "next-scale":
         outputs, stats, token_maps = generate_next_scale(args, models, conditioning, progress)
     else:
-        outputs, stats = generate_tokens(args, models, conditioning, progress)
+        outputs, stats = generate_tokens(args, models, conditioning, progress, choice)
+    if choice is not None:
+        stats.settings["dial"] = choice.summary()
     write_outputs(args, models, outputs, stats, token_maps)
     return 0
 
 
-def generate_tokens(args, models, conditioning, progress):
+def dial(args, models, conditioning):
+    """--decoder auto: the speed dial's pick for this model, drafter and device (speed_dial.py), said in one line;
+    a drafter it does not use is let go. Steps given (--num-iter) are kept."""
+    choice = choose(models.ar, args.speed or "balanced", models.drafter, conditioning, codebook=models.vq is not None,
+                    keep_steps=args.num_iter is not None)
+    args.decoder = choice.decoder
+    if not choice.candidate.drafter:
+        models.drafter = None
+    print(f"speed dial, {choice.speed}: {choice.why}")
+    return choice
+
+
+def generate_tokens(args, models, conditioning, progress, choice=None):
     from ..pipeline import check_token_room
     from ..samplers.decoders import decode
 
-    spec, sampling = spec_from(args, args.decoder), sampling_from(args)
+    spec = choice.spec() if choice else spec_from(args, args.decoder)
+    sampling = sampling_from(args, models.ar)
     check_token_room(models.ar, conditioning, sampling, spec, drafted=models.drafter is not None)
     codes, stats = decode(models.ar, conditioning, sampling, spec, seed=args.seed, on_iteration=progress,
                           drafter=models.drafter, codebook=models.codebook())
-    drafted = f", {stats.drafter_forwards} drafter forwards ({stats.drafter_time_s:.2f} s)" if models.drafter else ""
-    print(f"{stats.decoder}: {stats.num_tokens} tokens x {stats.batch} in {stats.target_forwards} forwards "
-          f"(step compression {stats.step_compression:.2f}x, mean accepted {stats.mean_accepted:.2f}){drafted}, "
-          f"{seconds(stats)}")
+    print(summary_line(stats))
+    note = None if choice else window_note(models.ar, spec, stats, conditioning)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     return codes, stats
+
+
+def summary_line(stats) -> str:
+    """What a run did, in one line: its forwards against the plain sampler's (steps, not a speed-up), its drafts
+    and drafter, its time (docs/statistics.md defines each number)."""
+    line = f"{stats.decoder}: {stats.steps_summary()}"
+    if stats.acceptance_rate is not None:
+        line += f"; {stats.accepted_tokens} of {stats.drafted_tokens} drafts kept ({stats.acceptance_rate:.1%})"
+    if stats.drafter_forwards:
+        line += f"; {stats.drafter_forwards} drafter forwards ({stats.drafter_time_s:.2f} s)"
+    if stats.resample_tries:
+        line += f", {stats.resample_tries} residual proposals ({stats.resample_fallbacks} fell back)"
+    if stats.reuse_note:
+        line += f"; {stats.reuse_note}"
+    return f"{line}; {seconds(stats)}"
 
 
 def seconds(stats) -> str:
@@ -127,21 +184,16 @@ def seconds(stats) -> str:
                                           if stats.compile_time_s else "")
 
 
-def generate_masked(args, models, conditioning, progress):
+def generate_masked(args, models, conditioning, progress, choice=None):
     from ..samplers.decoders import decode_masked
 
     if args.tokens_out:
         raise FastARError("--tokens-out is for token models; a MAR model writes continuous latents: use --latents-out")
-    tokens, stats = decode_masked(models.ar, conditioning, masked_settings_from(args), args.decoder, seed=args.seed,
+    settings = masked_settings_from(args, models.ar)
+    tokens, stats = decode_masked(models.ar, conditioning, choice.masked(settings) if choice else settings,
+                                  args.decoder, seed=args.seed,
                                   cspd=cspd_from(args, args.decoder), drafter=models.drafter, on_iteration=progress)
-    line = f"{stats.decoder}: {stats.num_tokens} tokens x {stats.batch} in {stats.target_forwards} target calls"
-    if stats.decoder.startswith("cspd"):
-        line += (f" + {stats.drafter_forwards} draft calls ({stats.drafter_time_s:.2f} s), acceptance "
-                 f"{stats.acceptance_rate or 0.0:.1%} of {stats.drafted_tokens} drafted tokens, "
-                 f"{stats.resample_tries} residual proposals ({stats.resample_fallbacks} fell back)")
-    if stats.reuse_note:
-        line += f", {stats.reuse_note}"
-    print(f"{line}, {seconds(stats)}")
+    print(summary_line(stats))
     return tokens, stats
 
 
@@ -149,20 +201,17 @@ def generate_next_scale(args, models, conditioning, progress):
     from ..samplers.decoders import decode_next_scale
 
     check_decoder(args.decoder, models.ar, None)
-    sampling = SamplingSettings(cfg_scale=VAR_SAMPLING.cfg_scale if args.cfg is None else args.cfg,
-                                temperature=args.temperature, top_k=top_k_of(args, VAR_SAMPLING.top_k),
-                                top_p=top_p_of(args, VAR_SAMPLING.top_p))
+    sampling = sampling_from(args, models.ar, VAR_SAMPLING)
     token_maps = []
     f_hat, stats = decode_next_scale(models.ar, conditioning, sampling, seed=args.seed, vqvae=models.vq,
                                      decoder=args.decoder, on_iteration=progress, flow_steps=args.flow_steps,
                                      scale_codes=token_maps)
-    print(f"{stats.decoder}: {len(models.ar.cfg.patch_nums)} scales ({models.ar.cfg.seq_len} tokens) x {stats.batch} in "
-          f"{stats.target_forwards} forwards, cfg {sampling.cfg_scale} ramped over the scales, top-k {sampling.top_k}, "
-          f"top-p {sampling.top_p}, {seconds(stats)}")
+    print(f"{summary_line(stats)} (cfg {sampling.cfg_scale} ramped over the scales, top-k {sampling.top_k}, "
+          f"top-p {sampling.top_p})")
     return f_hat, stats, token_maps
 
 
-def generate_distilled(args, models, conditioning, progress):
+def generate_distilled(args, models, conditioning, progress, choice=None):
     import numpy as np
     import torch
 
@@ -171,8 +220,8 @@ def generate_distilled(args, models, conditioning, progress):
 
     if (args.teacher is None) != (args.dd_regenerate is None):
         raise FastARError("the DD hybrid needs both --teacher (the student's teacher) and --dd-regenerate S")
-    tuned = (args.cfg not in (None, 1.0) or args.temperature != SAMPLING_DEFAULTS.temperature or top_k_of(args)
-             or top_p_of(args) < 1)
+    tuned = (args.cfg not in (None, 1.0) or args.temperature not in (None, SAMPLING_DEFAULTS.temperature)
+             or top_k_of(args) or top_p_of(args) < 1)
     if tuned and args.teacher is None:
         raise FastARError("a Distilled Decoding student maps noise to an image deterministically: --cfg, "
                           "--temperature, --top-k and --top-p do not apply (its teacher's settings are baked in); "
@@ -193,12 +242,13 @@ def generate_distilled(args, models, conditioning, progress):
                             make_generator(args.seed, student.device))
     if args.noise_out:
         np.save(args.noise_out, noise.cpu().numpy())
-    settings = DDSettings(steps=args.dd_steps, t2=args.dd_t2, split=args.dd_split, regenerate=args.dd_regenerate)
+        say_written([Path(args.noise_out)], f"the noise {list(noise.shape)}")
+    steps = args.dd_steps or (choice.dd_steps if choice else DDSettings.steps)  # given steps win over the dial's
+    settings = DDSettings(steps=steps, t2=args.dd_t2, split=args.dd_split, regenerate=args.dd_regenerate)
     latents, stats = decode_distilled(student, conditioning, settings, seed=args.seed, codebook=models.codebook(),
                                       noise=noise, on_iteration=progress, teacher=teacher, sampling=sampling_from(args))
     teacher_part = stats.settings["teacher_forwards"]
-    print(f"dd: {student.num_tokens} tokens x {stats.batch} in {stats.target_forwards - teacher_part} student forward(s)"
-          + (f" + {teacher_part} teacher forwards" if teacher_part else "") + f", {stats.wall_time_s:.2f} s")
+    print(summary_line(stats) + (f" ({teacher_part} of the forwards by the teacher)" if teacher_part else ""))
     return latents, stats
 
 
@@ -231,15 +281,21 @@ def write_outputs(args, models, outputs, stats, token_maps=None) -> None:
         latents_out, tokens_out = (kept, None) if kept.endswith(".npy") else (None, kept)
     if tokens_out:
         Path(tokens_out).write_text(json.dumps(tokens_json(models, outputs, token_maps)))
+        say_written([Path(tokens_out)], f"the image codes of {counted(len(outputs), 'image')}, JSON")
     if latents_out:
         import numpy as np
 
-        np.save(latents_out, latents_of(models, outputs).float().cpu().numpy())
+        latents = latents_of(models, outputs).float().cpu().numpy()
+        np.save(latents_out, latents)
+        say_written([Path(latents_out)], f"latents {list(latents.shape)}, float32")
     if args.stats_out:
         Path(args.stats_out).write_text(json.dumps(stats.to_json(), indent=1))
+        say_written([Path(args.stats_out)], "the decode statistics, JSON")
     if args.map_out:
-        for i, row in enumerate(stats.fixed_at):
-            Image.fromarray(acceptance_heatmap(row, grid)).save(numbered(Path(args.map_out), i, stats.batch))
+        maps = numbered_paths(Path(args.map_out), stats.batch)
+        for row, path in zip(stats.fixed_at, maps):
+            Image.fromarray(acceptance_heatmap(row, grid)).save(path)
+        say_written(maps, counted(len(maps), "acceptance map"))
     if args.out:
         if models.vq is None:
             print(f"no images written ({missing_decoder(args, models)}); the model's output is in "
@@ -290,6 +346,7 @@ def save_images(images, out: Path) -> None:
     from PIL import Image
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    for i, image in enumerate(images):
-        Image.fromarray(image).save(numbered(out, i, len(images)))
-    print(f"wrote {len(images)} image(s) to {out}" + ("" if len(images) == 1 else " (numbered)"))
+    paths = numbered_paths(out, len(images))
+    for image, path in zip(images, paths):
+        Image.fromarray(image).save(path)
+    say_written(paths, counted(len(paths), "image"))

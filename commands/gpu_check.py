@@ -40,9 +40,13 @@ PROMPTS = ["--prompt", "a red ring on a cyan background", "--prompt", "a blue sq
 GREEDY = ["--top-k", "1"]
 COMPILED_CHECKS = ("ar", "sjd", "zipar")  # compiled against eager: a session's forward, and ZipAR's forward_at
 LOSSLESS_CHECKS = ("sjd", "spec")  # greedy, they equal ar's greedy codes
-# MAR's latents through compiled reverse steps against eager ones: the mean difference relative to the mean latent
-# (fused kernels round apart, and the first reverse steps amplify it: 0.1-0.3% on the CPU; tests/test_head_steps.py)
-LATENTS_CLOSE = 1e-2
+# MAR's latents through compiled reverse steps against eager ones: the median difference relative to the mean latent.
+# Fused kernels round apart and the first reverse steps multiply eps by up to 20,000, so now and then a token lands in
+# another mode and the later tokens of its image follow it: where that happens depends on the CPU's kernels (the
+# demo's seed 1 on one CPU: 1 image of 4 went elsewhere, its latents 10% apart, the mean 2.4%). The median stays
+# with the tokens that did not fork: 1e-5 to 4e-5 on the CPU, where a 2% temperature or 5% cfg slip in the compiled
+# step moves it 1-3%, and the next reverse step's constants 30%.
+LATENTS_CLOSE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -287,8 +291,9 @@ def latents_verdict(out: Path, name: str, reference: Step | None) -> str:
     ours, theirs = np.load(latents_path(out, name)), np.load(theirs)
     if ours.shape != theirs.shape:
         return f"DIFFERS (shape {list(ours.shape)} against {list(theirs.shape)})"
-    apart = float(np.abs(ours - theirs).mean() / max(np.abs(theirs).mean(), 1e-12))
-    return f"{'close' if apart < LATENTS_CLOSE else 'DIFFERS'} ({apart:.1e} apart)"
+    difference, scale = np.abs(ours - theirs), max(float(np.abs(theirs).mean()), 1e-12)
+    apart, mean = float(np.median(difference)) / scale, float(difference.mean()) / scale
+    return f"{'close' if apart < LATENTS_CLOSE else 'DIFFERS'} ({apart:.1e} apart, mean {mean:.1e})"
 
 
 def precision_sheet(steps: list[Step], out: Path) -> None:

@@ -26,15 +26,19 @@ def setup(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def save_fp16(module: torch.nn.Module, cfg, path, keep_fp32: tuple[str, ...] = (), drop: tuple[str, ...] = ()) -> None:
+def save_fp16(module: torch.nn.Module, cfg, path, keep_fp32: tuple[str, ...] = (), drop: tuple[str, ...] = (),
+              defaults: dict | None = None) -> None:
     """State dict in fp16 (official key names; keys starting with ``keep_fp32`` stay fp32, keys starting with
-    ``drop`` are left out) with the config as JSON under ``fastar_config``."""
+    ``drop`` are left out) with the config as JSON under ``fastar_config`` and the model's best measured sampling
+    settings under ``fastar_defaults`` (the command line's names: what it and the speed dial use unless told)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     sd = {k: (v.half() if v.is_floating_point() and not k.startswith(keep_fp32) else v).detach().contiguous()
           for k, v in parted_state_dict(module).items() if not (drop and k.startswith(drop))}
-    meta = asdict(cfg) if not isinstance(cfg, dict) else cfg
-    write_whole(path, lambda file: save_file(sd, str(file), metadata={"fastar_config": json.dumps(meta)}))
+    metadata = {"fastar_config": json.dumps(asdict(cfg) if not isinstance(cfg, dict) else cfg)}
+    if defaults:
+        metadata["fastar_defaults"] = json.dumps(defaults)
+    write_whole(path, lambda file: save_file(sd, str(file), metadata=metadata))
     print(f"saved {path.name}: {path.stat().st_size / 1e6:.2f} MB")
 
 

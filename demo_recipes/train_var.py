@@ -32,6 +32,7 @@ VAL_SEED = 777  # held-out images: another seed than the training set's
 # What the demo VAR is judged and benched at, and its student's pairs made with: the release's cfg 1.5 (ramped)
 # with top-p 0.7, the best of a sweep of the judge's class accuracy (about 84%; the release's top-p 0.96, about 79%)
 JUDGED = SamplingSettings(cfg_scale=1.5, top_p=0.7)
+DEMO_DEFAULTS = {"cfg": JUDGED.cfg_scale, "top_k": JUDGED.top_k, "top_p": JUDGED.top_p}  # written with the model
 
 
 def scale_codes(vqvae_path, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -126,7 +127,7 @@ def main(argv=None):
             print(f"step {step + 1}/{args.steps} loss {loss.item():.4f} [{timer}]", flush=True)
         if (step + 1) % 1000 == 0 or step + 1 == args.steps:
             print(f"held-out loss (EMA) {held_out_loss(ema, vqvae, val_codes, val_labels):.4f}", flush=True)
-    save_fp16(ema.eval(), cfg, args.out)
+    save_fp16(ema.eval(), cfg, args.out, defaults=DEMO_DEFAULTS)
     saved = load_ar_model(args.out)
     print(f"judge recognises {judged(saved, vqvae, args.judged, args.seed):.1%} of {args.judged} samples "
           f"(cfg {JUDGED.cfg_scale:g} ramped, top-p {JUDGED.top_p:g}); total {timer}")

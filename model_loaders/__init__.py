@@ -25,11 +25,13 @@ def load_ar_model(path, weights: str = "auto", **kw):
     sd, info = read_state_dict(path)
     weights = format_to_load(info.metadata, weights, info.source)
     if weights == "auto":
-        return make_streamable(load_family(sd, info, AR_MODEL, kw))
-    # quantised in host memory as it loads, then moved: a model too big for the GPU in bf16 may fit in 8 bits
-    with quantised_loading(weights, kw.get("dtype")):
-        model = load_family(sd, info, AR_MODEL, kw | {"device": "cpu"})  # streamable too
-    return model.to(kw["device"]) if kw.get("device") is not None else model
+        model = make_streamable(load_family(sd, info, AR_MODEL, kw))
+    else:  # quantised in host memory as it loads, then moved: a model too big for the GPU in bf16 may fit in 8 bits
+        with quantised_loading(weights, kw.get("dtype")):
+            model = load_family(sd, info, AR_MODEL, kw | {"device": "cpu"})  # streamable too
+        model = model.to(kw["device"]) if kw.get("device") is not None else model
+    model.defaults = info.fastar_defaults()  # what the front ends take where the user gives no value
+    return model
 
 
 def load_image_decoder(path, **kw):
@@ -54,7 +56,7 @@ def embedded_image_decoder(sd: dict, info) -> dict:
     if not any(k.startswith("decoder.") for k in inner):
         raise FastARError(f"{info.source} carries its VQ model without the decoder (transformers' Chameleon conversion "
                           "keeps only the encoder): load Meta's vqgan.ckpt (Chameleon's release, with vqgan.yaml) "
-                          "as the image decoder")
+                          "as the image decoder (FastAR's docs/models.md says where to get it)")
     return inner
 
 

@@ -11,6 +11,7 @@ from .sampler_nodes import (
     SamplerAR,
     SamplerCSpD,
     SamplerDD,
+    SamplerDial,
     SamplerGSD,
     SamplerLazyMAR,
     SamplerLantern,
@@ -19,7 +20,7 @@ from .sampler_nodes import (
     SamplerZipAR,
 )
 
-NODES = [LoadARModel, LoadVQ, LoadDrafter, ClassLabel, TextConditioning, SamplerAR, SamplerSJD, SamplerGSD,
+NODES = [LoadARModel, LoadVQ, LoadDrafter, ClassLabel, TextConditioning, SamplerDial, SamplerAR, SamplerSJD, SamplerGSD,
          SamplerSpeculative, SamplerLantern, SamplerZipAR, SamplerCSpD, SamplerLazyMAR, SamplerDD, VQDecode,
          AcceptanceMap, Stats]
 

@@ -12,7 +12,7 @@ import json
 import os
 import struct
 from functools import lru_cache
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 
 import folder_paths
 
@@ -31,14 +31,15 @@ WEIGHT_FILES_IN_FOLDER = ("model.safetensors.index.json", "pytorch_model.bin.ind
 AR, VQ, T5, DRAFTER = "ar", "vq", "t5", "drafter"
 KIND_NAMES = {AR: "AR model", VQ: "image decoder", T5: "FLAN-T5 folder", DRAFTER: "drafter"}
 FOLDERS_OF = {AR: (FOLDER,), VQ: (FOLDER,), T5: T5_FOLDERS, DRAFTER: DRAFTER_FOLDERS}
+INPUT_OF = {AR: "model_name", VQ: "vq_name", T5: "t5_folder", DRAFTER: "drafter_name"}  # the loaders' inputs
 
 
-def where(folder: str = FOLDER) -> str:
-    return (f"put it in ComfyUI's models/{folder} folder (or a {folder}: path in extra_model_paths.yaml) and press "
-            "R to refresh the lists")
-
-
-WHERE = where()
+def where(kind: str) -> str:
+    """Where to put a ``kind``: every folder its list shows it from (drafters: fastar_drafters alone, as the fastar
+    folders list EAGLE drafter folders only)."""
+    folders = (DRAFTER_FOLDER,) if kind == DRAFTER else FOLDERS_OF[kind]
+    return (f"put it in ComfyUI's {' or '.join(f'models/{f}' for f in folders)} folder (or a "
+            f"{' or '.join(f'{f}:' for f in folders)} path in extra_model_paths.yaml) and press R to refresh the lists")
 
 
 def register_model_folders() -> None:
@@ -191,18 +192,35 @@ def t5_choices() -> list[str]:
     return unique([name for name, _ in model_folders(folder_roots(T5_FOLDERS), T5)])
 
 
-def resolve(name: str, what: str, folders=(FOLDER,)) -> Path:
-    """The full path of a list entry; a FastARError that says where to put the file otherwise."""
+def leaves_its_folder(name: str) -> bool:
+    """Whether a name a workflow gives reaches outside the model folder it is looked up in: an absolute name (a
+    root, a drive, a share) or one with a '..' part, read with either separator on every OS. Any '..' counts, not
+    only one that climbs above the folder on paper: after a link, '..' climbs from the link's target, which the
+    name does not show. Links the user made inside the model folders are followed, as ComfyUI's own lists follow
+    them (a collection kept on another disk, a Hugging Face download whose files link into its cache): a workflow
+    names a path but cannot make a link, so it reaches only what the user put into their model folders."""
+    path = PureWindowsPath(name)  # both separators and drives, on every OS
+    # a part of dots and spaces alone climbs: Windows drops a part's trailing dots and spaces (".. " is "..")
+    return bool(path.anchor) or any(not part.strip(". ") for part in path.parts)
+
+
+def resolve(name: str, kind: str) -> Path:
+    """The full path of a list entry of ``kind``; a FastARError that says what to do otherwise. A name that
+    leaves the model folders is refused before anything is looked up, here as in the loaders' validation: ComfyUI's
+    get_full_path does not refuse it (it reads '../../x' and '/x' as 'x', another file than the name says)."""
+    if leaves_its_folder(name):
+        raise FastARError(f"{INPUT_OF[kind]} '{name}' leaves ComfyUI's model folders, and FastAR reads models only "
+                          f"from them: pick an entry of the list, or {where(kind)}")
     if name.endswith("/"):
-        for root in folder_roots(folders):
+        for root in folder_roots(FOLDERS_OF[kind]):
             if (root / name).is_dir():
                 return root / name.rstrip("/")
     else:
-        for folder in folders:
+        for folder in FOLDERS_OF[kind]:
             path = folder_paths.get_full_path(folder, name)
             if path is not None:
                 return Path(path)
-    raise FastARError(f"no {what} named '{name}' in the model folders: {where(folders[0])}")
+    raise FastARError(f"no {KIND_NAMES[kind]} named '{name}' in the model folders: {where(kind)}")
 
 
 def fingerprint(path: Path):

@@ -10,7 +10,7 @@ from comfy_api.latest import io
 
 from ..errors import FastARError
 from ..model_loaders.shared.compiled import SWITCH, compile_steps, switch_error
-from ..model_loaders.shared.demo import DEMO_DRAFTER
+from ..model_loaders.shared.demo import DEMO_DRAFTER, demo_drafter
 from ..model_loaders.shared.protocol import ClassConditioning, PromptConditioning
 from ..model_loaders.shared.quantized import WEIGHT_FORMATS
 from ..pipeline import DTYPES, check_class_index, conditioning_type
@@ -50,11 +50,10 @@ def listed(names: list[str]) -> list[str]:
 
 def load_error(name: str, kind: str) -> str | None:
     """Why ``name`` cannot be loaded as ``kind``, when a look at the file tells (before the run)."""
-    folders = files.FOLDERS_OF[kind]
     if name == NOTHING_FOUND:
-        return f"no {files.KIND_NAMES[kind]} found: {files.where(folders[0])}"
+        return f"no {files.KIND_NAMES[kind]} found: {files.where(kind)}"
     try:
-        path = files.resolve(name, files.KIND_NAMES[kind], folders)
+        path = files.resolve(name, kind)
     except FastARError as e:
         return str(e)
     return files.checkpoint_kind_error(path, kind)
@@ -81,16 +80,18 @@ def image_size_error(image_size: str) -> str | None:
 
 
 class CheckpointLoader(io.ComfyNode):
-    """What every loader of a listed checkpoint does: check the pick and the dtype before the run, reload
-    when the file changes on disk, resolve and check again when it runs. A subclass declares its inputs
-    in ``validate_inputs`` (each input it names skips ComfyUI's own checks, so it names only those it
-    checks itself), calls ``checked`` and ``loaded``, and loads the resolved path in ``load``."""
+    """What every loader of a listed checkpoint does: check the pick before the run, reload when the file
+    changes on disk, resolve and check it and the other widgets when it runs. A subclass's ``validate_inputs``
+    names its checkpoint input alone and returns ``checked``: ComfyUI reports what it returns on every input it
+    names, and skips its own checks of those (the list check among them, which ``checked`` replaces), so the
+    other widgets keep ComfyUI's checks (ComfyUI 0.3.75 checks no V3 list: ``loaded`` checks the dtype). It
+    calls ``loaded`` when it runs and loads the resolved path in ``load``."""
 
     KIND = files.AR
 
     @classmethod
-    def checked(cls, name: str, dtype: str):
-        return dtype_error(dtype) or load_error(name, cls.KIND) or True
+    def checked(cls, name: str):
+        return load_error(name, cls.KIND) or True
 
     @classmethod
     def fingerprint(cls, name: str, *settings):
@@ -101,11 +102,11 @@ class CheckpointLoader(io.ComfyNode):
 
     @classmethod
     def path(cls, name: str) -> Path:
-        return files.resolve(name, files.KIND_NAMES[cls.KIND], files.FOLDERS_OF[cls.KIND])
+        return files.resolve(name, cls.KIND)
 
     @classmethod
     def loaded(cls, name: str, dtype: str, **settings) -> io.NodeOutput:
-        raise_if(load_error(name, cls.KIND))
+        raise_if(dtype_error(dtype) or load_error(name, cls.KIND))
         return io.NodeOutput(cls.load(cls.path(name), name, dtype, **settings))
 
     @classmethod
@@ -158,9 +159,8 @@ class LoadARModel(CheckpointLoader):
         )
 
     @classmethod
-    def validate_inputs(cls, model_name, dtype, image_size="auto", compile="auto", weight_dtype="auto"):
-        return (image_size_error(image_size) or switch_error(compile) or weights_error(weight_dtype)
-                or cls.checked(model_name, dtype))
+    def validate_inputs(cls, model_name):
+        return cls.checked(model_name)
 
     @classmethod
     def fingerprint_inputs(cls, model_name, dtype, image_size="auto", compile="auto", weight_dtype="auto"):
@@ -207,8 +207,8 @@ class LoadVQ(CheckpointLoader):
         )
 
     @classmethod
-    def validate_inputs(cls, vq_name, dtype):
-        return cls.checked(vq_name, dtype)
+    def validate_inputs(cls, vq_name):
+        return cls.checked(vq_name)
 
     @classmethod
     def fingerprint_inputs(cls, vq_name, dtype):
@@ -267,8 +267,8 @@ class LoadDrafter(CheckpointLoader):
         )
 
     @classmethod
-    def validate_inputs(cls, drafter_name, dtype, weight_dtype="auto"):
-        return weights_error(weight_dtype) or cls.checked(drafter_name, dtype)
+    def validate_inputs(cls, drafter_name):
+        return cls.checked(drafter_name)
 
     @classmethod
     def fingerprint_inputs(cls, drafter_name, dtype, model=None, weight_dtype="auto"):  # widget values, not links
@@ -287,6 +287,18 @@ class LoadDrafter(CheckpointLoader):
         drafter = load_drafter(path, target, device=glue.offload_device(),
                                dtype=None if dtype == "auto" else DTYPES[dtype], weights=weights)
         return DrafterHandle(glue.make_patcher(drafter_weights(drafter)), drafter, target, name)
+
+
+def bundled_drafter(model: ModelHandle) -> DrafterHandle | None:
+    """The bundled drafter of a bundled model, loaded as Load Drafter loads it: what a sampler whose decoder drafts
+    by default (LANTERN) takes when no drafter is connected. None for any other model."""
+    try:
+        drafter = demo_drafter(files.resolve(model.name, files.AR))
+    except FastARError:
+        return None
+    if drafter is None:
+        return None
+    return LoadDrafter.load(drafter, drafter.name + ("/" if drafter.is_dir() else ""), "auto", model=model)
 
 
 # -- class labels -----------------------------------------------------------------------------------
@@ -416,10 +428,9 @@ def check_class_labels(request: dict) -> dict:
                 continue
             if widget_error(class_name, int(index)):
                 continue  # the node's own validation says what is wrong
-            try:
-                info = files.class_info(files.resolve(model_name, "model"))
-            except FastARError:
-                continue  # the loader's own validation reports a missing file
+            if load_error(model_name, files.AR):
+                continue  # the loader's own validation reports it, on its input
+            info = files.class_info(files.resolve(model_name, files.AR))
             if info is None:
                 continue
             cfg = SimpleNamespace(num_classes=info["num_classes"], class_names=info["class_names"])
@@ -458,9 +469,9 @@ class TextConditioning(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, prompt, t5_folder):
-        if not isinstance(prompt, str) or not prompt.strip():
-            return "the prompt is empty: describe the image to draw"
+    def validate_inputs(cls, t5_folder):
+        """The folder alone (ComfyUI reports what this returns on every input it names): the prompt is checked
+        when the node runs."""
         if t5_folder != NO_T5 and (error := load_error(t5_folder, files.T5)):
             return f"{error} (models that read the prompt themselves take '{NO_T5}')"
         return True
@@ -469,6 +480,8 @@ class TextConditioning(io.ComfyNode):
     def execute(cls, model: ModelHandle, prompt, t5_folder) -> io.NodeOutput:
         from ..model_loaders.llamagen.t5 import encode_captions, load_t5_encoder
 
+        if not prompt.strip():
+            raise FastARError("the prompt is empty: describe the image to draw")
         kind = conditioning_type(model.module)
         short = prompt.strip().splitlines()[0][:60]
         if kind == "prompt":
@@ -479,7 +492,7 @@ class TextConditioning(io.ComfyNode):
             raise FastARError("LlamaGen text-to-image models read the prompt through FLAN-T5-XL: download "
                               "google/flan-t5-xl as a folder into models/fastar or models/text_encoders, press R and "
                               "pick it as t5_folder")
-        folder = files.resolve(t5_folder, "FLAN-T5 folder", folders=files.T5_FOLDERS)
+        folder = files.resolve(t5_folder, files.T5)
         device = glue.load_device()
         # bf16 where ComfyUI would use it, else fp32: T5 overflows in fp16
         dtype = torch.bfloat16 if glue.choose_dtype("auto", device) == torch.bfloat16 else torch.float32

@@ -7,7 +7,7 @@ from comfy_api.latest import io
 from ..errors import FastARError
 from ..memory import DECODE_CHUNK, decode_bytes_per_image
 from ..pipeline import decode_images
-from ..samplers.decoders import LOSSLESS, MASKED_AR, NEXT_SCALE
+from ..samplers.decoders import LOSSLESS, NEXT_SCALE
 from ..samplers.stats import DecodeStats, acceptance_heatmap
 from . import comfy_glue as glue
 from .loader_nodes import FastARVQ
@@ -100,20 +100,6 @@ class AcceptanceMap(io.ComfyNode):
         return io.NodeOutput(glue.to_image_tensor(maps))
 
 
-def baseline_calls(stats: DecodeStats) -> tuple[int, str]:
-    """How many model calls plain sampling needs for this output, and how to say so."""
-    kind = stats.settings.get("model_kind")
-    if kind == MASKED_AR:
-        steps = stats.settings["num_iter"]
-        return steps, f"plain MAR at {steps} steps needs {steps}"
-    if kind == NEXT_SCALE:
-        return stats.target_forwards, "one per scale"
-    if "teacher_sampler" in stats.settings:  # a DD student: its teacher's own sampler
-        name, forwards = stats.settings["teacher_sampler"]
-        return forwards, f"{name} needs {forwards}"
-    return stats.num_tokens - 1, f"AR needs {stats.num_tokens - 1}"  # one forward per token after the first
-
-
 def baseline_name(stats: DecodeStats) -> str:
     """The sampler a speed-up is measured against: VAR's own for VAR and its students, plain AR otherwise."""
     var = stats.settings.get("model_kind") == NEXT_SCALE or stats.settings.get("teacher_sampler", [""])[0] == "VAR"
@@ -130,23 +116,18 @@ def heading(stats: DecodeStats) -> str:
 
 
 def summary(stats: DecodeStats, baseline: DecodeStats | None = None) -> str:
-    """The text shown on the Stats node."""
-    tokens = stats.num_tokens * stats.batch
-    plain, plain_text = baseline_calls(stats)
+    """The text shown on the Stats node (the fields as docs/statistics.md defines them)."""
+    tokens = stats.tokens * stats.batch
     lines = [
         heading(stats),
-        f"tokens: {stats.batch} x {stats.num_tokens} ({stats.grid[0]}x{stats.grid[1]})",
-        f"model forwards: {stats.target_forwards} ({plain_text})",
-        f"step compression: {stats.step_compression:.2f} tokens/forward",
-        f"mean accepted per iteration: {stats.mean_accepted:.2f}",
+        stats.steps_summary(),
+        f"step compression: {stats.step_compression:.2f} tokens per forward",
         f"wall time: {stats.wall_time_s:.2f} s, {tokens / max(stats.decode_time_s, 1e-9):.0f} tokens/s",
     ]
     if "weights" in stats.settings:
         lines[0] += f", {stats.settings['weights']} weights"
     if stats.compile_time_s > 0:  # the first run of a shape with compiled steps: said, and left out of the speeds
         lines[-1] += f" (compiling steps: {stats.compile_time_s:.1f} s, once per shape; not in the speeds)"
-    if not stats.accepted_per_iteration or stats.settings.get("model_kind") == NEXT_SCALE:
-        del lines[4]  # DD has no iterations of accepted tokens; VAR's scales are not accepted drafts
     if stats.decoder == "dd":
         dd = stats.settings
         lines.insert(3, f"DD steps: {dd['steps']} (t2 {dd['t2']}, split {dd['split']})" if dd["regenerate"] is None else
@@ -159,17 +140,21 @@ def summary(stats: DecodeStats, baseline: DecodeStats | None = None) -> str:
         lines.append(f"drafter {drafter}: {stats.drafter_forwards} forwards, {stats.drafter_time_s:.2f} s"
                      + (f", gamma {stats.settings['gamma']}" if "gamma" in stats.settings else ""))
     if stats.acceptance_rate is not None:
-        lines.append(f"accepted {stats.accepted_tokens} of {stats.drafted_tokens} drafted tokens "
-                     f"({stats.acceptance_rate:.1%}); {stats.resample_tries} residual redraws, "
-                     f"{stats.resample_fallbacks} plain model samples after {stats.settings.get('max_tries')} "
-                     "refused redraws")
+        lines.append(f"drafts: {stats.accepted_tokens} of {stats.drafted_tokens} judged were kept "
+                     f"({stats.acceptance_rate:.1%})")
+    if stats.resample_tries:
+        lines.append(f"{stats.resample_tries} residual redraws, {stats.resample_fallbacks} plain model samples after "
+                     f"{stats.settings.get('max_tries')} refused redraws")
     if baseline is not None and baseline.decode_time_s > 0 and stats.decode_time_s > 0:
-        per_token = baseline.decode_time_s / (baseline.num_tokens * baseline.batch)
+        per_token = baseline.decode_time_s / (baseline.tokens * baseline.batch)
         lines.append(f"speed-up vs {baseline_name(stats)} (measured): {per_token * tokens / stats.decode_time_s:.2f}x")
     else:
-        unpriced = ", drafter not counted" if stats.drafter_forwards else ""  # only a measured baseline prices it
-        lines.append(f"forwards saved vs {baseline_name(stats)}: {plain / max(stats.target_forwards, 1):.2f}x fewer "
-                     f"(step compression, not wall time{unpriced}; connect a plain run as baseline to measure)")
+        unpriced = ", and the drafter's forwards are not in the steps" if stats.drafter_forwards else ""
+        lines.append(f"speed-up vs {baseline_name(stats)}: not measured (fewer steps is not the same: a step's cost "
+                     f"depends on the decoder and the device{unpriced}; connect a plain run as ar_baseline to measure)")
+    dial = stats.settings.get("dial")
+    if dial:
+        lines.insert(1, f"speed dial, {dial['speed']}: {dial['why']}")
     conditioning = stats.settings.get("conditioning")
     if conditioning:
         lines.append(f"{conditioning}, seed {stats.settings.get('seed')}")

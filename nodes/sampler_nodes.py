@@ -7,6 +7,8 @@ Widget order is part of saved workflows: append new widgets at the end, never in
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from comfy_api.latest import io
 
 from ..errors import FastARError, check_choice
@@ -16,10 +18,14 @@ from ..model_loaders.drafters.eagle import EagleHead
 from ..model_loaders.shared.protocol import CaptionConditioning, ClassConditioning, PromptConditioning
 from ..model_loaders.shared.quantized import weight_format
 from ..pipeline import CONDITIONING_NAMES, check_image_decoder, class_conditioning, conditioning_type
+from ..settings import NO_FLAGS, masked_settings_from, sampling_from
+from ..speed_dial import SPEEDS, choose
 from ..samplers.token_loops.acceptance import PROB_FILTERS
 from ..samplers.masked_loops.cspd import VERIFY_MODES, CSpDSettings
 from ..samplers.token_loops.zipar import ATTENTIONS as ZIPAR_ATTENTIONS
 from ..samplers.decoders import (
+    DRAFTED_BY_DEFAULT,
+    FEW_STEP,
     MASKED_AR,
     NEXT_SCALE,
     DecoderSpec,
@@ -31,13 +37,14 @@ from ..samplers.decoders import (
     decode_next_scale,
 )
 from ..samplers.few_step_loops.distilled import DDSettings
+from ..samplers.few_step_loops.next_scale import VAR_SAMPLING
 from ..samplers.token_loops.drafts import COUPLINGS, INIT_STRATEGIES
 from ..samplers.masked_loops.feature_reuse import FeatureReuse
 from ..samplers.masked_loops.masked import CFG_SCHEDULES, MaskedSettings
 from ..samplers.processing import SamplingSettings
 from ..samplers.token_loops.speculative import DRAFTS
 from . import comfy_glue as glue
-from .loader_nodes import FastARConditioning, FastARDrafter, FastARModel, FastARVQ
+from .loader_nodes import FastARConditioning, FastARDrafter, FastARModel, FastARVQ, bundled_drafter
 from .values import STATS_TYPE, TOKENS_TYPE, Conditioning, DrafterHandle, Latents, ModelHandle, Tokens
 
 FastARTokens = io.Custom(TOKENS_TYPE)
@@ -206,27 +213,15 @@ class SamplerBase(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, top_p=SAMPLING.top_p, init=None, coupling=None, prob_filter=None, cfg_schedule=None,
-                        verify=None, attention=None):
-        """Before the run, what ComfyUI's own checks do not cover: top_p must be above 0 (the slider starts at
-        0), and the choices (ComfyUI 0.3.75 does not check V3 combo values; newer versions do). Inputs named
-        here skip ComfyUI's checks, so the other widgets keep its range and type checks."""
+    def validate_inputs(cls, top_p=SAMPLING.top_p):
+        """Before the run, what ComfyUI's own checks miss: top_p must be above 0 (the slider starts at 0). It
+        names top_p alone: ComfyUI reports what it returns on every input it names and skips its own checks of
+        those, so the other widgets keep ComfyUI's range and list checks (ComfyUI 0.3.75 checks no V3 list: the
+        decoders check their choices when the node runs)."""
         if not isinstance(top_p, (int, float)):
             return True  # ComfyUI reports a value of the wrong type itself
         try:
             SamplingSettings(top_p=top_p).validate()
-            if init is not None:
-                check_choice("initialisation", init, INIT_STRATEGIES)
-            if coupling is not None:
-                check_choice("coupling", coupling, COUPLINGS)
-            if prob_filter is not None:
-                check_choice("GSD probability filter", prob_filter, PROB_FILTERS)
-            if cfg_schedule is not None:
-                check_choice("CFG schedule", cfg_schedule, CFG_SCHEDULES)
-            if verify is not None:
-                check_choice("CSpD verify mode", verify, VERIFY_MODES)
-            if attention is not None:
-                check_choice("ZipAR attention", attention, ZIPAR_ATTENTIONS)
         except FastARError as e:
             return str(e)
         return True
@@ -236,7 +231,46 @@ class SamplerBase(io.ComfyNode):
                 top_k=SAMPLING.top_k, top_p=SAMPLING.top_p, preview_vq: ModelHandle | None = None,
                 vq: ModelHandle | None = None, drafter: DrafterHandle | None = None,
                 **decoder_widgets) -> io.NodeOutput:
-        ar = model.module
+        if cls.MAR_ONLY and model.module.kind != MASKED_AR:
+            raise FastARError(f"{cls.DISPLAY} reuses the features of a MAR model between its steps; {model.name} is "
+                              f"{model.module.what}: use it with a MAR model, or another FastAR sampler for this one")
+        if drafter is None and cls.DECODER in DRAFTED_BY_DEFAULT:
+            drafter = bundled_drafter(model)
+        job = Job(cls.hidden.unique_id, cls.DECODER,
+                  SamplingSettings(cfg_scale=cfg, temperature=temperature, top_k=top_k, top_p=top_p),
+                  spec=cls.spec(**{k: v for k, v in decoder_widgets.items() if k not in MASKED_WIDGETS}),
+                  masked=MaskedSettings(cfg_scale=cfg, temperature=temperature, reuse=cls.reuse(**decoder_widgets),
+                                        **masked_widgets(decoder_widgets)),
+                  cspd=cls.cspd_settings(**decoder_widgets))
+        return io.NodeOutput(*job.run(model, conditioning, seed, batch, preview_vq or vq, vq, drafter))
+
+    @classmethod
+    def cspd_settings(cls, **decoder_widgets) -> CSpDSettings | None:
+        return None
+
+    @classmethod
+    def reuse(cls, **decoder_widgets) -> FeatureReuse | None:
+        """MAR's feature reuse (the LazyMAR sampler's widgets); None: every step in full."""
+        return None
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a sampler node runs, its widgets read: the decoder and every setting it may need (a token model's
+    ``spec``, a MAR's ``masked`` and ``cspd``), under the node ``node_id`` (progress and previews)."""
+
+    node_id: str
+    decoder: str
+    sampling: SamplingSettings
+    spec: DecoderSpec
+    masked: MaskedSettings
+    cspd: CSpDSettings | None = None
+
+    def run(self, model: ModelHandle, conditioning: Conditioning, seed: int, batch: int,
+            preview_vq: ModelHandle | None, vq: ModelHandle | None, drafter: DrafterHandle | None):
+        """The model's output (tokens or latents) and its stats: memory asked of ComfyUI, progress with a live
+        preview, Cancel."""
+        ar, sampling = model.module, self.sampling
         wanted = conditioning_type(ar)
         if conditioning.model_type != wanted:
             raise FastARError(f"the conditioning is for a {CONDITIONING_NAMES[conditioning.model_type]} model but "
@@ -245,34 +279,30 @@ class SamplerBase(io.ComfyNode):
         if drafter is not None and drafter.target is not ar:
             raise FastARError(f"the drafter {drafter.name} was loaded for another model than {model.name}: connect "
                               "the model that goes into this sampler to FastAR Load Drafter as well")
-        check_decoder(cls.DECODER, ar, drafter.drafter if drafter is not None else None)
-        if cls.MAR_ONLY and ar.kind != MASKED_AR:
-            raise FastARError(f"{cls.DISPLAY} reuses the features of a MAR model between its steps; {model.name} is "
-                              f"{ar.what}: use it with a MAR model, or another FastAR sampler for this one")
+        check_decoder(self.decoder, ar, drafter.drafter if drafter is not None else None)
         check_fits(ar, conditioning.rows)
         rows = repeat_rows(conditioning.rows, batch)
-        settings = {"seed": seed, "cfg": cfg, "temperature": temperature, "conditioning": conditioning.label,
-                    "model": model.name}
+        settings = {"seed": seed, "cfg": sampling.cfg_scale, "temperature": sampling.temperature,
+                    "conditioning": conditioning.label, "model": model.name}
         if drafter is not None:
             settings["drafter_file"] = drafter.name
         if weight_format(ar) != "auto":
             settings["weights"] = weight_format(ar)
-        preview_vq = preview_vq or vq
         if ar.kind == NEXT_SCALE:
-            return run_next_scale(cls, model, rows, seed, cfg, temperature, top_k, top_p, preview_vq, settings)
+            return run_next_scale(self.node_id, model, rows, seed, sampling, preview_vq, settings)
         if ar.kind == MASKED_AR:
-            if top_k != SAMPLING.top_k or top_p != SAMPLING.top_p:
-                raise FastARError(f"top_k {top_k} / top_p {top_p}: {model.name} is a MAR model, which samples "
-                                  "continuous tokens with a diffusion head; top-k and top-p filter token codes: set "
-                                  "top_k to 0 and top_p to 1.0")
-            masked = MaskedSettings(cfg_scale=cfg, temperature=temperature, reuse=cls.reuse(**decoder_widgets),
-                                    **masked_widgets(decoder_widgets))
-            latents, stats = run_masked(cls, model, rows, seed, masked.validate(ar.cfg.num_tokens),
-                                        cls.cspd_settings(**decoder_widgets), preview_vq, drafter)
+            if sampling.top_k != SAMPLING.top_k or sampling.top_p != SAMPLING.top_p:
+                raise FastARError(f"top_k {sampling.top_k} / top_p {sampling.top_p}: {model.name} is a MAR model, which "
+                                  "samples continuous tokens with a diffusion head; top-k and top-p filter token "
+                                  "codes: set top_k to 0 and top_p to 1.0")
+            latents, stats = run_masked(self, model, rows, seed, self.masked.validate(ar.cfg.num_tokens), preview_vq,
+                                        drafter)
             stats.settings = {**stats.settings, **settings}
-            return io.NodeOutput(latents, stats)
-        sampling = SamplingSettings(cfg_scale=cfg, temperature=temperature, top_k=top_k, top_p=top_p).validate()
-        spec = cls.spec(**{k: v for k, v in decoder_widgets.items() if k not in MASKED_WIDGETS})
+            return latents, stats
+        return self.run_tokens(model, conditioning, rows, seed, preview_vq, vq, drafter, settings)
+
+    def run_tokens(self, model, conditioning, rows, seed, preview_vq, vq, drafter, settings):
+        ar, sampling, spec = model.module, self.sampling.validate(), self.spec
         shown = preview_vq.module if preview_vq is not None and glue.previews_enabled() else None
         if shown is not None and (shown.input_kind != "codes" or shown.cfg.codebook_size != ar.vocab_size):
             shown = None  # FastAR Decode Image reports the mismatch
@@ -287,7 +317,7 @@ class SamplerBase(io.ComfyNode):
 
         total = ar.grid[0] * ar.grid[1]
         preview = (lambda tokens, done: glue.partial_image(shown, tokens, done, ar.grid)) if shown is not None else None
-        progress = glue.DecodeProgress(cls.hidden.unique_id, total, spec.decoder.upper(), preview)
+        progress = glue.DecodeProgress(self.node_id, total, spec.decoder.upper(), preview)
         codebook = vq.module.codebook() if vq is not None else None
         if vq is not None and codebook is None:
             raise FastARError(f"{vq.name} is {vq.module.what}, which has no codebook: connect the VQ decoder of "
@@ -295,21 +325,12 @@ class SamplerBase(io.ComfyNode):
         with glue.decoding():
             codes, stats = decode(ar, rows, sampling, spec, seed=seed, on_iteration=progress,
                                   drafter=drafter.drafter if drafter is not None else None, codebook=codebook)
-        stats.settings = {**stats.settings, **settings, "top_k": top_k, "top_p": top_p}
-        return io.NodeOutput(Tokens(codes.cpu(), tuple(ar.grid), ar.vocab_size), stats)
-
-    @classmethod
-    def cspd_settings(cls, **decoder_widgets) -> CSpDSettings | None:
-        return None
-
-    @classmethod
-    def reuse(cls, **decoder_widgets) -> FeatureReuse | None:
-        """MAR's feature reuse (the LazyMAR sampler's widgets); None: every step in full."""
-        return None
+        stats.settings = {**stats.settings, **settings, "top_k": sampling.top_k, "top_p": sampling.top_p}
+        return Tokens(codes.cpu(), tuple(ar.grid), ar.vocab_size), stats
 
 
-def run_next_scale(node, model: ModelHandle, rows, seed: int, cfg: float, temperature: float, top_k: int,
-                   top_p: float, vqvae: ModelHandle | None, settings: dict):
+def run_next_scale(node_id: str, model: ModelHandle, rows, seed: int, sampling: SamplingSettings,
+                   vqvae: ModelHandle | None, settings: dict):
     """A VAR generation under ComfyUI: each scale's codes go through the VQVAE into the next scale's input,
     so the VQVAE is needed here and not only to decode. Returns f_hat (``Latents``) and the stats."""
     ar = model.module
@@ -317,16 +338,17 @@ def run_next_scale(node, model: ModelHandle, rows, seed: int, cfg: float, temper
         raise FastARError(f"{model.name} is a VAR model: it samples through its multi-scale VQVAE. Connect FastAR Load "
                           "Image Decoder with the VQVAE (vae_ch160v4096z32.pth for the release) to this sampler's "
                           "image decoder input")
-    sampling = SamplingSettings(cfg_scale=cfg, temperature=temperature, top_k=top_k, top_p=top_p).validate()
+    sampling = sampling.validate()
     dims = ar.cfg.dim * (ar.cfg.depth * 2 + 16)  # the KV cache of every block, plus one scale's activations
+    guided = sampling.cfg_scale != 0.0
     glue.load_checked([(model.name, model.patcher), (vqvae.name, vqvae.patcher)],
-                      lambda images: cache_rows(images, cfg != 0.0) * ar.cfg.seq_len * dims * 4, rows.batch, ar.dtype)
+                      lambda images: cache_rows(images, guided) * ar.cfg.seq_len * dims * 4, rows.batch, ar.dtype)
     view = (lambda f_hat, done: glue.partial_latents_image(vqvae.module, f_hat[:1])) if glue.previews_enabled() else None
-    progress = glue.DecodeProgress(node.hidden.unique_id, ar.cfg.seq_len, "VAR", view)
+    progress = glue.DecodeProgress(node_id, ar.cfg.seq_len, "VAR", view)
     with glue.decoding():
         f_hat, stats = decode_next_scale(ar, rows, sampling, seed=seed, vqvae=vqvae.module, on_iteration=progress)
-    stats.settings = {**stats.settings, **settings, "top_k": top_k, "top_p": top_p}
-    return io.NodeOutput(Latents(f_hat.float().cpu(), source="var"), stats)
+    stats.settings = {**stats.settings, **settings, "top_k": sampling.top_k, "top_p": sampling.top_p}
+    return Latents(f_hat.float().cpu(), source="var"), stats
 
 
 MASKED_WIDGETS = ("num_iter", "diffusion_steps", "cfg_schedule")
@@ -336,11 +358,11 @@ def masked_widgets(widgets: dict) -> dict:
     return {k: widgets[k] for k in MASKED_WIDGETS if k in widgets}
 
 
-def run_masked(node, model: ModelHandle, rows, seed: int, settings: MaskedSettings, cspd: CSpDSettings | None,
-               preview: ModelHandle | None, drafter: DrafterHandle | None):
+def run_masked(job: Job, model: ModelHandle, rows, seed: int, settings: MaskedSettings, preview: ModelHandle | None,
+               drafter: DrafterHandle | None):
     """A MAR generation under ComfyUI: memory, progress with a live preview, Cancel; returns the image
     decoder's input (``Latents``) and the stats."""
-    ar = model.module
+    ar, cspd = model.module, job.cspd
     batch = rows.batch
     shown = preview.module if preview is not None and glue.previews_enabled() else None
     if shown is not None and (shown.input_kind != "latents" or shown.cfg.embed_dim != ar.cfg.token_dim):
@@ -351,8 +373,8 @@ def run_masked(node, model: ModelHandle, rows, seed: int, settings: MaskedSettin
     glue.load_checked(named, lambda images: masked_working_memory(ar, images, settings.cfg_scale != 1.0, contexts,
                                                                   settings.reuse is not None), batch, ar.dtype)
     view = (lambda tokens, done: glue.partial_latents_image(shown, ar.decoder_input(tokens[:1]))) if shown else None
-    decoder = cspd.decoder if cspd is not None else node.DECODER
-    progress = glue.DecodeProgress(node.hidden.unique_id, ar.cfg.num_tokens, decoder.upper(), view)
+    decoder = cspd.decoder if cspd is not None else job.decoder
+    progress = glue.DecodeProgress(job.node_id, ar.cfg.num_tokens, decoder.upper(), view)
     with glue.decoding():
         tokens, stats = decode_masked(ar, rows, settings, decoder, seed=seed, cspd=cspd or CSPD,
                                       drafter=drafter.drafter if drafter is not None else None, on_iteration=progress)
@@ -525,11 +547,11 @@ class SamplerLantern(SamplerBase):
         return [FastARVQ.Input("vq", tooltip="The VQ decoder of this model: LANTERN looks up each draft's nearest "
                                              "codes in its codebook. Also drives the live preview."),
                 drafter_input(True, "Optional: the drafter that proposes the tokens (a LANTERN/EAGLE drafter or a "
-                                    "smaller model of the same family). Without one, LANTERN verifies Jacobi "
-                                    "windows (window, init, coupling) drafted by the model itself; that is much "
-                                    "faster but costs a lot of quality (measured on the demo model), because "
-                                    "Jacobi drafts are spread thin and get accepted on their neighbours' mass: "
-                                    "connect a drafter.")]
+                                    "smaller model of the same family). Without one, the bundled demo model drafts "
+                                    "with its bundled drafter, and any other model verifies Jacobi windows (window, "
+                                    "init, coupling) drafted by the model itself; that is much faster but costs a "
+                                    "lot of quality (measured on the demo model), because Jacobi drafts are spread "
+                                    "thin and get accepted on their neighbours' mass: connect a drafter.")]
 
     @classmethod
     def decoder_inputs(cls) -> list:
@@ -693,6 +715,74 @@ class SamplerLazyMAR(SamplerBase):
                             token_reuse=token_reuse, head_refresh_every=head_refresh_every).validate()
 
 
+class SamplerDial(io.ComfyNode):
+    """The speed dial: one node for every model, whose decoder and settings the dial picks (speed_dial.py)."""
+
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="FastARSampler",
+            display_name="FastAR Sampler",
+            category="FastAR/sampling",
+            description="One sampler for every FastAR model: set how fast, and it picks the decoder and its "
+                        "settings that measured best for the model's family, the connected drafter (a bundled "
+                        "model's own when none is) and this device. lossless: exactly the model's distribution; "
+                        "balanced: the fastest within 5 class-accuracy points of plain sampling's quality; fast: "
+                        "within 10. Guidance and temperature are the model's own (a bundled model's best measured). "
+                        "The Stats node says what was picked and why; the per-decoder samplers are there to tune.",
+            inputs=[
+                FastARModel.Input("model", tooltip="The model (FastAR Load AR Model): token, MAR, VAR or a DD "
+                                                   "student."),
+                FastARConditioning.Input("conditioning", tooltip="FastAR Class Label or FastAR Text Conditioning."),
+                FastARVQ.Input("vq", optional=True,
+                               tooltip="The model's image decoder: needed for VAR (it samples through its VQVAE) and "
+                                       "DD students, lets the dial pick LANTERN (its neighbours live in the "
+                                       "codebook), and drives the live preview."),
+                FastARDrafter.Input("drafter", optional=True,
+                                    tooltip="Optional: a drafter for the model (FastAR Load Drafter); the dial drafts "
+                                            "with it where that measured faster. Without one, a bundled model's own."),
+                io.Int.Input("seed", default=0, min=0, max=SEED_MAX, control_after_generate=True,
+                             tooltip="All randomness comes from this seed: same seed, speed, model and device give "
+                                     "the same image (another speed picks another decoder: another image)."),
+                io.Combo.Input("speed", options=list(SPEEDS), default="balanced",
+                               tooltip="lossless: exactly the model's own distribution, as fast as that goes here "
+                                       "(plain sampling where a window costs more than it saves, as on a CPU). "
+                                       "balanced: the fastest measured within 5 points of plain sampling's class "
+                                       "accuracy. fast: within 10 points, for previews and exploring seeds."),
+                io.Int.Input("batch", default=1, min=1, max=64,
+                             tooltip="Images per run, all with the same conditioning (each row is its own sample)."),
+            ],
+            outputs=[
+                FastARTokens.Output("tokens", display_name="tokens",
+                                    tooltip="The model's output: connect to FastAR Decode Image."),
+                FastARStats.Output("stats", display_name="stats",
+                                   tooltip="Decode statistics, with what the dial picked and why: connect to FastAR "
+                                           "Stats."),
+            ],
+            hidden=[io.Hidden.unique_id],
+        )
+
+    @classmethod
+    def execute(cls, model: ModelHandle, conditioning: Conditioning, seed, speed, batch, vq: ModelHandle | None = None,
+                drafter: DrafterHandle | None = None) -> io.NodeOutput:
+        check_choice("speed", speed, SPEEDS)
+        ar = model.module
+        drafter = drafter or bundled_drafter(model)
+        choice = choose(ar, speed, drafter.drafter if drafter is not None else None, conditioning.rows,
+                        codebook=vq is not None and vq.module.codebook() is not None)
+        drafter = drafter if choice.candidate.drafter else None
+        if ar.kind == FEW_STEP:
+            output, stats = run_distilled(cls.hidden.unique_id, model, conditioning, vq, seed, batch, choice.dd_steps)
+        else:
+            own = NO_FLAGS  # the model's own sampling settings: a bundled model's best measured, else its release's
+            sampling = sampling_from(own, ar, VAR_SAMPLING if ar.kind == NEXT_SCALE else SAMPLING)
+            masked = choice.masked(masked_settings_from(own, ar)) if ar.kind == MASKED_AR else MASKED
+            job = Job(cls.hidden.unique_id, choice.decoder, sampling, spec=choice.spec(), masked=masked)
+            output, stats = job.run(model, conditioning, seed, batch, vq, vq, drafter)
+        stats.settings["dial"] = choice.summary()
+        return io.NodeOutput(output, stats)
+
+
 class SamplerDD(io.ComfyNode):
     """Distilled Decoding: a student maps seeded noise to the whole image in one or two forwards. Its own
     node: no guidance, temperature or top-k (the teacher's are baked into the student)."""
@@ -751,37 +841,48 @@ class SamplerDD(io.ComfyNode):
     def execute(cls, model: ModelHandle, conditioning: Conditioning, vq: ModelHandle, seed, batch, steps, t2,
                 split, teacher: ModelHandle | None = None, regenerate=-1, teacher_cfg=SAMPLING.cfg_scale,
                 teacher_top_k=SAMPLING.top_k) -> io.NodeOutput:
-        student = model.module
-        check_decoder("dd", student, None)
-        if conditioning.model_type != "c2i":
-            raise FastARError("Distilled Decoding students are class-to-image: connect FastAR Class Label")
-        check_fits(student, conditioning.rows)
-        if getattr(student, "decoder_kind", "codes") == "multi-scale":
-            check_image_decoder(student, vq.module)  # a VAR-DD student needs its teacher's VQVAE
-        rows = repeat_rows(conditioning.rows, batch)
-        settings = DDSettings(steps=steps, t2=t2 or None, split=None if split < 0 else split)
-        named, working = [(model.name, model.patcher), (vq.name, vq.patcher)], lambda images: 0
-        sampling = SamplingSettings(teacher_cfg, SAMPLING.temperature, teacher_top_k).validate()
-        if teacher is not None:
-            if steps != 2:
-                raise FastARError("the teacher regenerates tokens between DD's two steps: set steps to 2, or "
-                                  "disconnect the teacher")
-            check_hybrid_teacher(student, teacher.module)  # before its memory is estimated from its layout
-            settings = settings.hybrid(student, None if regenerate < 0 else regenerate)
-            named.append((teacher.name, teacher.patcher))
-            working = lambda images: working_memory(teacher.module, conditioning.rows, images,  # noqa: E731
-                                                    sampling.use_cfg, DecoderSpec("ar"))
-        cfg, n = student.cfg, student.num_tokens
-        glue.load_checked(named, lambda images: images * (n + 1) * (cfg.dim * 12 + cfg.vocab_size) * 4
-                          + working(images), rows.batch, student.dtype)
-        progress = glue.DecodeProgress(cls.hidden.unique_id, n, "DD")
-        with glue.decoding():
-            latents, stats = decode_distilled(student, rows, settings, seed=seed, codebook=vq.module.codebook(),
-                                              on_iteration=lambda step, total, x: progress(n * step // total, n, x),
-                                              teacher=None if teacher is None else teacher.module, sampling=sampling)
-        stats.settings = {**stats.settings, "seed": seed, "conditioning": conditioning.label, "model": model.name}
-        if teacher is not None:
-            stats.settings.update(teacher=teacher.name, teacher_cfg=teacher_cfg, teacher_top_k=teacher_top_k)
-        if getattr(student, "decoder_kind", "codes") == "multi-scale":  # VAR-DD: every scale's vectors -> f_hat
-            return io.NodeOutput(Latents(vq.module.sequence_to_f_hat(latents).cpu(), source="var"), stats)
-        return io.NodeOutput(Latents(student.decoder_input(latents).cpu(), source="dd"), stats)
+        return io.NodeOutput(*run_distilled(cls.hidden.unique_id, model, conditioning, vq, seed, batch, steps, t2,
+                                            split, teacher, regenerate, teacher_cfg, teacher_top_k))
+
+
+def run_distilled(node_id: str, model: ModelHandle, conditioning: Conditioning, vq: ModelHandle | None, seed: int,
+                  batch: int, steps: int, t2: int = 0, split: int = -1, teacher: ModelHandle | None = None,
+                  regenerate: int = -1, teacher_cfg: float = SAMPLING.cfg_scale, teacher_top_k: int = SAMPLING.top_k):
+    """A Distilled Decoding student under ComfyUI (the DD sampler's widgets): its latents and stats."""
+    if vq is None:
+        raise FastARError(f"{model.name} is a Distilled Decoding student: connect the VQ decoder of its teacher (FastAR "
+                          "Load Image Decoder) to the sampler's vq input")
+    student = model.module
+    check_decoder("dd", student, None)
+    if conditioning.model_type != "c2i":
+        raise FastARError("Distilled Decoding students are class-to-image: connect FastAR Class Label")
+    check_fits(student, conditioning.rows)
+    if getattr(student, "decoder_kind", "codes") == "multi-scale":
+        check_image_decoder(student, vq.module)  # a VAR-DD student needs its teacher's VQVAE
+    rows = repeat_rows(conditioning.rows, batch)
+    settings = DDSettings(steps=steps, t2=t2 or None, split=None if split < 0 else split)
+    named, working = [(model.name, model.patcher), (vq.name, vq.patcher)], lambda images: 0
+    sampling = SamplingSettings(teacher_cfg, SAMPLING.temperature, teacher_top_k).validate()
+    if teacher is not None:
+        if steps != 2:
+            raise FastARError("the teacher regenerates tokens between DD's two steps: set steps to 2, or "
+                              "disconnect the teacher")
+        check_hybrid_teacher(student, teacher.module)  # before its memory is estimated from its layout
+        settings = settings.hybrid(student, None if regenerate < 0 else regenerate)
+        named.append((teacher.name, teacher.patcher))
+        working = lambda images: working_memory(teacher.module, conditioning.rows, images,  # noqa: E731
+                                                sampling.use_cfg, DecoderSpec("ar"))
+    cfg, n = student.cfg, student.num_tokens
+    glue.load_checked(named, lambda images: images * (n + 1) * (cfg.dim * 12 + cfg.vocab_size) * 4
+                      + working(images), rows.batch, student.dtype)
+    progress = glue.DecodeProgress(node_id, n, "DD")
+    with glue.decoding():
+        latents, stats = decode_distilled(student, rows, settings, seed=seed, codebook=vq.module.codebook(),
+                                          on_iteration=lambda step, total, x: progress(n * step // total, n, x),
+                                          teacher=None if teacher is None else teacher.module, sampling=sampling)
+    stats.settings = {**stats.settings, "seed": seed, "conditioning": conditioning.label, "model": model.name}
+    if teacher is not None:
+        stats.settings.update(teacher=teacher.name, teacher_cfg=teacher_cfg, teacher_top_k=teacher_top_k)
+    if getattr(student, "decoder_kind", "codes") == "multi-scale":  # VAR-DD: every scale's vectors -> f_hat
+        return Latents(vq.module.sequence_to_f_hat(latents).cpu(), source="var"), stats
+    return Latents(student.decoder_input(latents).cpu(), source="dd"), stats

@@ -40,7 +40,7 @@ class Decoder:
     name: str
     kinds: tuple[str, ...]  # the model kinds it runs on
     lossless: bool
-    drafter: str  # "no", "optional" or "required"
+    drafter: str  # "no", "optional", "preferred" (runs without one, at a cost in quality) or "required"
     codebook: str = ""  # why it needs the image decoder's code vectors ("" = it does not)
 
 
@@ -51,7 +51,7 @@ DECODER_TABLE = (
     Decoder("spec", (TOKEN_AR,), lossless=True, drafter="required"),
     Decoder("zipar", (TOKEN_AR,), lossless=False, drafter="no"),
     Decoder("zipar-sjd", (TOKEN_AR,), lossless=False, drafter="no"),
-    Decoder("lantern", (TOKEN_AR,), lossless=False, drafter="optional", codebook="to find latent neighbours"),
+    Decoder("lantern", (TOKEN_AR,), lossless=False, drafter="preferred", codebook="to find latent neighbours"),
     Decoder("cspd", (MASKED_AR,), lossless=True, drafter="required"),
     Decoder("cspd-relaxed", (MASKED_AR,), lossless=False, drafter="required"),
     Decoder("fm", (TOKEN_AR, NEXT_SCALE), lossless=True, drafter="no", codebook="to map noise to codes"),
@@ -62,6 +62,8 @@ DECODERS = tuple(DECODER_BY_NAME)
 LOSSLESS = {d.name: d.lossless for d in DECODER_TABLE}
 WITH_DRAFTER = tuple(d.name for d in DECODER_TABLE if d.drafter != "no")  # decoders that verify a drafter's drafts
 NEEDS_DRAFTER = tuple(d.name for d in DECODER_TABLE if d.drafter == "required")
+DRAFTED_BY_DEFAULT = tuple(d.name for d in DECODER_TABLE if d.drafter in ("required", "preferred"))  # a bundled
+# model's bundled drafter is taken for these when none is given
 
 
 def decoders_for(kind: str) -> tuple[str, ...]:
@@ -114,7 +116,9 @@ class DecoderSpec:
     def validate(self) -> "DecoderSpec":
         """The settings' ranges, whatever the model (the front ends check them before loading anything)."""
         if self.window < 2:
-            raise FastARError(f"Jacobi window {self.window} is too small: use at least 2 (1 is plain AR)")
+            raise FastARError(f"Jacobi window {self.window} is too small: a window holds the last fixed token and at "
+                              "least one draft, so use 2 or more; for plain AR (one token per forward) use --decoder "
+                              "ar and leave --window out")
         if self.gamma < 1:
             raise FastARError(f"gamma {self.gamma} is too small: draft at least 1 token per target forward")
         if self.group < 1:
@@ -168,6 +172,7 @@ def decode(model, conditioning, sampling: SamplingSettings, spec: DecoderSpec, *
         codes, stats = counting_compile_time(run_decoder, model, conditioning, sampling, spec,
                                              make_generator(seed, model.device), on_iteration, drafter, codebook)
     stats.warnings.extend(notes)
+    warn_of_low_acceptance(stats)
     return codes, stats
 
 
@@ -199,6 +204,31 @@ def quality_warnings(spec: DecoderSpec, drafter) -> list[str]:
                 "expect a fast but badly degraded image. Connect a drafter (--drafter), lower lantern delta, or "
                 "use sjd (lossless)"]
     return []
+
+
+LOW_ACCEPTANCE = 0.05  # below it, drafting costs more than it saves
+INSTEAD = {  # what to use when a decoder's drafts are nearly all rejected
+    "sjd": "plain ar: on this model the window's drafts are nearly never the model's own picks",
+    "gsd": "plain ar, or a larger group size",
+    "spec": "sjd (no drafter), or a drafter trained on this model's own samples (python -m fastar train-drafter)",
+    "lantern": "sjd (no drafter), or a drafter trained on this model's own samples (python -m fastar train-drafter)",
+    "zipar-sjd": "plain zipar (row_window 1): the drafts inside its rows do not pay here",
+    "cspd": "plain MAR with fewer steps (num_iter), or its feature reuse (--reuse, the LazyMAR sampler): the draft "
+            "MAR does not track this model closely enough for its tokens to be kept",
+}
+
+
+def warn_of_low_acceptance(stats) -> None:
+    """When a run kept under LOW_ACCEPTANCE of its drafts, one line says so and what to use instead (said on the
+    command line and the Stats node, kept in the statistics)."""
+    rate = stats.acceptance_rate
+    if rate is None or rate >= LOW_ACCEPTANCE or stats.drafted_tokens < 20:  # too few drafts to tell
+        return
+    instead = INSTEAD[stats.decoder.split("+")[0].replace("cspd-relaxed", "cspd")]
+    note = (f"{stats.decoder} kept {rate:.1%} of its {stats.drafted_tokens} drafts: its drafting costs more than it "
+            f"saves on this model; use {instead}")
+    warnings.warn(note, FastARWarning, stacklevel=3)
+    stats.warnings.append(note)
 
 
 def run_decoder(model, conditioning, sampling, spec, generator, on_iteration, drafter, codebook):
@@ -247,8 +277,10 @@ def decode_masked(model, conditioning, settings: MaskedSettings, decoder: str = 
                               "for the reference code's rule" if decoder == "cspd" else
                               "cspd-relaxed needs a ratio temperature above 1 or the path factor (the reference "
                               "code: temperature 42); at 1 without it, it is cspd")
-        return counting_compile_time(cspd_decode, model, drafter, conditioning, settings, cspd, generator=generator,
-                                     on_iteration=on_iteration, watch=watch)
+        tokens, stats = counting_compile_time(cspd_decode, model, drafter, conditioning, settings, cspd,
+                                              generator=generator, on_iteration=on_iteration, watch=watch)
+        warn_of_low_acceptance(stats)
+        return tokens, stats
     return counting_compile_time(masked_decode, model, conditioning, settings, generator=generator,
                                  on_iteration=on_iteration, watch=watch)
 

@@ -1,4 +1,8 @@
-"""DecodeStats: what every decoder reports next to its tokens (a product feature, not a debug aid)."""
+"""DecodeStats: what every decoder reports next to its tokens (a product feature, not a debug aid).
+
+One definition per field, the same for every decoder and model family (docs/statistics.md has the table):
+a *forward* is one call of the model after the prompt's prefill, for the whole batch at once; a token is
+*fixed* by the forward whose output it was drawn from (or accepted against), for good."""
 from __future__ import annotations
 
 import time
@@ -11,16 +15,19 @@ import torch
 @dataclass
 class DecodeStats:
     decoder: str
-    grid: tuple[int, int]
+    grid: tuple[int, int]  # the token grid the image decoder reads (VAR: its last scale)
     batch: int
-    target_forwards: int = 0  # prefill excluded, every verification forward included
+    tokens: int = 0  # tokens each image is made of: the grid's (0 given), VAR's over all its scales
+    target_forwards: int = 0  # the model's forwards for the whole batch, prefill excluded
+    baseline: str = ""  # the family's plain sampler, in words ("plain AR", "plain MAR at 64 steps", ...)
+    baseline_forwards: int = 0  # the forwards it takes for the same image
     drafter_forwards: int = 0
-    drafted_tokens: int = 0  # drafted tokens the target verified (CSpD)
+    drafted_tokens: int = 0  # drafts the target judged, left to right up to the first rejected one
     accepted_tokens: int = 0  # of those, the ones kept as drafted
     resample_tries: int = 0  # residual proposals drawn for the rejected ones (CSpD's acceptance-rejection)
     resample_fallbacks: int = 0  # rejected tokens whose proposals were all refused: a plain target sample
-    accepted_per_iteration: list[list[int]] = field(default_factory=list)  # [iteration][row]
-    fixed_at: list[list[int]] = field(default_factory=list)  # [row][token]: iteration that fixed it (0 = prefill)
+    fixed_per_forward: list[list[int]] = field(default_factory=list)  # [forward][image]: tokens it fixed
+    fixed_at: list[list[int]] = field(default_factory=list)  # [image][token]: the forward that fixed it (0 = prefill)
     wall_time_s: float = 0.0  # everything the generation waited for, per-generation setup included
     setup_time_s: float = 0.0  # e.g. building GSD's or LANTERN's per-codebook tables (cached after the first)
     forward_time_s: float = 0.0
@@ -33,39 +40,57 @@ class DecodeStats:
     settings: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # quality warnings about this run's settings
 
+    def __post_init__(self):
+        self.tokens = self.tokens or self.grid[0] * self.grid[1]
+
     @property
     def decode_time_s(self) -> float:
         """The wall time without compilation: what the decoder costs from its second run of a shape on."""
         return self.wall_time_s - self.compile_time_s
 
     @property
-    def num_tokens(self) -> int:
-        return self.grid[0] * self.grid[1]
-
-    @property
-    def tokens(self) -> list[int]:
-        return [self.num_tokens] * self.batch
-
-    @property
     def step_compression(self) -> float:
-        """Image tokens per target forward for the batch as a whole."""
-        return self.num_tokens / max(self.target_forwards, 1)
+        """Tokens per forward for the batch as a whole: an image's tokens over the batch's forwards."""
+        return self.tokens / max(self.target_forwards, 1)
+
+    @property
+    def steps_saved(self) -> float:
+        """How many times fewer forwards than the family's plain sampler took (0 when that is unknown)."""
+        return self.baseline_forwards / max(self.target_forwards, 1)
 
     @property
     def row_forwards(self) -> list[int]:
-        """Forwards each row needed (rows advance independently)."""
+        """Forwards each image needed, up to the one that fixed its last token (images advance independently)."""
         return [max(row) for row in self.fixed_at]
 
     @property
-    def mean_accepted(self) -> float:
-        """Mean tokens fixed per iteration, over the iterations each row was still running."""
-        counts = [c for it in self.accepted_per_iteration for c in it if c > 0]
-        return float(np.mean(counts)) if counts else 0.0
+    def row_step_compression(self) -> list[float]:
+        """Each image's tokens over its own forwards."""
+        return [self.tokens / max(f, 1) for f in self.row_forwards]
+
+    @property
+    def tokens_per_forward(self) -> float:
+        """Tokens fixed per forward while an image was unfinished, over the batch's images (the prefill's tokens
+        left out). Above step_compression when images of a batch finish at different forwards."""
+        fixed = sum(sum(row) for row in self.fixed_per_forward)
+        return fixed / max(sum(self.row_forwards), 1)
 
     @property
     def acceptance_rate(self) -> float | None:
-        """Accepted / verified drafted tokens; None when nothing was drafted token by token."""
+        """Accepted / judged drafts; None when nothing was drafted."""
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
+
+    def steps_summary(self) -> str:
+        """The forwards in words, as the command line and the Stats node say them: steps, never a speed-up (a
+        step's cost depends on the decoder and the device; only a timed baseline measures speed)."""
+        images = f"{self.batch} images" if self.batch > 1 else "1 image"
+        text = f"{images} of {self.tokens} tokens in {self.target_forwards} forward{'s' * (self.target_forwards != 1)}"
+        if self.baseline_forwards and self.baseline_forwards != self.target_forwards:
+            text += f"; {self.baseline} takes {self.baseline_forwards}: {self.steps_saved:.2f}x fewer steps"
+        if self.batch > 1 and self.tokens_per_forward > self.step_compression * 1.05:
+            text += (f" (a batch waits for its slowest image: each image took {self.tokens_per_forward:.2f} tokens "
+                     "per forward while it ran)")
+        return text
 
     @property
     def reuse_note(self) -> str | None:
@@ -84,20 +109,26 @@ class DecodeStats:
         return {
             "decoder": self.decoder,
             "grid": list(self.grid),
+            "batch": self.batch,
             "tokens": self.tokens,
             "target_forwards": self.target_forwards,
+            "baseline": self.baseline,
+            "baseline_forwards": self.baseline_forwards,
+            "step_compression": self.step_compression,
+            "steps_saved": self.steps_saved,
+            "row_forwards": self.row_forwards,
+            "row_step_compression": self.row_step_compression,
+            "tokens_per_forward": self.tokens_per_forward,
             "drafter_forwards": self.drafter_forwards,
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,
             "acceptance_rate": self.acceptance_rate,
             "resample_tries": self.resample_tries,
             "resample_fallbacks": self.resample_fallbacks,
-            "step_compression": self.step_compression,
-            "row_step_compression": [self.num_tokens / max(f, 1) for f in self.row_forwards],
-            "mean_accepted": self.mean_accepted,
-            "accepted_per_iteration": self.accepted_per_iteration,
+            "fixed_per_forward": self.fixed_per_forward,
             "fixed_at": self.fixed_at,
             "wall_time_s": self.wall_time_s,
+            "compile_time_s": self.compile_time_s,
             "setup_time_s": self.setup_time_s,
             "forward_time_s": self.forward_time_s,
             "verify_time_s": self.verify_time_s,
@@ -175,7 +206,7 @@ class CudaEvents:
 def acceptance_heatmap(fixed_at: list[int] | torch.Tensor, grid: tuple[int, int], scale: int = 16) -> np.ndarray:
     """Render one row's ``fixed_at`` as an RGB uint8 image: early iterations dark blue, late yellow;
     large same-colour runs show where many tokens were accepted in one forward."""
-    values = np.asarray(fixed_at, dtype=np.float32).reshape(grid)
+    values = np.asarray(fixed_at, dtype=np.float32)[-grid[0] * grid[1]:].reshape(grid)  # VAR: the last scale
     t = values / max(values.max(), 1.0)
     # a small perceptual ramp (dark blue -> teal -> yellow) without a plotting dependency
     stops = np.array([[0.05, 0.03, 0.3], [0.1, 0.55, 0.55], [0.99, 0.9, 0.15]], dtype=np.float32)

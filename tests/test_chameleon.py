@@ -161,7 +161,7 @@ def test_the_command_line_draws_from_prompts_with_every_token_decoder(folder, tm
                    "--top-k", 10, "--out", tmp_path / f"{decoder}.png", "--stats-out", tmp_path / f"{decoder}.json")
         assert r.returncode == 0, r.stderr
         stats = json.loads((tmp_path / f"{decoder}.json").read_text())
-        assert stats["decoder"] == decoder and stats["tokens"] == [64, 64]
+        assert stats["decoder"] == decoder and stats["tokens"] == 64 and stats["batch"] == 2
         assert (tmp_path / f"{decoder}_1.png").exists()
     r = fastar("--class", 3)
     assert r.returncode == 2 and "text-to-image model: give --prompt" in r.stderr

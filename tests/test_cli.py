@@ -1,8 +1,10 @@
 """The command line on the bundled demo models, run as a user runs it (a real subprocess)."""
 import json
+import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +28,11 @@ def test_generate_writes_images_tokens_stats_and_maps(tmp_path):
                "--tokens-out", tmp_path / "codes" / "t.json", "--stats-out", tmp_path / "runs" / "a" / "s.json",
                "--map-out", tmp_path / "map.png", cwd=tmp_path)  # folders that do not exist yet are made
     assert r.returncode == 0, r.stderr
+    for said in (f"wrote {tmp_path / 'img_0.png'} ... {tmp_path / 'img_1.png'} (2 images)",  # the files, not img.png
+                 f"wrote {tmp_path / 'codes' / 't.json'} (the image codes of 2 images, JSON)",
+                 f"wrote {tmp_path / 'runs' / 'a' / 's.json'} (the decode statistics, JSON)",
+                 f"wrote {tmp_path / 'map_0.png'} ... {tmp_path / 'map_1.png'} (2 acceptance maps)"):
+        assert said in r.stdout.splitlines(), r.stdout
     for i in range(2):
         image = Image.open(tmp_path / f"img_{i}.png")
         assert image.size == (128, 128) and image.mode == "RGB"
@@ -34,10 +41,10 @@ def test_generate_writes_images_tokens_stats_and_maps(tmp_path):
     tokens = json.loads((tmp_path / "codes" / "t.json").read_text())
     assert tokens["grid"] == [16, 16] and len(tokens["tokens"]) == 2 and len(tokens["tokens"][0]) == 256
     stats = json.loads((tmp_path / "runs" / "a" / "s.json").read_text())
-    assert stats["decoder"] == "sjd" and stats["tokens"] == [256, 256]
+    assert stats["decoder"] == "sjd" and stats["tokens"] == 256 and stats["batch"] == 2
     assert stats["step_compression"] == pytest.approx(256 / stats["target_forwards"])
     assert stats["step_compression"] > 1.2  # the demo model is trained: Jacobi drafts get accepted
-    assert len(stats["accepted_per_iteration"]) == stats["target_forwards"] and stats["wall_time_s"] > 0
+    assert len(stats["fixed_per_forward"]) == stats["target_forwards"] and stats["wall_time_s"] > 0
 
 
 def test_an_output_folder_that_cannot_be_made_is_said_before_generating(tmp_path):
@@ -61,6 +68,9 @@ def test_without_a_vq_the_codes_are_kept_next_to_out_and_progress_counts_the_bat
     assert "no images written" in r.stderr and str(kept) in r.stderr and "--vq" in r.stderr
     assert len(json.loads(kept.read_text())["tokens"]) == 2 and not list(tmp_path.glob("pics/*.png"))
     assert "256/256 tokens (2 images)" in r.stderr  # and the tok/s beside it is of both images
+    # stderr is a pipe here, as in a log: a plain line per tenth of the work, no carriage returns
+    progress = [line for line in r.stderr.splitlines() if line.startswith("sjd, lossless [")]
+    assert "\r" not in r.stderr and 2 <= len(progress) <= 10 and "256/256 tokens" in progress[-1]
 
 
 @needs_demo
@@ -115,6 +125,7 @@ def test_bad_input_gives_a_clear_error_and_exit_code(tmp_path, args, message):
     (["--temperature", "-1"], "temperature"),
     (["--batch", "0"], "--batch 0: generate at least 1 image"),
     (["--prefill", "1.5"], "pre-fill 1.5"),
+    (["--window", "1"], "for plain AR (one token per forward) use --decoder ar and leave --window out"),
 ])
 def test_settings_are_checked_before_anything_loads(tmp_path, args, message):
     """A model that does not exist: the settings' error comes first, before the model is even looked for."""
@@ -135,7 +146,9 @@ def test_each_bundled_model_finds_its_image_decoder_and_writes_where_it_says(tmp
     assert r.returncode == 0, r.stderr
     written = list((tmp_path / "out").glob("*.png"))
     assert len(written) == 1 and written[0].name.startswith(f"{model.stem}_") and "_seed0" in written[0].name
-    assert f"wrote 1 image(s) to {Path('out') / written[0].name}" in r.stdout
+    assert f"wrote {Path('out') / written[0].name} (1 image)" in r.stdout
+    if model != DEMO_TEXT:  # a class-conditional model given no class says which it draws
+        assert "warning: no --class given: drawing class 0 (circle); choose with --class" in r.stderr
     assert np.asarray(Image.open(written[0])).std() > 5
 
 
@@ -160,11 +173,12 @@ def test_the_default_threads_leave_busy_cores_alone(monkeypatch):
 
 @needs_demo
 def test_drafter_decoders_from_the_command_line(tmp_path):
-    """spec (demo drafter by default), LANTERN with the demo drafter, LANTERN on Jacobi drafts."""
+    """spec and LANTERN (the demo drafter by default), LANTERN on Jacobi drafts (--drafter none)."""
     runs = {
         "spec": ["--decoder", "spec", "--gamma", 3],
         "lantern": ["--decoder", "lantern", "--drafter", "demo", "--lantern-k", 64, "--lantern-delta", 0.3],
-        "lantern-jacobi": ["--decoder", "lantern", "--lantern-delta", 0.3],
+        "lantern-jacobi": ["--decoder", "lantern", "--drafter", "none", "--lantern-delta", 0.3],
+        "lantern-bundled": ["--decoder", "lantern", "--lantern-delta", 0.3],  # the demo's drafter, found for it
     }
     stats, stderr = {}, {}
     for name, args in runs.items():
@@ -181,12 +195,13 @@ def test_drafter_decoders_from_the_command_line(tmp_path):
     # LANTERN on Jacobi drafts degrades the image badly: said on the command line and kept in the stats
     assert "warning: LANTERN without a drafter" in stderr["lantern-jacobi"]
     assert stats["lantern-jacobi"]["warnings"] and not stats["lantern"]["warnings"] and not stats["spec"]["warnings"]
-    assert "warning" not in stderr["lantern"] + stderr["spec"]
+    assert "warning" not in stderr["lantern"] + stderr["spec"] + stderr["lantern-bundled"]
+    assert stats["lantern-bundled"]["drafter_forwards"] > 0 and not stats["lantern-bundled"]["warnings"]
 
 
 @needs_demo
 @pytest.mark.parametrize("args,message", [
-    (["--decoder", "spec", "--model", DEMO_AR], "needs a drafter"),
+    (["--decoder", "spec", "--model", "copy_of_the_demo.safetensors"], "needs a drafter"),  # no bundled drafter
     (["--decoder", "sjd", "--drafter", "demo"], "does not use a drafter"),
     (["--decoder", "spec", "--gamma", "0"], "gamma"),
     (["--decoder", "lantern", "--lantern-delta", "1.5"], "delta"),
@@ -195,6 +210,7 @@ def test_drafter_decoders_from_the_command_line(tmp_path):
     (["--decoder", "sjd", "--drafts", "top"], "give sjd a drafter (--drafter"),
 ])
 def test_bad_drafter_settings_give_a_clear_error(tmp_path, args, message):
+    shutil.copy(DEMO_AR, tmp_path / "copy_of_the_demo.safetensors")  # not the bundled file: its drafter is not found
     r = fastar("generate", "--quiet", *args, cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert message in r.stderr and "Traceback" not in r.stderr
@@ -308,3 +324,92 @@ def test_text_to_image_from_an_official_pickle_and_a_local_t5_folder(tmp_path):
 def test_profile_on_a_device_this_machine_lacks_says_so(tmp_path):
     r = fastar("profile", "--shape", "tiny", "--device", "mps", cwd=tmp_path)
     assert r.returncode == 2 and "sees no Apple GPU (MPS)" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("args,error,nearest,help_of", [
+    (["genrate"], "argument COMMAND: invalid choice: 'genrate'", "did you mean 'generate'?", "python -m fastar"),
+    (["generate", "--decoder", "lanter"], "argument --decoder: invalid choice: 'lanter'", "did you mean 'lantern'?",
+     "python -m fastar generate"),
+    (["generate", "--compile", "always"], "argument --compile: invalid choice: 'always'", None,
+     "python -m fastar generate"),
+    (["generate", "--seed", "abc"], "argument --seed: invalid int value: 'abc'", None, "python -m fastar generate"),
+    (["generate", "--sed", "3"], "unrecognized arguments: --sed 3", None, "python -m fastar generate"),
+    (["profile", "--dtype", "bf1"], "argument --dtype: invalid choice: 'bf1'", "did you mean 'bf16'?",
+     "python -m fastar profile"),
+])
+def test_a_mistyped_argument_is_one_error_line_and_where_help_is(tmp_path, args, error, nearest, help_of):
+    r = fastar(*args, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    said, pointer = r.stderr.splitlines()  # no usage dump before the error
+    assert said.startswith(f"{help_of}: error: {error}") and pointer.startswith(f"{help_of} --help lists the ")
+    assert (nearest in said) if nearest else "did you mean" not in said
+
+
+def test_fastar_alone_lists_the_commands_one_line_each(tmp_path):
+    from fastar.cli import build_parser
+
+    r = fastar(cwd=tmp_path)
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    commands = build_parser().commands
+    listed = {line.split()[0]: line for line in r.stdout.splitlines() if line.startswith("  ")}
+    assert list(listed) == list(commands) and "generate images with one decoder" in listed["generate"]
+    assert "python -m fastar COMMAND --help lists a command's options" in r.stdout
+
+
+def test_help_shows_the_seed_and_class_defaults(tmp_path):
+    r = fastar("generate", "--help", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())  # the help is wrapped to the terminal's width
+    assert "the same seed, settings and device give the same image (default: 0)" in text  # 0 is no missing default
+    assert "--class CLASS class index or name, repeated over --batch (default: 0, the model's first class)" in text
+
+
+@needs_demo
+def test_progress_on_a_terminal_redraws_one_line(tmp_path):
+    pty = pytest.importorskip("pty")  # POSIX: a pseudo-terminal as stderr, as a user's shell gives it
+    terminal, stderr = pty.openpty()
+    run = subprocess.Popen([sys.executable, "-m", "fastar", "generate", "--class", "1", "--decoder", "ar",
+                            "--tokens-out", "t.json"], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=stderr)
+    os.close(stderr)
+    shown = b""
+    while chunk := read_terminal(terminal):
+        shown += chunk
+    assert run.wait(timeout=600) == 0, shown
+    shown = shown.decode()
+    assert "\rar, lossless [" in shown  # redrawn in place (the terminal writes its newlines as \r\n)
+    assert shown.count("256/256 tokens") == 1 and shown.endswith("tok/s\r\n")  # the last drawing ends the line
+
+
+def read_terminal(terminal: int) -> bytes:
+    """What the program wrote to the terminal since the last read; b"" once it closed it (Linux raises EIO)."""
+    try:
+        return os.read(terminal, 4096)
+    except OSError:
+        return b""
+
+
+def test_profile_memory_estimates_in_a_gpus_bf16_by_default(tmp_path):
+    r = fastar("profile", "--shape", "llamagen-xl", "--memory", "--batches", "1", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "(bf16, as a GPU runs it: --dtype for another;" in r.stdout
+    assert "weights 1.55 GB" in r.stdout and "total batch 1: 1.65 GB" in r.stdout  # README's table, bf16 column
+    r = fastar("profile", "--shape", "llamagen-xl", "--memory", "--batches", "1", "--dtype", "fp32", cwd=tmp_path)
+    assert "(fp32; weights auto): weights 3.10 GB" in r.stdout, r.stdout
+
+
+def test_half_precision_on_a_cpu_without_its_instructions_is_said_to_be_emulated(monkeypatch):
+    import torch
+
+    from fastar import pipeline
+    from fastar.errors import FastARError, FastARWarning
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    with pytest.warns(FastARWarning, match="--dtype bf16 on this CPU is emulated .*leave --dtype out for fp32"):
+        with pytest.raises(FastARError):  # the warning comes before the model is looked for
+            pipeline.load_models("missing.safetensors", None, "cpu", "bf16")
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)  # AMX: bf16 can be the faster choice
+    for dtype, device in ((torch.bfloat16, "cpu"), (torch.float32, "cpu"), (torch.float16, "cuda")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            pipeline.warn_if_emulated(dtype, torch.device(device))

@@ -118,7 +118,7 @@ def test_calls_follow_the_schedule():
     _, steps = cspd_decode(TARGET, DRAFT, rows, settings, CSpDSettings(gamma=3, prefill=0.25),
                            generator=torch.Generator().manual_seed(0))
     assert 2 + 2 <= steps.target_forwards <= 8  # never more target calls than plain MAR
-    assert sum(sum(c) for c in zip(*steps.accepted_per_iteration)) == 2 * 9
+    assert sum(sum(c) for c in zip(*steps.fixed_per_forward)) == 2 * 9
 
 
 def test_refusals_say_what_to_do():

@@ -213,8 +213,9 @@ def test_cli_runs_a_student_reproduces_it_from_its_noise_and_refuses_cfg(tmp_pat
     r = fastar(*common, "--dd-steps", "2", "--seed", 3, "--out", tmp_path / "a.png", "--latents-out", tmp_path / "a.npy",
                "--tokens-out", tmp_path / "a.json", "--noise-out", tmp_path / "noise.npy", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "dd: 256 tokens x 2 in 2 student forward(s)" in r.stdout
+    assert "dd: 2 images of 256 tokens in 2 forwards" in r.stdout
     assert (tmp_path / "a_0.png").exists() and (tmp_path / "a_1.png").exists()
+    assert f"wrote {tmp_path / 'noise.npy'} (the noise [2, 256, {WIDTH}])" in r.stdout.splitlines()
     latents = np.load(tmp_path / "a.npy")
     assert latents.shape == (2, WIDTH, 16, 16) and latents.dtype == np.float32
     tokens = torch.tensor(json.loads((tmp_path / "a.json").read_text())["tokens"])

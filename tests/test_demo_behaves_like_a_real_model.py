@@ -36,8 +36,8 @@ def runs(models):
         spec = DecoderSpec(name, drafts="top" if drafted else "sampled", lantern_delta=LANTERN_DELTA)
         codes, stats = decode(models.ar, labels, DEFAULTS, spec, seed=0, codebook=models.codebook(),
                               drafter=models.drafter if drafted else None)
-        accepted = [c for it in stats.accepted_per_iteration for c in it if c > 0]
-        out[name] = {"codes": codes, "compression": stats.num_tokens / (sum(stats.row_forwards) / SAMPLES),
+        accepted = [c for it in stats.fixed_per_forward for c in it if c > 0]
+        out[name] = {"codes": codes, "compression": stats.tokens / (sum(stats.row_forwards) / SAMPLES),
                      "first_draft": first_draft_acceptance(accepted)}
     out["labels"] = labels
     return out

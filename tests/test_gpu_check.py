@@ -10,7 +10,7 @@ import torch
 
 from fastar.cli import build_parser
 from fastar.commands.gpu_check import (PROBES, Step, correctness_steps, goal_lines, judge, kernel_lines,
-                                       probe_and_profile_steps)
+                                       latents_path, probe_and_profile_steps)
 
 
 def check_verdicts(out, only: str, workers: int, budget: int = 900) -> dict:
@@ -67,15 +67,19 @@ def test_mars_compiled_reverse_steps_are_judged_by_how_close_their_latents_come(
     verdicts = check_verdicts(tmp_path, "mar-ar-gpu-", 1)
     assert verdicts["mar-ar-gpu-eager"] == "ran" and verdicts["mar-ar-gpu-compiled"].startswith("close ("), \
         verdicts
-    (tmp_path / "latents" / "other.npy").write_bytes((tmp_path / "latents" / "mar-ar-gpu-eager.npy").read_bytes())
-    steps = [Step("mar-ar-gpu-eager", [], "g"), Step("other", [], "g", {"latents": "mar-ar-gpu-eager"}),
-             Step("missing", [], "g", {"latents": "mar-ar-gpu-eager"})]
+    eager = np.load(latents_path(tmp_path, "mar-ar-gpu-eager"))
+    forked = eager.copy()
+    forked[0] = eager[1]  # an image whose tokens went elsewhere, as rounding can send one (commands/gpu_check.py)
+    shifted = eager + 2e-3 * np.abs(eager).mean()  # every latent a little off, as a wrong compiled step puts them
+    for name, latents in (("forked", forked), ("shifted", shifted)):
+        np.save(latents_path(tmp_path, name), latents)
+    steps = [Step("mar-ar-gpu-eager", [], "g"), *(Step(name, [], "g", {"latents": "mar-ar-gpu-eager"})
+                                                  for name in ("forked", "shifted", "missing"))]
     for step in steps:
         step.rc = 0
-    latents = np.load(tmp_path / "latents" / "other.npy")
-    np.save(tmp_path / "latents" / "other.npy", latents * 1.05)
     judge(steps, tmp_path)
-    assert steps[1].verdict == "DIFFERS (5.0e-02 apart)" and steps[2].verdict == "no reference"
+    assert steps[1].verdict.startswith("close (0.0e+00 apart, mean ") and not steps[1].verdict.endswith(" 0.0e+00)")
+    assert [s.verdict for s in steps[2:]] == ["DIFFERS (2.0e-03 apart, mean 2.0e-03)", "no reference"]
 
 
 def test_the_report_states_the_speed_goals():

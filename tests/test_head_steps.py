@@ -22,15 +22,16 @@ from fastar.samplers.masked_loops.masked import MaskedSettings
 from test_mar import tiny_mar
 
 SETTINGS = MaskedSettings(num_iter=4, cfg_scale=3.0, temperature=0.9, diffusion_steps=8)  # linear CFG: a scale per step
-# fused kernels round differently from eager's ops, and the first reverse steps multiply eps by up to 20,000: on
-# the demo compiled tokens are 0.1-0.3% apart from eager's, where a temperature of 1 instead of 0.9 moves them by
-# 30-50% and another seed by 100% or more
-CLOSE = 1e-2
+# fused kernels round differently from eager's ops, and the first reverse steps multiply eps by up to 20,000, so a
+# token can fork to another mode and the rest of its image follow it (which one depends on the CPU's kernels): the
+# median difference stays with the tokens that did not fork, 1e-5 to 4e-5 on the demo, where a temperature of 1
+# instead of 0.9 moves it by 30-50% and another seed by 100% or more (the GPU check judges its MAR runs alike)
+CLOSE = 1e-3
 
 
 def apart(a: torch.Tensor, b: torch.Tensor) -> float:
-    """How far apart two runs' tokens are: the mean difference relative to the mean token."""
-    return float((a - b).abs().mean() / b.abs().mean())
+    """How far apart two runs' tokens are: the median difference relative to the mean token."""
+    return float((a - b).abs().median() / b.abs().mean())
 
 
 @pytest.fixture(autouse=True)

@@ -9,12 +9,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "fastar"
 NOT_PACKAGE = {"tests", ".venv", ".comfyui", "demo", "web", "workflows", "docs", ".ci"}
-RUNTIME = ("nodes", "samplers", "model_loaders", "pipeline", "memory", "settings", "errors", "interrupts",
+RUNTIME = ("nodes", "samplers", "model_loaders", "pipeline", "memory", "settings", "speed_dial", "errors", "interrupts",
            "torch_version")
 ABOVE_RUNTIME = ("commands", "demo_recipes", "tools")  # the commands, the demo recipes, the ComfyUI test harness
 BELOW = {  # a layer -> what it must never import
-    "samplers": ("nodes", "cli", "pipeline", "settings", *ABOVE_RUNTIME),
-    "model_loaders": ("samplers", "nodes", "cli", "pipeline", "settings", *ABOVE_RUNTIME),
+    "samplers": ("nodes", "cli", "pipeline", "settings", "speed_dial", *ABOVE_RUNTIME),
+    "model_loaders": ("samplers", "nodes", "cli", "pipeline", "settings", "speed_dial", *ABOVE_RUNTIME),
     "commands": ("demo_recipes", "tools"),  # the recipes may use the commands' training helpers, not the reverse
 }
 

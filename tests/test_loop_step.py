@@ -147,7 +147,7 @@ def test_progress_read_an_iteration_late_changes_no_token(models, monkeypatch, s
     (want, plain), (got, late) = runs[0], runs[1]
     assert torch.equal(got, want) and late.fixed_at == plain.fixed_at
     assert late.target_forwards == plain.target_forwards + 1
-    assert late.accepted_per_iteration == plain.accepted_per_iteration + [[0, 0]]
+    assert late.fixed_per_forward == plain.fixed_per_forward + [[0, 0]]
 
 
 def test_an_eagle_drafter_compiles_with_its_target_to_eagers_tokens(monkeypatch):

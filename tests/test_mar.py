@@ -93,7 +93,7 @@ def test_sampler_is_seeded_fixes_every_token_once_and_counts_its_calls():
     other, _ = decode(model, settings, seed=1)
     assert tokens.shape == (2, 9, 4) and torch.equal(tokens, again) and not torch.equal(tokens, other)
     assert stats.target_forwards == 4 and stats.step_compression == pytest.approx(9 / 4)
-    assert [sum(row) for row in zip(*stats.accepted_per_iteration)] == [9, 9]
+    assert [sum(row) for row in zip(*stats.fixed_per_forward)] == [9, 9]
     assert sorted(set(stats.fixed_at[0])) == [1, 2, 3, 4]
 
 

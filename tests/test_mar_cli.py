@@ -68,7 +68,7 @@ def test_generate_ar_and_cspd_write_images_latents_and_stats(files, tmp_path):
         r = fastar(*common, "--decoder", "cspd", "--drafter", files / "mar_draft.safetensors", "--gamma", 2,
                    "--cspd-verify", verify, "--stats-out", tmp_path / f"{verify}.json", cwd=tmp_path)
         assert r.returncode == 0, r.stderr
-        assert "target calls" in r.stdout and "draft calls" in r.stdout and "acceptance" in r.stdout
+        assert "in 4 forwards" in r.stdout and "drafter forwards" in r.stdout and "drafts kept" in r.stdout
     r = fastar(*common, "--decoder", "cspd", "--drafter", files / "mar_draft.safetensors", "--gamma", 2, "--cspd-verify",
                "merged", "--reuse", "--reuse-start", 0.0, "--stats-out", tmp_path / "cspd_lazy.json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -167,6 +167,7 @@ def test_bench_mar_runs_the_rows_asked_for_and_names_the_others():
                            top_p=None, reuse=False, reuse_start=0.1, reuse_end=1.0, refresh_every=4, token_reuse=0.75,
                            head_refresh_every=7, gamma=None, prefill=0.05, cspd_verify="steps", cspd_temperature=None,
                            cspd_path_factor=False, mar_steps="16,4", mar_rows="cspd-merged-lazy, mar@4")
-    assert [row.label for row in rows_for(args, 16)] == ["mar", "mar@4", "cspd-merged-lazy"]
+    model = SimpleNamespace(cfg=SimpleNamespace(num_tokens=16), defaults={})
+    assert [row.label for row in rows_for(args, model)] == ["mar", "mar@4", "cspd-merged-lazy"]
     with pytest.raises(FastARError, match="--mar-rows: no row lazy@9; the rows are mar, mar@16, mar@4, cspd-steps"):
-        rows_for(SimpleNamespace(**{**vars(args), "mar_rows": "lazy@9"}), 16)
+        rows_for(SimpleNamespace(**{**vars(args), "mar_rows": "lazy@9"}), model)

@@ -299,14 +299,14 @@ def test_stats_account_for_every_token(window):
     codes, stats = decode(model, cond, SamplingSettings(), DecoderSpec("sjd", window=window), seed=0)
     N = model.cfg.num_tokens
     assert codes.shape == (2, N) and codes.min() >= 0 and codes.max() < model.vocab_size
-    per_row = torch.tensor(stats.accepted_per_iteration).sum(0)
+    per_row = torch.tensor(stats.fixed_per_forward).sum(0)
     assert per_row.tolist() == [N - 1, N - 1]  # token 0 comes from the prefill
-    assert stats.target_forwards == len(stats.accepted_per_iteration) == max(stats.row_forwards)
-    assert max(max(it) for it in stats.accepted_per_iteration) <= window
+    assert stats.target_forwards == len(stats.fixed_per_forward) == max(stats.row_forwards)
+    assert max(max(it) for it in stats.fixed_per_forward) <= window
     for row in stats.fixed_at:  # raster order: a token is never fixed before the one on its left
         assert row[0] == 0 and all(a <= b for a, b in zip(row, row[1:]))
     json_stats = stats.to_json()
-    for key in ("decoder", "tokens", "target_forwards", "step_compression", "accepted_per_iteration", "wall_time_s"):
+    for key in ("decoder", "tokens", "target_forwards", "step_compression", "fixed_per_forward", "wall_time_s"):
         assert key in json_stats
     assert json_stats["step_compression"] == pytest.approx(N / stats.target_forwards)
 

@@ -114,7 +114,7 @@ def test_cli_runs_a_var_dd_student_and_writes_f_hat(tmp_path):
                                     cwd=tmp_path, capture_output=True, text=True, timeout=600)
     r = run("--dd-steps", "2", "--out", tmp_path / "a.png", "--latents-out", tmp_path / "a.npy")
     assert r.returncode == 0, r.stderr
-    assert "dd: 30 tokens x 2 in 2 student forward(s)" in r.stdout and (tmp_path / "a_1.png").exists()
+    assert "dd: 2 images of 30 tokens in 2 forwards" in r.stdout and (tmp_path / "a_1.png").exists()
     assert np.load(tmp_path / "a.npy").shape == (2, 4, 4, 4)  # f_hat
     r = run("--dd-steps", "2", "--tokens-out", tmp_path / "t.json")
     assert r.returncode == 0, r.stderr

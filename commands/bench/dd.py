@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ...settings import top_k_of, top_p_of
+from ...settings import sampling_from
 from ...errors import FastARError
 from ...model_loaders.shared.demo import DEMO_AR, DEMO_DD, DEMO_VAR, demo_image_decoder
 from ...pipeline import LoadedModels, check_image_decoder, class_conditioning, load_models
@@ -92,8 +92,7 @@ def run_dd_bench(args) -> dict:
     check_image_decoder(student.ar, teacher.vq)
     student.vq = teacher.vq
     rows = VAR_ROWS if is_var else ROWS
-    sampling = SamplingSettings(cfg_scale=2.0 if args.cfg is None else args.cfg, temperature=args.temperature,
-                                top_k=top_k_of(args), top_p=top_p_of(args)).validate()
+    sampling = sampling_from(args)  # the pairs' settings, which the teacher's rows sample at
     dd = dd_settings(args, student.ar)
     judge = load_classifier(device=student.ar.device)
     num_classes = student.ar.cfg.num_classes

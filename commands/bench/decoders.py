@@ -1,7 +1,7 @@
 """``python -m fastar bench``: decoders side by side on one model, same classes and seeds (bench.md).
 
-Measures, per decoder: step compression (image tokens per target forward, per row), mean accepted
-tokens per iteration, the share of iterations that kept their first draft, latency ratio against plain AR
+Measures, per decoder: step compression (an image's tokens over its own forwards, row_step_compression pooled over
+the samples), tokens per forward while an image runs (tokens_per_forward: docs/statistics.md), the share of iterations that kept their first draft, latency ratio against plain AR
 (batch 1 with CFG, interleaved runs, medians, VQ decode excluded), class accuracy and a Frechet distance in the demo classifier's feature space
 (against real procedural images and against plain AR's samples), the window cost c(W), slider
 sweeps for the Pareto plot, and the total-variation distance of relaxed decoders on the toy model; per model,
@@ -26,8 +26,11 @@ from ...model_loaders.shared.compiled import compiled_mode
 from ...model_loaders.shared.quantized import weight_format
 from ...model_loaders.shared.protocol import ClassConditioning, PromptConditioning
 from ...pipeline import class_conditioning, conditioning_type, load_models
-from ...samplers.decoders import DECODERS, LOSSLESS, NEEDS_DRAFTER, WITH_DRAFTER, DecoderSpec, decode
+from ...samplers.decoders import DECODERS, DRAFTED_BY_DEFAULT, LOSSLESS, WITH_DRAFTER, DecoderSpec, decode
 from ...samplers.processing import SamplingSettings
+from ...samplers.token_loops.zipar import zipar_feeds
+from ...speed_dial import (FLAT_COST, GPU_PRICING, SPEEDS, TOKEN_CANDIDATES, Choice, WindowPricing, pick,
+                           window_costs)
 from .ambiguity import first_draft_acceptance, next_token_ambiguity
 from .common import CHUNK, frechet_against, quality, quality_panels, real_features, require_matplotlib, save_panels
 
@@ -72,7 +75,7 @@ def parse_entries(text: str, args) -> dict[str, Entry]:
             raise FastARError(f"unknown bench decoder '{label}': use one of {', '.join(DECODERS)}, optionally "
                               "with -jacobi, -drafter or -top (the drafter's most likely code as its draft; e.g. "
                               "lantern-jacobi, spec-top)")
-        drafted = source in ("drafter", "top") or (source == "" and name in NEEDS_DRAFTER + ("lantern",))
+        drafted = source in ("drafter", "top") or (source == "" and name in DRAFTED_BY_DEFAULT)
         if drafted and name not in WITH_DRAFTER:
             raise FastARError(f"'{label}': the {name} decoder does not use a drafter")
         spec = row_spec(args, name)
@@ -114,7 +117,7 @@ def sample_many(models, sampling, entry: Entry, labels: list[int], seed: int):
         out, stats = run_decoder(models, cond, sampling, entry, seed + start)
         codes.append(out.cpu())
         row_forwards += stats.row_forwards
-        accepted += [c for it in stats.accepted_per_iteration for c in it if c > 0]
+        accepted += [c for it in stats.fixed_per_forward for c in it if c > 0]
         drafter_forwards += stats.drafter_forwards
     return torch.cat(codes), row_forwards, accepted, drafter_forwards
 
@@ -132,7 +135,7 @@ def ambiguity_along(models, sampling, codes: torch.Tensor, labels: list[int]) ->
 def speed(row_forwards: list[int], accepted: list[int], num_tokens: int) -> dict:
     return {
         "step_compression": num_tokens * len(row_forwards) / sum(row_forwards),
-        "mean_accepted": float(np.mean(accepted)),
+        "tokens_per_forward": float(np.mean(accepted)),
         "first_draft_acceptance": first_draft_acceptance(accepted),
         "accepted_histogram": np.bincount(accepted).tolist(),
     }
@@ -156,26 +159,10 @@ def timed_runs(models, sampling, entries: dict[str, Entry], runs: int, num_class
                    "drafter_time_share": statistics.median(drafter_share[name])} for name in entries}
 
 
-@torch.no_grad()
-def window_costs(model, cfg: bool, repeats: int = 20) -> dict:
+def bench_window_costs(model, cfg: bool, repeats: int = 20) -> dict:
     """c(W): time of one forward over W tokens / time of a single-token forward (cache half full)."""
-    N = model.grid[0] * model.grid[1]
-    session = model.start(demo_rows(model, [0]), cfg=cfg, max_window=max(WINDOW_COSTS))
-    start = torch.full((1,), N // 2, dtype=torch.long, device=model.device)
-    seconds = {}
-    for width in WINDOW_COSTS:
-        tokens = torch.zeros(1, width, dtype=torch.long, device=model.device)
-        keys = session.key_slots(N // 2 + width)  # the slots a decoder's forward attends
-        session.forward(tokens, start, keys)
-        samples = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            session.forward(tokens, start, keys)
-            if model.device.type == "cuda":
-                torch.cuda.synchronize()
-            samples.append(time.perf_counter() - t0)
-        seconds[width] = statistics.median(samples)
-    return {str(w): seconds[w] / seconds[1] for w in WINDOW_COSTS}
+    costs = window_costs(model, demo_rows(model, [0]), WINDOW_COSTS, repeats=repeats, cfg=cfg)
+    return {str(w): c for w, c in costs.items()}
 
 
 def toy_total_variation(base: DecoderSpec, rows: int = 20000) -> dict:
@@ -248,11 +235,49 @@ def sweep(models, judge, sampling, configs, labels, seed, reference_feats) -> li
     return points
 
 
+def dial_entries() -> dict[str, Entry]:
+    """The speed dial's candidates for token models (speed_dial.py), plain AR first."""
+    return {c.label: Entry(c.label, Choice("", c, "").spec(), c.drafter) for c in TOKEN_CANDIDATES}
+
+
+def dial_report(results: dict, window_cost: dict, grid: tuple[int, int]) -> dict:
+    """The candidates as this run measured them, and each level's pick by the dial's rule on a GPU and on this
+    machine's CPU (its window costs as measured here). Candidates that sample one distribution (plain AR and every
+    lossless one; ZipAR with or without drafts at one lead) share one quality, the mean of theirs: one run's class
+    accuracy is several points off by chance, which the levels' bounds must not see. (Each Frechet distance is
+    measured on one run's samples: it shrinks with more samples, so only like counts compare.)"""
+    by_distribution: dict[str, list[str]] = {}
+    for c in TOKEN_CANDIDATES:
+        by_distribution.setdefault(c.distribution, []).append(c.label)
+    pooled = {label: tuple(float(np.mean([results[n][key] for n in names])) for key in ("class_accuracy", "frechet"))
+              for names in by_distribution.values() for label in names}
+    measured = [replace(c, width=forward_width(c, grid), steps=round(r["step_compression"], 2),
+                        accuracy=round(100 * pooled[c.label][0], 1), frechet=round(pooled[c.label][1], 2),
+                        cpu_speedup=round(r["latency_ratio"], 2))
+                for c, r in zip(TOKEN_CANDIDATES, results.values())]
+    here = WindowPricing({int(w): c for w, c in window_cost.items()}, flat=window_cost["16"] <= FLAT_COST)
+    picks = {f"{speed}, {where}{', drafter' if drafter else ''}":
+             pick([c for c in measured if drafter or not c.drafter], speed, pricing, device).candidate.label
+             for speed in SPEEDS for drafter in (False, True)
+             for where, pricing, device in (("GPU", GPU_PRICING, "cuda"), ("this CPU", here, "cpu"))}
+    return {"candidates": [asdict(c) for c in measured], "picks": picks}
+
+
+def forward_width(candidate, grid: tuple[int, int]) -> int:
+    """The most tokens a forward of ``candidate`` feeds per image (what a window's cost depends on)."""
+    spec = Choice("", candidate, "").spec()
+    if spec.decoder in ("zipar", "zipar-sjd"):
+        return zipar_feeds(grid, spec.zipar_lead, spec.window if spec.decoder == "zipar-sjd" else 1)
+    if candidate.drafter:
+        return spec.gamma + 1
+    return spec.window if spec.decoder in ("sjd", "gsd", "lantern") else 1
+
+
 def run_bench(args) -> dict:
     from .classifier import load_classifier
 
     started = time.perf_counter()
-    entries = parse_entries(args.decoders, args)
+    entries = dial_entries() if args.dial else parse_entries(args.decoders, args)
     if not args.no_pareto:
         require_matplotlib()
     out_dir = Path(args.out)
@@ -307,13 +332,15 @@ def run_bench(args) -> dict:
         "sampling": asdict(sampling),
         "results": results,
         "ambiguity": ambiguity,
-        "window_cost": window_costs(models.ar, sampling.use_cfg),
+        "window_cost": bench_window_costs(models.ar, sampling.use_cfg),
     }
+    if args.dial:
+        report["dial"] = dial_report(results, report["window_cost"], models.ar.grid)
     decoders = {entry.spec.decoder for entry in entries.values()}
-    if decoders & set(RELAXED):
+    if decoders & set(RELAXED) and not args.dial:
         print("[bench] toy total-variation distance of the relaxed decoders", flush=True)
         report["toy_tv"] = toy_total_variation(row_spec(args, "sjd"), args.toy_rows)
-    configs = [] if args.no_pareto else sweep_configs(row_spec(args, "sjd"), decoders, models.drafter is not None)
+    configs = [] if args.no_pareto or args.dial else sweep_configs(row_spec(args, "sjd"), decoders, models.drafter is not None)
     if configs:
         sweep_labels = labels[: args.sweep_samples or max(num_classes, args.samples // 2)]
         print(f"[bench] slider sweeps for the Pareto plot: {len(configs)} points x {len(sweep_labels)} samples",
@@ -334,7 +361,7 @@ def markdown(report: dict) -> str:
         + (f", {report['weights']} weights" if report.get("weights", "auto") != "auto" else "")
         + f", {report['samples']} samples per decoder)",
         "",
-        "| decoder | lossless | drafter | step compression | mean accepted | first draft kept | drafter forwards / "
+        "| decoder | lossless | drafter | step compression | tokens per forward | first draft kept | drafter forwards / "
         "image | latency ratio | drafter share of time | class accuracy | Frechet (real) | Frechet (vs AR) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -343,7 +370,7 @@ def markdown(report: dict) -> str:
         kept = f"{100 * r['first_draft_acceptance']:.1f}%" if drafts else "-"
         lines.append(
             f"| {name} | {'yes' if r['lossless'] else 'no'} | {r['drafter'] or '-'} | {r['step_compression']:.2f}x | "
-            f"{r['mean_accepted']:.2f} | {kept} | {r['drafter_forwards_per_image']:.0f} | {r['latency_ratio']:.2f}x | "
+            f"{r['tokens_per_forward']:.2f} | {kept} | {r['drafter_forwards_per_image']:.0f} | {r['latency_ratio']:.2f}x | "
             f"{100 * r['drafter_time_share']:.0f}% | {100 * r['class_accuracy']:.1f}% | {r['frechet']:.2f} | "
             f"{r['frechet_vs_ar']:.2f} |"
         )
@@ -363,13 +390,27 @@ def markdown(report: dict) -> str:
                            ("lantern_jacobi_by_delta", "LANTERN on Jacobi drafts, delta"),
                            ("zipar_by_lead", "ZipAR (2 rows of 3), lead")):
             lines.append(f"- {title}: " + ", ".join(f"{k}: {v:.4f}" for k, v in tv[key].items()))
+    if "dial" in report:
+        lines += dial_markdown(report["dial"])
     if "pareto" in report:
-        lines += ["", "| sweep point | step compression | mean accepted | class accuracy | Frechet (real) |",
+        lines += ["", "| sweep point | step compression | tokens per forward | class accuracy | Frechet (real) |",
                   "|---|---|---|---|---|"]
         for p in report["pareto"]:
-            lines.append(f"| {sweep_label(p)} | {p['step_compression']:.2f}x | {p['mean_accepted']:.2f} | "
+            lines.append(f"| {sweep_label(p)} | {p['step_compression']:.2f}x | {p['tokens_per_forward']:.2f} | "
                          f"{100 * p['class_accuracy']:.1f}% | {p['frechet']:.2f} |")
     return "\n".join(lines) + "\n"
+
+
+def dial_markdown(dial: dict) -> list[str]:
+    lines = ["", "The speed dial's candidates as measured here (speed_dial.py carries them; width: the most tokens a "
+                 "forward feeds per image; candidates of one distribution share its quality, the mean of their runs'):",
+                 "", "| candidate | width | step compression | class accuracy | "
+                 "Frechet (real) | latency ratio (CPU) |", "|---|---|---|---|---|---|"]
+    lines += [f"| {c['label']} | {c['width']} | {c['steps']:.2f}x | {c['accuracy']:.1f}% | {c['frechet']:.2f} | "
+              f"{c['cpu_speedup']:.2f}x |" for c in dial["candidates"]]
+    lines += ["", "The dial's picks from these numbers:", ""]
+    lines += [f"- {level}: {label}" for level, label in dial["picks"].items()]
+    return lines
 
 
 def sweep_label(point: dict) -> str:

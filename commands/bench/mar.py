@@ -39,8 +39,10 @@ class Row:
     cspd: CSpDSettings
 
 
-def rows_for(args, num_tokens: int) -> list[Row]:
-    base, cspd = replace(masked_settings_from(args), reuse=None), cspd_from(args)
+def rows_for(args, model) -> list[Row]:
+    """The bench's rows for ``model`` (a MAR): plain MAR at --num-iter (or the model's own steps) first."""
+    num_tokens = model.cfg.num_tokens
+    base, cspd = replace(masked_settings_from(args, model), reuse=None), cspd_from(args)
     rows = [Row("mar", "ar", base, cspd)]  # the baseline first: every ratio is against it
     steps = [int(k) for k in args.mar_steps.split(",") if k.strip()]
     rows += [Row(f"mar@{k}", "ar", replace(base, num_iter=k), cspd)
@@ -148,7 +150,7 @@ def run_mar_bench(args) -> dict:
     if models.ar.kind != "masked-ar":
         raise FastARError(f"bench --mar compares MAR decoders: {model_path} is {models.ar.what}; drop --mar to "
                           "bench a token model")
-    rows = rows_for(args, models.ar.cfg.num_tokens)
+    rows = rows_for(args, models.ar)
     judge = load_classifier(device=models.ar.device)
     num_classes = models.ar.cfg.num_classes
     labels = [i % num_classes for i in range(args.samples)]

@@ -315,26 +315,31 @@ def memory_needs(model, batches: list[int]) -> dict:
                             for b in batches}}
 
 
-def run_memory(args, dtype: torch.dtype) -> dict:
+MEMORY_DTYPE = "bf16"  # --memory's default: what a GPU computes in (README's table), whatever machine estimates it
+
+
+def run_memory(args) -> dict:
     """``--memory``: the estimate alone, the model built on no device (any size, on any machine)."""
     if args.model:
         raise FastARError("--memory estimates a shape (--shape); a checkpoint's profile reports its memory")
-    needs = memory_needs(target(args, torch.device("meta"), dtype), args.batches)
+    dtype = args.dtype or MEMORY_DTYPE
+    said = dtype if args.dtype else f"{dtype}, as a GPU runs it: --dtype for another"
+    needs = memory_needs(target(args, torch.device("meta"), DTYPES[dtype]), args.batches)
     caches = needs["kv_cache_gb"]
     cache = ("KV cache with CFG " + ", ".join(f"batch {b}: {gb:.2f} GB" for b, gb in caches.items())
              + "; total " + ", ".join(f"batch {b}: {needs['weights_gb'] + gb:.2f} GB" for b, gb in caches.items())
              if any(caches.values()) else "no KV cache (MAR's steps are bidirectional)")
-    print(f"[profile] {args.shape} ({args.dtype}, weights {args.weights}): weights {needs['weights_gb']:.2f} GB; "
+    print(f"[profile] {args.shape} ({said}; weights {args.weights}): weights {needs['weights_gb']:.2f} GB; "
           f"{cache}", flush=True)
-    return {"shape": args.shape, "dtype": args.dtype, "weights": args.weights, "memory": needs}
+    return {"shape": args.shape, "dtype": dtype, "weights": args.weights, "memory": needs}
 
 
 def run_profile(args) -> dict:
+    if args.memory:
+        return write_report(run_memory(args), args.out)
     device = resolve_device(args.device or "auto")
     args.dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
     dtype = DTYPES[args.dtype]
-    if args.memory:
-        return write_report(run_memory(args, dtype), args.out)
     timing = Timing(device, args.repeats)
     check_gpu_weights(args.gpu_weights, device)
     model = target(args, device if args.gpu_weights is None else torch.device("cpu"), dtype)

@@ -68,7 +68,8 @@ class EagleConfig:
     def from_json(cls, config: dict | None, source: str) -> "EagleConfig":
         if config is None:
             raise FastARError(f"{source} looks like an EAGLE drafter but has no config.json beside its weights: "
-                              "keep the drafter's folder whole (config.json + weights), or re-download it")
+                              "keep the drafter's folder whole (config.json + weights), or re-download it (FastAR's "
+                              "docs/models.md lists the drafters)")
         missing = [k for k in CONFIG_KEYS if k not in config]
         if missing:
             raise FastARError(f"{source}: its config.json lacks {', '.join(missing)}: it is not an EAGLE drafter "

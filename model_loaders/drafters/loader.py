@@ -61,7 +61,8 @@ def read_drafter(path, target, device, dtype, weights: str = "auto"):
     if family is None or FAMILY_KIND[family] != AR_MODEL:
         what = f"{FAMILY_WHAT[family]} ({family})" if family else f"no model FastAR knows (keys {sample_keys(sd)})"
         raise FastARError(f"{info.source} is {what}, not a drafter: pick an EAGLE drafter folder (config.json + "
-                          "fc/embed_tokens weights) or a smaller LlamaGen GPT trained on the target's VQ codes")
+                          "fc/embed_tokens weights) or a smaller LlamaGen GPT trained on the target's VQ codes "
+                          "(FastAR's docs/models.md lists the drafters of each model)")
     if not isinstance(target, LlamaGenGPT):
         raise FastARError(f"{info.source} is {FAMILY_WHAT[family]}: small-model drafters serve LlamaGen targets; "
                           f"for {target.what} pick its EAGLE drafter (LANTERN's release), or decode with sjd or gsd")

@@ -138,7 +138,7 @@ def load_janus(sd, *, info: CheckpointInfo, image_size: int | None = None, devic
     config, folder = info.config or {}, info.folder
     if folder is None or not config:
         raise FastARError(f"{info.source}: a Janus model is read from its Hugging Face folder (config.json, "
-                          "weights, tokenizer files): pick the folder, not a single file")
+                          "weights, tokenizer files): pick the folder, not a single file (FastAR's docs/models.md)")
     tokenizer = load_tokenizer(folder, info.source)
     weights = internal_names(sd)
     llm = llm_settings(config)
@@ -160,7 +160,8 @@ def load_janus(sd, *, info: CheckpointInfo, image_size: int | None = None, devic
     if pad is None:
         raise FastARError(f"{info.source}: no pad token found (generation_config.json, tokenizer_config.json, "
                           f"special_tokens_map.json, or {DEEPSEEK_PAD} in tokenizer.json), which CFG's unconditional "
-                          "prompt is made of: copy all of the model's json files from its release into the folder")
+                          "prompt is made of: copy all of the model's json files from its release into the folder "
+                          "(FastAR's docs/models.md)")
     bos_name = special_token(folder, "bos_token")
     cfg = JanusConfig(
         decoder=decoder, codes=shape_of(weights, "gen_embed.weight")[0], code_width=shape_of(weights, "gen_embed.weight")[1],

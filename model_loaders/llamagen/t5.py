@@ -17,7 +17,8 @@ CAPTION_TOKENS = 120
 TOKENIZER_FILES = ("tokenizer.json", "spiece.model")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
-FOLDER_HINT = "download the whole google/flan-t5-xl folder (config.json, tokenizer files, weights) and pick it"
+FOLDER_HINT = ("download the whole google/flan-t5-xl folder (config.json, tokenizer files, weights) and pick it; "
+               "FastAR's docs/models.md says where it goes")
 
 
 @dataclass

@@ -41,7 +41,7 @@ FOLDER_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json"
 FOLDER_SINGLE_FILES = ("model.safetensors", "pytorch_model.bin")
 
 MODELS_HINT = ("check the path (a checkpoint file or a model folder); in ComfyUI, models go in its models/fastar "
-               "folder")
+               "folder. FastAR's docs/models.md lists each model's files, where to get them and where they go")
 CORRUPT_HINT = "the file is truncated or corrupt: re-download it"
 
 AR_MODEL = "an AR model"
@@ -79,6 +79,27 @@ class CheckpointInfo:
             raise FastARError(f"{self.source}: its fastar_config metadata is not valid JSON ({e}); {CORRUPT_HINT}")
 
 
+    def fastar_defaults(self) -> dict:
+        """The model's own sampling defaults, its best measured settings, which FastAR writes into the safetensors
+        metadata of the models it makes (``fastar_defaults``: ``cfg``, ``num_iter``, ... by the command line's
+        names); empty for other checkpoints, which keep their release's defaults."""
+        text = self.metadata.get("fastar_defaults")
+        if text is None:
+            return {}
+        try:
+            defaults = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise FastARError(f"{self.source}: its fastar_defaults metadata is not valid JSON ({e}); {CORRUPT_HINT}")
+        unknown = set(defaults) - set(DEFAULT_SETTINGS) if isinstance(defaults, dict) else {"(not an object)"}
+        if unknown:
+            raise FastARError(f"{self.source}: its fastar_defaults metadata holds {', '.join(sorted(unknown))}, which no "
+                              f"FastAR setting is named ({', '.join(DEFAULT_SETTINGS)} are); {CORRUPT_HINT}")
+        return defaults
+
+
+DEFAULT_SETTINGS = ("cfg", "temperature", "top_k", "top_p", "num_iter", "diffusion_steps", "cfg_schedule")
+
+
 def read_state_dict(path) -> tuple[dict[str, torch.Tensor], CheckpointInfo]:
     """The weights of a checkpoint file or HF-style folder, cleaned, with what was saved beside them."""
     path = Path(path)
@@ -92,7 +113,7 @@ def read_state_dict(path) -> tuple[dict[str, torch.Tensor], CheckpointInfo]:
     if suffix not in WEIGHT_SUFFIXES:
         raise FastARError(
             f"{path.name}: unknown checkpoint type {path.suffix!r}; FastAR reads .safetensors, "
-            f"{'/'.join(PICKLE_SUFFIXES)} files and model folders"
+            f"{'/'.join(PICKLE_SUFFIXES)} files and model folders (docs/models.md lists each model's files)"
         )
     tensors = read_weights_file(path, info)
     return clean_state_dict(tensors, info.source), info
@@ -230,7 +251,7 @@ def folder_weight_files(folder: Path) -> list[Path]:
             missing = [p.name for p in shards if not p.is_file()]
             if missing:
                 raise FastARError(f"{folder.name}: {index_name} lists shards that are missing "
-                                  f"({', '.join(missing)}): download every shard of the model")
+                                  f"({', '.join(missing)}): download every shard of the model (docs/models.md)")
             return shards
     for name in FOLDER_SINGLE_FILES:
         if (folder / name).is_file():
@@ -363,7 +384,8 @@ def require_family(sd: Mapping[str, torch.Tensor], source: str, kind: str) -> st
         supported = ", ".join(f.name for f in FAMILIES)
         raise FastARError(
             f"{source} is not a model FastAR knows: its keys ({sample_keys(sd)}) match none of the supported "
-            f"families ({supported}). Check that you picked the right file"
+            f"families ({supported}). Check that you picked the right file: FastAR's docs/models.md lists the "
+            "supported releases and their files"
         )
     if FAMILY_KIND[family] != kind:
         raise FastARError(f"{source} is {FAMILY_WHAT[family]} ({family}), not {kind}: "

@@ -30,6 +30,11 @@ def demo_image_decoder(model_path) -> Path | None:
     return next((vq for model, vq in IMAGE_DECODERS.items() if model.resolve() == resolved), None)
 
 
-def is_demo_mar(path) -> bool:
-    """Whether ``path`` is the bundled demo MAR (CSpD then drafts with the demo draft by default)."""
-    return Path(path).resolve() == DEMO_MAR.resolve()
+DRAFTERS = {DEMO_AR: DEMO_DRAFTER, DEMO_MAR: DEMO_MAR_DRAFT}
+
+
+def demo_drafter(model_path) -> Path | None:
+    """The bundled drafter of a bundled model (the EAGLE head of the class demo, the draft MAR of the MAR demo); None
+    for any other model."""
+    resolved = Path(model_path).resolve()
+    return next((drafter for model, drafter in DRAFTERS.items() if model.resolve() == resolved), None)

@@ -30,7 +30,8 @@ def load_tokenizer(folder: Path, source: str):
     path = folder / "tokenizer.json"
     if not path.is_file():
         raise FastARError(f"{source} has no tokenizer.json: copy the model's tokenizer files (tokenizer.json, "
-                          "tokenizer_config.json) from its release into the folder; nothing is downloaded")
+                          "tokenizer_config.json) from its release into the folder; nothing is downloaded (FastAR's "
+                          "docs/models.md lists each release's files)")
     try:
         return Tokenizer.from_file(str(path))
     except Exception as e:  # noqa: BLE001 - the tokenizers library raises plain Exceptions for bad files

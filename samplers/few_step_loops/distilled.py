@@ -119,10 +119,24 @@ def dd_decode(student, labels: torch.Tensor, noise: torch.Tensor, codebook: torc
         if on_iteration is not None:
             on_iteration(step + 1, len(settings.schedule), x)
     watch.lap("forward")
-    stats = DecodeStats(decoder="dd", grid=tuple(student.grid), batch=B,
+    stats = DecodeStats(decoder="dd", grid=tuple(student.grid), batch=B, tokens=N,
                         target_forwards=len(settings.schedule) + teacher_forwards,
+                        baseline=f"its teacher's {student.teacher_sampler[0]}",
+                        baseline_forwards=student.teacher_sampler[1],
+                        fixed_per_forward=[[n] * B for n in fixed_per_forward(settings, N, teacher_forwards)],
                         settings={"steps": settings.steps, "t2": settings.t2, "split": settings.split,
                                   "regenerate": settings.regenerate, "teacher_forwards": teacher_forwards,
                                   "teacher_sampler": list(student.teacher_sampler)})
+    stats.fixed_at = [[forward for forward, n in enumerate(stats.fixed_per_forward, 1) for _ in range(n[0])]] * B
     stats.wall_time_s = stats.forward_time_s = watch.elapsed()
     return x, stats
+
+
+def fixed_per_forward(settings: DDSettings, tokens: int, teacher_forwards: int) -> list[int]:
+    """The tokens each forward leaves for good, in raster order: the first step its first t2 (all of them in one
+    step), the second the rest; with the hybrid, the first step only the codes the teacher keeps, the teacher
+    one token per forward up to t2."""
+    if settings.steps == 1:
+        return [tokens]
+    kept = settings.t2 if settings.regenerate is None else settings.regenerate
+    return [kept, *[1] * teacher_forwards, tokens - settings.t2]

@@ -65,7 +65,8 @@ def next_scale_decode(model, vqvae, conditioning, sampling: SamplingSettings, *,
     session = model.start(conditioning, cfg=sampling.cfg_scale != 0.0)
     f_hat = torch.zeros(B, model.cfg.channels, *model.grid, device=model.device)
     inputs, done = None, 0
-    stats = DecodeStats(decoder=name, grid=tuple(model.grid), batch=B,
+    stats = DecodeStats(decoder=name, grid=tuple(model.grid), batch=B, tokens=total, baseline_forwards=S,
+                        baseline="VAR's sampler (one forward per scale)",
                         settings={"model_kind": model.kind, "patch_nums": list(patch_nums), **asdict(sampling)})
     for scale, pn in enumerate(patch_nums):
         out = session.forward(scale, inputs)
@@ -75,11 +76,11 @@ def next_scale_decode(model, vqvae, conditioning, sampling: SamplingSettings, *,
             scale_codes.append(codes)
         f_hat, inputs = vqvae.next_input(f_hat, codes.to(vqvae.device), scale, patch_nums)
         stats.target_forwards += 1
-        stats.accepted_per_iteration.append([pn * pn] * B)
+        stats.fixed_per_forward.append([pn * pn] * B)
         done += pn * pn
         watch.lap("forward")
         if on_iteration is not None:
             on_iteration(done, total, f_hat)
-    stats.fixed_at = [[S] * stats.num_tokens for _ in range(B)]  # every final-grid token is settled by the last scale
+    stats.fixed_at = [[scale + 1 for scale, pn in enumerate(patch_nums) for _ in range(pn * pn)]] * B
     stats.wall_time_s, stats.forward_time_s = watch.elapsed(), watch.totals.get("forward", 0.0)
     return f_hat, stats

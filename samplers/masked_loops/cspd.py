@@ -37,7 +37,7 @@ from ...errors import FastARError, check_choice
 from ...model_loaders.mar.diffusion import ReverseStep
 from ...model_loaders.mar.loader import check_mar_draft
 from .continuous_acceptance import Relaxation, accept, sample_residual
-from .masked import Canvas, Guide, MaskedSettings, Plan, at, mask_schedule, record_work, row_index
+from .masked import Canvas, Guide, MaskedSettings, Plan, at, mask_schedule, record_work, row_index, token_steps
 from ..stats import DecodeStats, Stopwatch
 from ..token_loops.verifier import ProgressFn, finish
 
@@ -99,14 +99,14 @@ class CSpDRun:
         self.draft = Guide(draft, conditioning, settings, like=self.target)
         self.canvas = Canvas(target, B)
         self.stats = DecodeStats(decoder=cspd.decoder + ("" if settings.reuse is None else "+reuse"),
-                                 grid=tuple(target.grid), batch=B,
+                                 grid=tuple(target.grid), batch=B, baseline_forwards=self.plan.token_steps,
+                                 baseline=f"plain MAR at {settings.num_iter} steps",
                                  settings={"model_kind": target.kind, **asdict(settings), **asdict(cspd)})
         self.counts: list[torch.Tensor] = []
         self.accepted = torch.zeros((), dtype=torch.long, device=target.device)
         # the target's cache under reuse (merged mode): its calls so far, how many it makes, what it has not seen
         self.target_calls, self.target_fresh = 0, None
-        merged = merged_schedule(target.cfg.num_tokens, settings, cspd)
-        self.target_schedule = sum(after < before for before, after in zip(merged, merged[1:]))  # steps with tokens
+        self.target_schedule = token_steps(merged_schedule(target.cfg.num_tokens, settings, cspd))
 
     def target_conditions(self, known_count: int, needed: torch.Tensor):
         """The target's condition vectors for one context, the verified one, for a call predicting ``needed``:

@@ -96,6 +96,12 @@ class Trajectories:
         return cls(start, noise)
 
 
+def token_steps(masked: list[int]) -> int:
+    """The steps of a mask schedule that predict tokens (a clamped one can leave a step none): a plain run's
+    forwards."""
+    return sum(after < before for before, after in zip(masked, masked[1:]))
+
+
 @dataclass
 class Plan:
     """What every model of one generation shares: the random order per image, the mask schedule and the
@@ -121,6 +127,10 @@ class Plan:
     @property
     def num_tokens(self) -> int:
         return self.masked[0]
+
+    @property
+    def token_steps(self) -> int:
+        return token_steps(self.masked)
 
     def known_before(self, step: int) -> int:
         """Tokens every row knows before ``step``."""
@@ -279,7 +289,9 @@ def masked_decode(model, conditioning, settings: MaskedSettings, *, generator,
     plan = Plan.draw(model, settings, B, generator, schedule)
     guide = Guide(model, conditioning, settings)
     name = "ar" if settings.reuse is None else "ar+reuse"  # reuse is relaxed: never shown as lossless
-    stats = DecodeStats(decoder=name, grid=tuple(model.grid), batch=B, settings={"model_kind": model.kind, **asdict(settings)})
+    stats = DecodeStats(decoder=name, grid=tuple(model.grid), batch=B, baseline_forwards=plan.token_steps,
+                        baseline=f"plain MAR at {settings.num_iter} steps",
+                        settings={"model_kind": model.kind, **asdict(settings)})
     canvas = Canvas(model, B)
     counts, fresh = [], None
     for step in range(plan.num_steps):

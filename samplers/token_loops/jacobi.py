@@ -52,8 +52,8 @@ def ar_decode(model, conditioning, sampling: SamplingSettings, *, generator, on_
         if on_iteration is not None and i > 0:
             on_iteration(i + 1, N, seq)
     watch.lap("forward")
-    fixed_at = torch.arange(N).expand(B, N)
-    finish(stats, watch, [ones] * (N - 1), fixed_at, N)
+    fixed_at = (torch.arange(N) - max(fixed - 1, 0)).clamp(min=0).expand(B, N)  # a prefix is given, not fixed
+    finish(stats, watch, [ones] * stats.target_forwards, fixed_at, N)
     return seq, stats
 
 
@@ -103,7 +103,7 @@ def jacobi_decode(
 
         if rows.done(n):
             break
-    finish(stats, watch, fixed_counts, buffer.fixed_at, N)
+    finish(stats, watch, fixed_counts, buffer.fixed_at, N, buffer.tally)
     return buffer.tokens().clone(), stats
 
 

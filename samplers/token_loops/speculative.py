@@ -80,7 +80,7 @@ def speculative_decode(
 
         if rows.done(n):
             break
-    finish(stats, watch, fixed_counts, buffer.fixed_at, N)
+    finish(stats, watch, fixed_counts, buffer.fixed_at, N, buffer.tally)
     return buffer.tokens().clone(), stats
 
 

@@ -29,11 +29,12 @@ class TokenBuffer:
     seq: torch.Tensor  # [B, N + L + 1]
     fixed_at: torch.Tensor  # iteration that fixed each token
     num_tokens: int
+    tally: "DraftTally"
 
     @classmethod
     def empty(cls, batch: int, num_tokens: int, drafts: int, device) -> "TokenBuffer":
         seq = torch.zeros(batch, num_tokens + drafts + 1, dtype=torch.long, device=device)
-        return cls(seq, torch.zeros_like(seq), num_tokens)
+        return cls(seq, torch.zeros_like(seq), num_tokens, DraftTally.empty(batch, device))
 
     @property
     def scratch(self) -> int:
@@ -43,22 +44,59 @@ class TokenBuffer:
         return self.seq[:, : self.num_tokens]
 
 
+@dataclass
+class DraftTally:
+    """Drafts judged and accepted per row, counted on the device (read once, when the generation ends)."""
+
+    judged: torch.Tensor  # [B]
+    accepted: torch.Tensor  # [B]
+
+    @classmethod
+    def empty(cls, batch: int, device) -> "DraftTally":
+        return cls(torch.zeros(batch, dtype=torch.long, device=device), torch.zeros(batch, dtype=torch.long, device=device))
+
+    def add(self, k: torch.Tensor, count: torch.Tensor, drafts: int, rows=None) -> None:
+        """One verification of ``drafts`` slots: ``k`` accepted and ``count`` fixed per window (verify_run), of
+        ``rows`` (default: every row). The rule judged the drafts up to the first rejected one, and none past
+        the window's room: min(count, drafts) of them."""
+        judged = torch.clamp(count, max=drafts)
+        if rows is None:
+            self.judged += judged
+            self.accepted += k
+        else:  # ZipAR: several windows per row
+            self.judged.index_add_(0, rows, judged)
+            self.accepted.index_add_(0, rows, k)
+
+
 def begin(model, conditioning, sampling: SamplingSettings, width: int, name: str, settings: dict, hidden=False):
     """Prefill; returns the session, the distribution of token 0 and fresh stats."""
     extra = {"hidden": True} if hidden else {}  # models without hidden states need not know the flag
     session = model.start(conditioning, cfg=sampling.use_cfg, max_window=width, **extra)
     p0 = probabilities(session.first, sampling)[:, 0]
-    stats = DecodeStats(decoder=name, grid=tuple(model.grid), batch=conditioning.batch, settings=settings)
+    tokens = model.grid[0] * model.grid[1]  # plain AR draws token 0 from the prefill, then one per forward
+    stats = DecodeStats(decoder=name, grid=tuple(model.grid), batch=conditioning.batch, baseline="plain AR",
+                        baseline_forwards=tokens - 1,
+                        settings=settings)
     return session, p0, stats
 
 
-def finish(stats: DecodeStats, watch: Stopwatch, fixed_counts: list, fixed_at: torch.Tensor, n_tokens: int):
+def finish(stats: DecodeStats, watch: Stopwatch, fixed_counts: list, fixed_at: torch.Tensor, n_tokens: int,
+           tally: DraftTally | None = None):
+    """The generation's statistics, read from the device once: times, the tokens each forward fixed (``fixed_counts``:
+    [B] per forward), the forward that fixed each token, and the drafts ``tally`` counted."""
     stats.wall_time_s = watch.elapsed()
     stats.setup_time_s = watch.totals.get("setup", 0.0)
     stats.forward_time_s = watch.totals.get("forward", 0.0)
     stats.verify_time_s = watch.totals.get("verify", 0.0)
     stats.drafter_time_s = watch.totals.get("draft", 0.0)
-    stats.accepted_per_iteration = torch.stack(fixed_counts).tolist() if fixed_counts else []
+    counts = torch.stack(fixed_counts) if fixed_counts else fixed_at.new_zeros(0, fixed_at.shape[0])
+    if tally is not None:  # read with the counts: one read
+        counts = torch.cat([counts, tally.judged[None].to(counts.device), tally.accepted[None].to(counts.device)])
+    rows = counts.tolist()
+    if tally is not None:
+        *rows, judged, accepted = rows
+        stats.drafted_tokens, stats.accepted_tokens = sum(judged), sum(accepted)
+    stats.fixed_per_forward = rows
     stats.fixed_at = fixed_at[:, :n_tokens].tolist()
 
 
@@ -117,6 +155,7 @@ def verify_window(rule, out, p, sampling, q, x, n, buffer: TokenBuffer, iteratio
     slots = torch.arange(L + 1, device=p.device)
     judged = rule.judged_target(out, sampling, p)  # what the rule compares (p itself but for greedy LANTERN)
     k, run, count = verify_run(rule, judged, p, q, x, N - n, generator)
+    buffer.tally.add(k, count, L)
     target = torch.where(slots < count.unsqueeze(1), n.unsqueeze(1) + slots, buffer.scratch)
     buffer.seq.scatter_(1, target, run)
     buffer.fixed_at.scatter_(1, target, torch.zeros_like(target) + iteration)  # an int, or a 0-d tensor

@@ -35,7 +35,7 @@ from .acceptance import ExactRule
 from .drafts import DraftSource
 from ..processing import SamplingSettings, probabilities, sample
 from ..stats import Stopwatch
-from .verifier import ProgressFn, begin, finish, verify_run
+from .verifier import DraftTally, ProgressFn, begin, finish, verify_run
 
 
 def fixing_time(rows: torch.Tensor, cols: torch.Tensor, width: int, lead: int) -> torch.Tensor:
@@ -183,6 +183,7 @@ def zipar_decode(model, conditioning, sampling: SamplingSettings, *, generator, 
     bucket = bound if runs_compiled(session.forward_at) else None
     seq = torch.zeros(B, N + 1, dtype=torch.long, device=dev)  # one spare column: targets past a row's end
     fixed_at = torch.zeros(B, N + 1, dtype=torch.long, device=dev)
+    tally = DraftTally.empty(B, dev)
     seq[:, 0] = sample(p0, generator)
     plan.fixed[:, 0] = 1
     drafts = torch.zeros(B, h, L, dtype=torch.long, device=dev)  # each row's carried drafts and their q
@@ -217,7 +218,8 @@ def zipar_decode(model, conditioning, sampling: SamplingSettings, *, generator, 
         at = (first.unsqueeze(1) + slots.clamp(max=room.unsqueeze(1) - 1))  # past the room: any slot of the window
         p_stream = p[sb.unsqueeze(1), at]  # [S, L+1, V]
         x, q = drafts[sb, sr], q_drafts[sb, sr]
-        _, run, count = verify_run(rule, rule.judged_target(None, sampling, p_stream), p_stream, q, x, room, generator)
+        k, run, count = verify_run(rule, rule.judged_target(None, sampling, p_stream), p_stream, q, x, room, generator)
+        tally.add(k, count, L, rows=sb)
         positions = (sr * w + sc).unsqueeze(1) + slots
         write = torch.where(slots < count.unsqueeze(1), positions, N)
         seq[sb.unsqueeze(1), write] = run
@@ -234,5 +236,5 @@ def zipar_decode(model, conditioning, sampling: SamplingSettings, *, generator, 
         watch.lap("verify")
         if on_iteration is not None:
             on_iteration(int(plan.fixed.sum(1).min()), N, seq[:, :N])
-    finish(stats, watch, fixed_counts, fixed_at, N)
+    finish(stats, watch, fixed_counts, fixed_at, N, tally)
     return seq[:, :N].clone(), stats

@@ -1,11 +1,12 @@
 """A real browser on the real web UI: headless Debian Chromium (driven by Playwright from
 tools/comfyui/browser.py, no browser download) opens ComfyUI, picks the demo workflow in the template
 browser, presses Run, and the run succeeds with the stats shown on the node; every workflow is saved with
-nodes at least as large as the frontend makes them. The screenshots stay in the test's temporary folder
-(printed) as the CI artifact."""
+nodes at least as large as the frontend makes them; the template browser lists the bundled demos first. The
+screenshots stay in the test's temporary folder (printed) as the CI artifact."""
 import json
 import shutil
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -27,9 +28,11 @@ def browser_ready() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(browser_ready() is not None, reason=str(browser_ready()))
+needs_browser = pytest.mark.skipif(browser_ready() is not None, reason=str(browser_ready()))
+MODEL_FILE_ENDINGS = (".safetensors", ".pt", ".pth", ".ckpt", "/")  # a loader's file, or folder, as a widget value
 
 
+@needs_browser
 @pytest.mark.parametrize("workflow", ["fastar_demo_sjd", "fastar_demo_lantern_compare"])
 def test_workflow_from_template_browser_runs_in_chromium(comfy, tmp_path, workflow):
     comfy.free_memory()  # a real run, not a cached one
@@ -57,14 +60,19 @@ def test_workflow_from_template_browser_runs_in_chromium(comfy, tmp_path, workfl
         shutil.copy(screenshot, artifacts / screenshot.name)
 
 
+@needs_browser
 def test_workflows_save_nodes_at_least_as_large_as_the_frontend_makes_them(comfy, object_info):
-    """After each workflow loads, the page reports each node's LGraphNode.computeSize(): no node is saved smaller
-    (a smaller node hides its last widgets), and workflows.py's height estimate is at least the frontend's."""
+    """After each workflow loads, the page reports each node's LGraphNode.computeSize(), in the frontend's Arial as
+    this machine draws it and in DejaVu Sans, what Chromium draws for Arial on a machine without an Arial-wide font:
+    no node is saved smaller (a smaller node clips its title or hides its last widgets), and workflows.py's height
+    estimate is at least the frontend's."""
     result = subprocess.run(
         [str(harness.python()), str(ROOT / "tools" / "comfyui" / "browser.py"), "sizes", "--url", comfy.url,
          "--workflow", *map(str, WORKFLOWS)], capture_output=True, text=True, timeout=420)
     assert result.returncode == 0 and result.stdout.strip(), result.stderr[-3000:]
-    computed = json.loads(result.stdout.strip().splitlines()[-1])["computed_sizes"]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert "DejaVu Sans" in report["fonts"], f"measured in {report['fonts']}: apt-get install fonts-dejavu-core"
+    computed = report["computed_sizes"]
     too_small, underestimated = [], []
     for path in WORKFLOWS:
         for node in json.loads(path.read_text())["nodes"]:
@@ -75,3 +83,35 @@ def test_workflows_save_nodes_at_least_as_large_as_the_frontend_makes_them(comfy
                 underestimated.append((node["type"], node_height(object_info[node["type"]]), height))
     assert not too_small
     assert not underestimated
+
+
+def model_files(workflow: Path) -> set[str]:
+    return {value for node in json.loads(workflow.read_text())["nodes"] for value in node.get("widgets_values", [])
+            if isinstance(value, str) and value.endswith(MODEL_FILE_ENDINGS)}
+
+
+def test_the_template_browser_lists_the_bundled_demos_first():
+    """ComfyUI lists a pack's workflows in the order its server finds the files (the folder's order on disk: by name
+    on Windows) and, sorted Alphabetical, by name: the names put the workflows that run on the bundled demo files,
+    each named fastar_demo_*, before those that need a download."""
+    bundled = {path.stem: all((ROOT / "demo" / name).exists() for name in model_files(path)) for path in WORKFLOWS}
+    assert all(model_files(path) for path in WORKFLOWS)
+    assert all(demo == name.startswith("fastar_demo_") for name, demo in bundled.items()), bundled
+    names = sorted(bundled)
+    assert names == sorted(names, key=lambda name: not bundled[name]), names
+
+
+@needs_browser
+def test_the_template_browser_gets_the_demos_first_whatever_order_the_server_lists(comfy):
+    """The server lists a pack's workflows in the order it meets the files (the disk's hash order on Linux, a set's
+    in newer ComfyUI): web/js/fastar_templates.js reorders FastAR's list, demos first, each group by name."""
+    served = json.loads(urllib.request.urlopen(f"{comfy.url}/workflow_templates", timeout=30).read())
+    result = subprocess.run([str(harness.python()), str(ROOT / "tools" / "comfyui" / "browser.py"), "templates",
+                             "--url", comfy.url], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    shown = json.loads(result.stdout.strip().splitlines()[-1])["templates"]
+    pack = next(name for name, workflows in served.items() if "fastar_demo_sjd" in workflows)
+    demos = sorted(name for name in served[pack] if name.startswith("fastar_demo_"))
+    assert shown[pack] == demos + sorted(set(served[pack]) - set(demos))
+    assert {name: sorted(workflows) for name, workflows in shown.items() if name != pack} == \
+        {name: sorted(workflows) for name, workflows in served.items() if name != pack}  # the others as they came

@@ -39,13 +39,12 @@ def executed(comfy, prompt) -> tuple[list, str]:
 def test_dd_student_runs_in_two_forwards_and_repeats_by_seed(comfy):
     prompt = dd_prompt()
     first, text = executed(comfy, prompt)
-    assert text.startswith("DD (relaxed") and "model forwards: 2 (AR needs 255)" in text
-    assert "mean accepted" not in text
+    assert text.startswith("DD (relaxed") and "in 2 forwards; its teacher's AR takes 255: 127.50x fewer steps" in text
     assert len(first) == 2 and first[0].shape == (128, 128, 3)  # 16x16 codes through the stand-in VQ (8 px each)
     assert not np.array_equal(first[0], first[1])  # each row its own noise
     prompt["4"]["inputs"]["steps"] = 1  # ComfyUI keeps the last run's outputs only: the next run samples again
     one_step, text = executed(comfy, prompt)
-    assert "model forwards: 1 (AR needs 255)" in text and not np.array_equal(first[0], one_step[0])
+    assert "in 1 forward; its teacher's AR takes 255" in text and not np.array_equal(first[0], one_step[0])
     prompt["4"]["inputs"]["steps"] = 2
     again, _ = executed(comfy, prompt)
     assert all(np.array_equal(a, b) for a, b in zip(first, again))
@@ -79,7 +78,7 @@ def test_dd_hybrid_lets_the_teacher_resample_between_the_steps(comfy):
     plain, _ = executed(comfy, dd_prompt(model="demo_dd.safetensors", vq=DEMO_VQ, batch=1))
     hybrid, text = executed(comfy, hybrid_prompt())
     assert "DD steps: 2 + 40 teacher forwards (the teacher resampled tokens 40..79)" in text
-    assert "model forwards: 42 (AR needs 255)" in text
+    assert "in 42 forwards; its teacher's AR takes 255" in text
     assert not np.array_equal(plain[0], hybrid[0])  # the teacher's tokens 40..79 change the image
     error = failed(comfy, hybrid_prompt(steps=1))
     assert "set steps to 2, or disconnect the teacher" in error["exception_message"]

@@ -24,7 +24,7 @@ def test_demo_command_writes_images_and_stats(comfy_env, models, tmp_path):
     images = sorted(tmp_path.glob("demo_*.png"))
     assert len(images) == 4 and Image.open(images[0]).size == (128, 128)
     stats = json.loads((tmp_path / "stats.json").read_text())
-    assert stats["decoder"] == "sjd" and stats["tokens"] == [256] * 4 and stats["target_forwards"] < 255
+    assert stats["decoder"] == "sjd" and stats["tokens"] == 256 and stats["batch"] == 4 and stats["target_forwards"] < 255
     assert "http://127.0.0.1:" in result.stderr and "--keep-running" in result.stderr
 
 

@@ -11,7 +11,7 @@ def test_workflows_run_with_offloading_and_no_cache(comfy_env, models, drafters,
     with harness.Server(tmp_path / "base", model_folders=[models], drafter_folders=[drafters],
                         extra_args=["--disable-smart-memory", "--cache-none"]) as server:
         info = server.object_info()
-        for name in ("fastar_compare_ar_sjd_gsd", "fastar_llamagen_t2i", "fastar_demo_sjd",
+        for name in ("fastar_demo_compare_ar_sjd_gsd", "fastar_llamagen_t2i", "fastar_demo_sjd",
                      "fastar_demo_lantern_compare", "fastar_llamagen_t2i_lantern"):
             entry = server.run(workflow_prompt(name, info))
             assert entry["status"]["status_str"] == "success", (name, harness.execution_error(entry))

@@ -1,8 +1,11 @@
 """Runs through the real ComfyUI's HTTP API: every example workflow, same seed twice, progress with live
 previews, cancel, and errors (rejected at validation, or an execution error carrying FastAR's message)."""
 import io
+import os
 import random
+import shutil
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -55,10 +58,10 @@ def test_folder_with_a_pt_of_any_name_is_listed_and_runs_at_the_chosen_image_siz
 
 
 def test_compare_workflow_measures_speedup_against_ar(comfy, object_info):
-    entry = comfy.run(workflow_prompt("fastar_compare_ar_sjd_gsd", object_info))
+    entry = comfy.run(workflow_prompt("fastar_demo_compare_ar_sjd_gsd", object_info))
     texts = sorted(out["text"][0] for out in entry["outputs"].values() if "text" in out)
     assert [t.split(" ")[0] for t in texts] == ["AR", "GSD", "SJD"]
-    assert "model forwards: 255" in texts[0]
+    assert "of 256 tokens in 255 forwards" in texts[0]
     assert all("speed-up vs AR (measured)" in t for t in texts[1:])
 
 
@@ -67,7 +70,7 @@ def test_zipar_workflow_runs_rows_side_by_side(comfy, object_info):
     assert entry["status"]["status_str"] == "success", harness.execution_error(entry)
     texts = sorted(out["text"][0] for out in entry["outputs"].values() if "text" in out)
     assert [t.split(" ")[0] for t in texts] == ["AR", "ZIPAR", "ZIPAR-SJD"]
-    assert "model forwards: 87" in texts[1]  # 16 x 16 tokens at lead 4: 2 x 16 - 1 + 14 x 4
+    assert "in 87 forwards; plain AR takes 255: 2.93x fewer steps" in texts[1]  # at lead 4: 2 x 16 - 1 + 14 x 4
     assert all("speed-up vs AR (measured)" in t for t in texts[1:])
 
 
@@ -170,7 +173,7 @@ def test_an_8_bit_copy_loads_in_its_format_and_draws_what_quantising_at_load_dra
 
 
 def test_progress_and_live_previews_arrive_while_decoding(comfy, object_info, events):
-    prompt = workflow_prompt("fastar_compare_ar_sjd_gsd", object_info)
+    prompt = workflow_prompt("fastar_demo_compare_ar_sjd_gsd", object_info)
     node_of(prompt, "FastARSamplerAR")["inputs"]["seed"] = 99  # not cached
     answer = comfy.queue(prompt)
     entry = comfy.wait(answer["prompt_id"])
@@ -237,11 +240,27 @@ def test_interrupt_during_a_first_compile_stops_promptly_and_the_next_run_works(
 # -- errors ----------------------------------------------------------------------------------------
 
 
-def rejected(comfy, prompt) -> str:
+def errors_of(answer: dict) -> list[tuple[str, str, str]]:
+    """(node type, input, message) of every error in ComfyUI's answer to a prompt."""
+    return [(node["class_type"], e["extra_info"].get("input_name"), f"{e['message']}: {e['details']}")
+            for node in answer["node_errors"].values() for e in node["errors"]]
+
+
+def rejection(comfy, prompt) -> list[tuple[str, str, str]]:
     answer = comfy.queue(prompt)
     assert "prompt_id" not in answer, "the prompt was accepted"
-    return " | ".join(f"{e['message']}: {e['details']}" for node in answer["node_errors"].values()
-                      for e in node["errors"])
+    return errors_of(answer)
+
+
+def rejected(comfy, prompt) -> str:
+    return " | ".join(message for _, _, message in rejection(comfy, prompt))
+
+
+def rejected_on(comfy, prompt, node: str, field: str) -> str:
+    """The message of a prompt refused before the run, with one error only, on ``field`` of the ``node`` type."""
+    errors = rejection(comfy, prompt)
+    assert [(kind, name) for kind, name, _ in errors] == [(node, field)], errors
+    return errors[0][2]
 
 
 def demo(object_info):
@@ -253,25 +272,78 @@ def demo(object_info):
     ("FastARSamplerSJD", "cfg", -1.0, "Value -1.0 smaller than min of 0.0"),  # ComfyUI's own range check
     ("FastARSamplerSJD", "cfg", "strong", "Failed to convert an input value to a FLOAT value"),
     ("FastARSamplerSJD", "top_p", "most", "Failed to convert an input value to a FLOAT value"),
-    ("FastARLoadModel", "image_size", "1000", "unknown image size '1000'"),
-    ("FastARLoadModel", "compile", "always", "unknown compile setting 'always': choose one of auto, on, off"),
-    ("FastARLoadModel", "weight_dtype", "nf4", "unknown weight_dtype 'nf4': choose one of auto, int8, fp8"),
     ("FastARSamplerSJD", "window", 1, "smaller than min of 2"),
     ("FastARSamplerSJD", "batch", 0, "smaller than min of 1"),
-    ("FastARSamplerSJD", "init", "diagonal", "unknown initialisation 'diagonal'"),
-    ("FastARSamplerSJD", "coupling", "none", "unknown coupling 'none'"),
-    ("FastARLoadModel", "dtype", "fp8", "unknown dtype 'fp8'"),
-    ("FastARClassLabel", "class_name", "unicorn", "unknown class 'unicorn'"),
-    ("FastARClassLabel", "class_name", "(use index)", "give an index of 0 or more"),
-    ("FastARClassLabel", "index", 5, "both a class"),
     ("FastARLoadModel", "model_name", "demo_vq.safetensors", "is an image decoder (load it with FastAR Load Image Decoder)"),
     ("FastARLoadModel", "model_name", "missing.safetensors", "put it in ComfyUI's models/fastar folder"),
     ("FastARLoadVQ", "vq_name", "demo_c2i.safetensors", "is an AR model"),
 ])
-def test_bad_widget_values_are_rejected_before_the_run(comfy, object_info, node, field, value, message):
+def test_bad_widget_values_are_rejected_before_the_run_once_on_their_input(comfy, object_info, node, field, value,
+                                                                           message):
     prompt = demo(object_info)
     node_of(prompt, node)["inputs"][field] = value
+    assert message in rejected_on(comfy, prompt, node, field)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("class_name", "unicorn", "unknown class 'unicorn'"),
+    ("class_name", "(use index)", "give an index of 0 or more"),
+    ("index", 5, "both a class"),
+])
+def test_bad_class_label_is_rejected_before_the_run(comfy, object_info, field, value, message):
+    prompt = demo(object_info)
+    node_of(prompt, "FastARClassLabel")["inputs"][field] = value
     assert message in rejected(comfy, prompt)
+
+
+def assert_refused_choice(comfy, prompt, node: str, field: str, message: str) -> None:
+    """A value outside an input's list: ComfyUI versions that check V3 lists refuse it before the run, on that
+    input alone; ComfyUI 0.3.75 checks none, and the node refuses it with FastAR's message when it runs."""
+    answer = comfy.queue(prompt)
+    if "prompt_id" not in answer:
+        assert {(kind, name) for kind, name, _ in errors_of(answer)} == {(node, field)}, answer
+        return
+    error = harness.execution_error(comfy.wait(answer["prompt_id"]))
+    assert error is not None, "the run did not fail"
+    assert error["node_type"] == node and message in error["exception_message"], error
+
+
+@pytest.mark.parametrize("node,field,value,message", [
+    ("FastARLoadModel", "image_size", "1000", "unknown image size '1000'"),
+    ("FastARLoadModel", "compile", "always", "unknown compile setting 'always': choose one of auto, on, off"),
+    ("FastARLoadModel", "weight_dtype", "nf4", "unknown weight_dtype 'nf4': choose one of auto, int8, fp8"),
+    ("FastARLoadModel", "dtype", "fp8", "unknown dtype 'fp8'"),
+    ("FastARSamplerSJD", "init", "diagonal", "unknown initialisation 'diagonal'"),
+    ("FastARSamplerSJD", "coupling", "none", "unknown coupling 'none'"),
+])
+def test_a_value_outside_a_list_is_refused_on_its_input_or_when_its_node_runs(comfy, object_info, node, field,
+                                                                              value, message):
+    prompt = demo(object_info)
+    node_of(prompt, node)["inputs"][field] = value
+    assert_refused_choice(comfy, prompt, node, field, message)
+
+
+@pytest.fixture
+def elsewhere(tmp_path, models) -> Path:
+    """A real model folder and file outside the model folders, where a shared workflow could point."""
+    from standins import HF_FOLDER
+
+    shutil.copytree(models / HF_FOLDER, tmp_path / "model")
+    shutil.copy(models / HF_FOLDER / "model.safetensors", tmp_path / "model.safetensors")
+    return tmp_path
+
+
+@pytest.mark.parametrize("entry", ["model/", "model.safetensors"])
+@pytest.mark.parametrize("absolute", [False, True], ids=["dot-dot", "absolute"])
+def test_a_model_name_that_leaves_the_model_folders_is_refused_on_its_input(comfy, object_info, models, elsewhere,
+                                                                           entry, absolute):
+    target = elsewhere / entry
+    name = (str(target) if absolute else os.path.relpath(target, models)) + ("/" if entry.endswith("/") else "")
+    prompt = demo(object_info)
+    node_of(prompt, "FastARLoadModel")["inputs"]["model_name"] = name
+    assert (f"model_name '{name}' leaves ComfyUI's model folders, and FastAR reads models only from them: pick an "
+            "entry of the list, or put it in ComfyUI's models/fastar folder") in \
+        rejected_on(comfy, prompt, "FastARLoadModel", "model_name")
 
 
 def failed(comfy, prompt) -> dict:
@@ -325,13 +397,23 @@ def test_text_conditioning_on_a_class_model_gives_fastar_message(comfy, object_i
 
 @pytest.mark.parametrize("folder,message", [
     ("flan-t5-missing/", "no FLAN-T5 folder named 'flan-t5-missing/' in the model folders: put it in ComfyUI's "
-                         "models/fastar folder"),
+                         "models/fastar or models/text_encoders folder (or a fastar: or text_encoders: path"),
     ("demo_text/", "demo_text is no FLAN-T5 folder"),
+    ("../flan-t5-xl/", "t5_folder '../flan-t5-xl/' leaves ComfyUI's model folders"),
 ])
-def test_t5_folder_that_is_missing_or_not_t5_is_rejected_before_the_run(comfy, object_info, folder, message):
+def test_t5_folder_that_is_missing_or_not_t5_is_rejected_before_the_run_on_its_input(comfy, object_info, folder,
+                                                                                     message):
     prompt = workflow_prompt("fastar_llamagen_t2i", object_info)
     node_of(prompt, "FastARTextConditioning")["inputs"]["t5_folder"] = folder
-    assert message in rejected(comfy, prompt)
+    assert message in rejected_on(comfy, prompt, "FastARTextConditioning", "t5_folder")
+
+
+def test_an_empty_prompt_stops_the_run_with_fastar_message(comfy, object_info):
+    prompt = workflow_prompt("fastar_llamagen_t2i", object_info)
+    node_of(prompt, "FastARTextConditioning")["inputs"]["prompt"] = "  "
+    error = failed(comfy, prompt)
+    assert error["node_type"] == "FastARTextConditioning"
+    assert "the prompt is empty: describe the image to draw" in error["exception_message"]
 
 
 def test_label_made_for_another_model_gives_fastar_message(comfy, object_info):

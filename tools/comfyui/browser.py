@@ -5,6 +5,7 @@ or report the size the frontend computes for each node of workflows.
     python tools/comfyui/browser.py run --url URL --workflow workflows/x.json --screenshot out.png
     python tools/comfyui/browser.py thumbnail --url URL --workflow workflows/x.json --out workflows/x.jpg
     python tools/comfyui/browser.py sizes --url URL --workflow workflows/x.json [workflows/y.json ...]
+    python tools/comfyui/browser.py templates --url URL
 
 Runs under .comfyui/venv (which has playwright). Prints one JSON line with what happened; exits non-zero
 when the run did not succeed.
@@ -196,24 +197,48 @@ def command_run(args) -> int:
     return 0 if outcome["result"] == "execution_success" else 1
 
 
-# What the frontend makes each node at least (LiteGraph's LGraphNode.computeSize), by node id
-COMPUTED_SIZES = "() => Object.fromEntries(window.app.graph._nodes.map(n => [n.id, Array.from(n.computeSize())]))"
+# LiteGraph measures a node's title and labels in its NODE_FONT, Arial: Arial's widths on Windows and macOS and in
+# Liberation Sans (fonts-liberation, which Debian's chromium recommends), but where no Arial-wide font is installed
+# Chromium draws DejaVu Sans, about 13% wider: a node sized for Arial clips its title there.
+WIDE_FONTS = ["DejaVu Sans"]
+# What the frontend makes each node at least (LiteGraph's LGraphNode.computeSize), by node id: the larger of its
+# sizes in the frontend's font and in each of the wide fonts this machine has (a font it lacks is not measured)
+COMPUTED_SIZES = """
+(wide) => {
+  const lg = window.LiteGraph, own = lg.NODE_FONT, probe = "Acceptance map: AR (baseline)";
+  const width = (font) => { const c = document.createElement("canvas").getContext("2d");
+                            c.font = `14px ${font}`; return c.measureText(probe).width; };
+  // an installed font measures apart from the generic fonts it would fall back to
+  const measured = [own, ...wide.filter(f => ["monospace", "serif"].some(g => width(`"${f}", ${g}`) !== width(g)))];
+  const sizes = {};
+  for (const font of measured) {
+    lg.NODE_FONT = font;
+    for (const n of window.app.graph._nodes) {
+      const [w, h] = n.computeSize(), [wasW, wasH] = sizes[n.id] ?? [0, 0];
+      sizes[n.id] = [Math.max(w, wasW), Math.max(h, wasH)];
+    }
+  }
+  lg.NODE_FONT = own;
+  return {sizes, fonts: measured};
+}
+"""
 
 
 def command_sizes(args) -> int:
     from playwright.sync_api import sync_playwright
 
-    sizes = {}
+    sizes, fonts = {}, []
     with sync_playwright() as p:
         browser, page = open_ui(p, args.url)
         try:
             close_dialogs(page)
             for workflow in args.workflow:
                 load_workflow(page, workflow)
-                sizes[workflow.stem] = page.evaluate(COMPUTED_SIZES)
+                computed = page.evaluate(COMPUTED_SIZES, WIDE_FONTS)
+                sizes[workflow.stem], fonts = computed["sizes"], computed["fonts"]
         finally:
             browser.close()
-    print(json.dumps({"computed_sizes": sizes}))
+    print(json.dumps({"computed_sizes": sizes, "fonts": fonts}))
     return 0
 
 
@@ -244,6 +269,23 @@ def command_thumbnail(args) -> int:
     return 0
 
 
+TEMPLATES = "async () => await (window.comfyAPI?.api?.api ?? window.app.api).getWorkflowTemplates()"
+
+
+def command_templates(args) -> int:
+    """The custom packs' example workflows as the template browser gets them (the frontend's own call)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser, page = open_ui(p, args.url)
+        try:
+            templates = page.evaluate(TEMPLATES)
+        finally:
+            browser.close()
+    print(json.dumps({"templates": templates}))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -260,8 +302,11 @@ def main(argv=None) -> int:
     sizes = sub.add_parser("sizes")
     sizes.add_argument("--url", required=True)
     sizes.add_argument("--workflow", type=Path, nargs="+", required=True)
+    sub.add_parser("templates").add_argument("--url", required=True)
     args = parser.parse_args(argv)
-    return {"run": command_run, "thumbnail": command_thumbnail, "sizes": command_sizes}[args.command](args)
+    commands = {"run": command_run, "thumbnail": command_thumbnail, "sizes": command_sizes,
+                "templates": command_templates}
+    return commands[args.command](args)
 
 
 if __name__ == "__main__":

@@ -215,8 +215,8 @@ def compare(info) -> dict:
         "token). SJD is lossless (same distribution as AR, but a given seed gives a different image). "
         "GSD is relaxed: it trades fidelity for speed; group 1 is exactly SJD.\n\nThe SJD and GSD "
         "stats take the AR stats as baseline and show the measured speed-up.",
-        [("FastARSamplerSJD", "SJD (lossless)", [16, "random", "independent"]),
-         ("FastARSamplerGSD", "GSD (relaxed)", [16, "random", "independent", 10, 0.15, 0.5])])
+        [("FastARSamplerSJD", "SJD (lossless)", sampler_widgets(seed=3) + [16, "random", "independent"]),
+         ("FastARSamplerGSD", "GSD (relaxed)", sampler_widgets(seed=3) + [16, "random", "independent", 10, 0.15, 0.5])])
 
 
 def demo_zipar_compare(info) -> dict:
@@ -227,26 +227,39 @@ def demo_zipar_compare(info) -> dict:
         "side by side. It is relaxed: a token sees the rows above only `lead` columns ahead of it (lead = the image's width in "
         "tokens is plain AR). row_window 2 or more adds Jacobi drafts inside each row, verified exactly within "
         "what ZipAR shows each token.\n\nThe stats take the AR stats as baseline and show the measured speed-up.",
-        [("FastARSamplerZipAR", "ZipAR, lead 4", [4, 1]),
-         ("FastARSamplerZipAR", "ZipAR + drafts, lead 4", [4, 4])])
+        [("FastARSamplerZipAR", "ZipAR, lead 4", sampler_widgets(seed=3) + [4, 1]),
+         ("FastARSamplerZipAR", "ZipAR + drafts, lead 4", sampler_widgets(seed=3) + [4, 4])])
+
+
+def demo_speed_dial(info) -> dict:
+    return comparison(
+        info, "ring (demo 5)",
+        "FastAR Sampler: one node, one choice, how fast. It picks the decoder and its settings that measured best "
+        "for the model, its drafter (the demo's own) and this device, and its Stats say what it picked and why.\n\n"
+        "lossless samples exactly the model's distribution (on a CPU that is plain sampling: a window of tokens "
+        "costs more there than it saves); balanced is the fastest within 5 points of plain sampling's class "
+        "accuracy; fast within 10.\n\nEach Stats node takes the AR stats as baseline and shows the measured "
+        "speed-up.",
+        [("FastARSampler", f"FastAR Sampler, {speed}", [3, "fixed", speed, 1]) for speed in ("lossless", "balanced",
+                                                                                           "fast")])
 
 
 def comparison(info, label_name: str, note: str, rows: list) -> dict:
-    """Plain AR and each of ``rows`` (node kind, title, decoder widgets) on the demo model, same class and seed: the
-    image, the stats against AR's, the acceptance map."""
+    """Plain AR and each of ``rows`` (node kind, title, widgets) on the demo model, same class and seed: the image, the
+    stats against AR's, the acceptance map."""
     g = Graph(info)
     ar, vq = loaders(g, "demo_c2i.safetensors", "demo_vq.safetensors")
     label = fed_by_model(g, ar, "FastARClassLabel", below(vq), [label_name, -1])
     g.note(below(label), note, width=320, height=280)
     ar_stats = None
-    for i, (kind, title, extra) in enumerate([("FastARSamplerAR", "AR (baseline)", [])] + rows):
+    for i, (kind, title, widgets) in enumerate([("FastARSamplerAR", "AR (baseline)", sampler_widgets(seed=3))] + rows):
         y = i * 720  # room for the sampler's live preview
-        sampler = g.node(kind, (360, y), sampler_widgets(seed=3) + extra, title=f"Sampler: {title}")
+        sampler = g.node(kind, (360, y), widgets, title=f"Sampler: {title}")
         decode = g.node("FastARVQDecode", (720, y), [])
         image = g.node("PreviewImage", (1060, y), [], title=f"Image: {title}", width=300)
         stats = g.node("FastARStats", below(decode), [], title=f"Stats: {title}")
-        amap = g.node("FastARAcceptanceMap", (1380, y), [16])
-        amap_view = g.node("PreviewImage", below(amap), [], title=f"Acceptance map: {title}", width=300)
+        amap = g.node("FastARAcceptanceMap", (1380, y), [16], width=360)  # its view's title in DejaVu Sans too
+        amap_view = g.node("PreviewImage", below(amap), [], title=f"Acceptance map: {title}", width=360)
         wire_sampler(g, ar, vq, label, sampler, decode, stats)
         g.connect(decode, "image", image, "images")
         g.connect(sampler, "stats", amap, "stats")
@@ -255,7 +268,7 @@ def comparison(info, label_name: str, note: str, rows: list) -> dict:
             ar_stats = sampler
         else:
             g.connect(ar_stats, "stats", stats, "ar_baseline")
-        g.group(title, (340, y - 40, 1360, 700))
+        g.group(title, (340, y - 40, 1400, 700))
     return g.to_json()
 
 
@@ -636,9 +649,12 @@ def janus_pro(info) -> dict:
     return g.to_json()
 
 
+# a workflow on the bundled demo files alone is named fastar_demo_*, and every other name sorts after those: the
+# template browser, sorted by name, lists the demos first (tests/comfyui/test_comfyui_browser.py)
 WORKFLOWS = {
     "fastar_demo_sjd": demo_sjd,
-    "fastar_compare_ar_sjd_gsd": compare,
+    "fastar_demo_speed_dial": demo_speed_dial,
+    "fastar_demo_compare_ar_sjd_gsd": compare,
     "fastar_demo_zipar_compare": demo_zipar_compare,
     "fastar_llamagen_c2i": llamagen_c2i,
     "fastar_llamagen_t2i": llamagen_t2i,
@@ -655,7 +671,7 @@ WORKFLOWS = {
     "fastar_demo_text_compare": demo_text_compare,
     "fastar_lumina_mgpt_768": lumina_mgpt,
     "fastar_janus_pro": janus_pro,
-    "fastar_anole_lantern": anole_lantern,
+    "fastar_lantern_anole": anole_lantern,
 }
 
 
