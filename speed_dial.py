@@ -8,8 +8,9 @@ sampling's (lossless: exactly its distribution) and picks the fastest on this de
 - where a forward over a window costs about what a one-token forward does (a GPU: c(W) near 1 up to 32 tokens per
   image, as profiled on an H200), by step compression, among the candidates that feed at most 32 tokens per image
   and forward;
-- elsewhere (a CPU, where a 16-token window costs about two one-token forwards), by the measured CPU latency; a
-  Jacobi window must save more than it costs there, which is measured on the spot: c(W) on this device.
+- on a CPU, where a 16-token window costs about two one-token forwards, by the latency measured on a 2-core CPU;
+  a decoder less than MIN_GAIN faster there (SJD's windows, on that CPU) is not worth it.
+The pick depends on nothing timed at run time: the same settings always pick the same decoder.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ BOUNDS = {  # a level's quality bounds against plain sampling: class accuracy po
     "fast": (10.0, 3.0),
 }
 FLAT_WIDTH = 32  # tokens per image a GPU forward takes at about a one-token forward's cost (c(16) 1.02-1.12, H200)
-FLAT_COST = 1.3  # c(16) at or below it: this device prices windows as a GPU does
+FLAT_COST = 1.3  # c(16) at or below it: a machine prices windows as a GPU does (bench --dial's own picks)
 MIN_GAIN = 1.2  # faster than plain sampling by less is noise: one decoder's CPU latency ratio moves 0.05-0.1 a run
 
 
@@ -153,11 +154,11 @@ class Choice:
         return {"speed": self.speed, "picked": self.candidate.label, "why": self.why}
 
 
-def choose(model, speed: str, drafter=None, rows=None, codebook: bool = True, keep_steps: bool = False) -> Choice:
+def choose(model, speed: str, drafter=None, codebook: bool = True, keep_steps: bool = False) -> Choice:
     """The dial's pick for ``model`` (its kind and device) at ``speed``; ``drafter``: the connected drafter, if any;
-    ``rows``: the run's conditioning, to measure a window's cost with on devices where it is not flat; ``codebook``:
-    whether the image decoder's codebook is at hand (LANTERN's neighbours need it); ``keep_steps``: MAR's steps were
-    given, so the dial keeps them (and may still reuse features)."""
+    ``codebook``: whether the image decoder's codebook is at hand (LANTERN's neighbours need it); ``keep_steps``:
+    MAR's steps were given, so the dial keeps them (and may still reuse features). The same model, drafter, device
+    and speed always give the same pick."""
     check_choice("speed", speed, SPEEDS)
     kind = getattr(model, "kind", TOKEN_AR)
     candidates = [c for c in CANDIDATES[kind] if (drafter is not None or not c.drafter)
@@ -170,7 +171,7 @@ def choose(model, speed: str, drafter=None, rows=None, codebook: bool = True, ke
         admitted = [c for c in candidates if admits(speed, c, baseline)]
         best = max(admitted, key=lambda c: c.cpu_speedup)
         return Choice(speed, best, reason(speed, best, baseline, f"{best.cpu_speedup:.2f}x faster (2-core CPU)"))
-    return pick(candidates, speed, window_pricing(model, rows), str(model.device))
+    return pick(candidates, speed, device_pricing(model.device), str(model.device))
 
 
 def pick(candidates, speed: str, pricing: "WindowPricing", device: str) -> Choice:
@@ -178,12 +179,11 @@ def pick(candidates, speed: str, pricing: "WindowPricing", device: str) -> Choic
     where windows cost what ``pricing`` says; one less than MIN_GAIN faster than plain sampling is not worth it."""
     baseline = candidates[0]
     admitted = [c for c in candidates if admits(speed, c, baseline)]
-    measured = " (measured now)" if pricing.measured else ""
     if pricing.flat:
         fitting = [c for c in admitted if c.width <= FLAT_WIDTH]
         best = max(fitting, key=lambda c: c.steps)
-        where = (f"on {device} a forward of up to {FLAT_WIDTH} tokens per image costs about one of 1 token "
-                 f"(c(16) = {pricing.of(16):.2f}{measured}), so the most steps saved win")
+        where = (f"on {device} a forward of up to {FLAT_WIDTH} tokens per image costs about one of 1 token (as profiled "
+                 "on a GPU), so the most steps saved win")
         return Choice(speed, best, f"{where}: " + reason(speed, best, baseline, f"{best.steps:.2f}x fewer steps"))
 
     def here(c: Candidate) -> float:  # the CPU's measured speed-up, its windows priced as on this device
@@ -191,14 +191,16 @@ def pick(candidates, speed: str, pricing: "WindowPricing", device: str) -> Choic
 
     worth = [c for c in admitted if c is baseline or here(c) >= MIN_GAIN]
     best = max(worth, key=here)
-    where = (f"on {device} a 16-token forward costs {pricing.of(16):.2f} one-token forwards ("
-             + ("measured now; " if pricing.measured else "") + f"{CPU_PRICING.of(16):.2f} on the 2-core CPU the "
-             "latencies were measured on)")
+    where = (f"on {device} a 16-token forward costs {pricing.of(16):.2f} one-token forwards (measured here; "
+             f"{CPU_PRICING.of(16):.2f} on the 2-core CPU the latencies were measured on)" if pricing.measured else
+             f"on {device}, priced as the 2-core CPU the latencies were measured on (a 16-token forward costs "
+             f"{CPU_PRICING.of(16):.2f} one-token forwards there)")
     if best is baseline and speed == "lossless" and len(admitted) > 1:
         runner_up = max(admitted[1:], key=here)
         return Choice(speed, best, f"{where}, so {runner_up.label} would be only {here(runner_up):.2f}x faster than "
-                                   "plain sampling here: plain sampling is the pick")
-    return Choice(speed, best, f"{where}: " + reason(speed, best, baseline, f"about {here(best):.2f}x faster here"))
+                                   "plain sampling: plain sampling is the pick")
+    gain = f"about {here(best):.2f}x faster here" if pricing.measured else f"{best.cpu_speedup:.2f}x faster there"
+    return Choice(speed, best, f"{where}: " + reason(speed, best, baseline, gain))
 
 
 def admits(speed: str, candidate: Candidate, baseline: Candidate) -> bool:
@@ -248,21 +250,24 @@ PRICED_WIDTHS = (1, 5, 16, 32)
 GPU_PRICING = WindowPricing({1: 1.0, FLAT_WIDTH: 1.0}, flat=True, measured=False)  # compiled steps on an H200
 CPU_PRICING = WindowPricing({1: 1.0, 2: 1.21, 4: 1.37, 8: 1.55, 16: 1.85, 32: 2.46}, flat=False,  # bench --dial's
                             measured=False)  # 2-core CPU, where the candidates' latency ratios were measured
-PRICES: dict = {}  # (model, device, dtype) -> WindowPricing: measured once per process
+PRICES: dict = {}  # (model, device, dtype) -> WindowPricing measured for window_note, once per process
 
 
-def window_pricing(model, rows) -> WindowPricing:
-    """c(W) on this device: flat on CUDA (profiled); elsewhere measured on the spot with the run's conditioning
-    (``rows``), eagerly, a few forwards per width, once per model and process. Where it cannot be measured (compiled
-    steps, which would compile a graph per width; no conditioning), the 2-core CPU's, as profiled."""
-    if model.device.type == "cuda":
-        return GPU_PRICING
+def device_pricing(device) -> WindowPricing:
+    """What a window costs on ``device``, for the dial: a CPU's as profiled on the 2-core CPU the latencies were
+    measured on, any accelerator's flat (as profiled on a GPU). Never timed on the spot, where noise could change
+    the pick from one run to the next: the same settings give the same decoder, and so the same image."""
+    return CPU_PRICING if torch.device(device).type == "cpu" else GPU_PRICING
+
+
+def measured_pricing(model, rows) -> WindowPricing:
+    """c(W) on this very device, measured with the run's conditioning (``rows``), eagerly, a few forwards per width,
+    once per model and process; the profiled CPU's where that cannot be done without compiling a graph per width."""
+    if compiled_mode(model) is not None:
+        return CPU_PRICING
     key = (id(model), str(model.device), model.dtype)
     if key not in PRICES:
-        if rows is None or compiled_mode(model) is not None:
-            return CPU_PRICING
-        costs = window_costs(model, rows, PRICED_WIDTHS)
-        PRICES[key] = WindowPricing(costs, flat=costs[16] <= FLAT_COST)
+        PRICES[key] = WindowPricing(window_costs(model, rows, PRICED_WIDTHS), flat=False)
     return PRICES[key]
 
 
@@ -292,11 +297,9 @@ def window_costs(model, rows, widths, repeats: int = 3, cfg: bool = True) -> dic
 def window_note(model, spec: DecoderSpec, stats, rows) -> str | None:
     """For a Jacobi-window decoder picked by hand on a device where windows are not flat: one line on what a window
     costs here, and so what its fewer steps are worth."""
-    if spec.decoder not in ("sjd", "gsd", "lantern") or stats.drafter_forwards:  # one window per image
+    if spec.decoder not in ("sjd", "gsd", "lantern") or stats.drafter_forwards or device_pricing(model.device).flat:
         return None
-    pricing = window_pricing(model, rows)
-    if pricing.flat:
-        return None
+    pricing = measured_pricing(model, rows)  # one window per image: what it costs here, measured
     cost = pricing.of(spec.window)
     measured = "measured now" if pricing.measured else "as on a 2-core CPU"
     return (f"on {model.device} a forward over {spec.window} tokens costs {cost:.2f} one-token forwards ({measured}), "

@@ -109,7 +109,7 @@ def command_generate(args) -> int:
                                     t5_folder=args.t5)
     if args.reuse and args.decoder in (None, "auto"):  # --reuse is a pick: MAR's sampler with feature reuse
         args.decoder = "ar"
-    choice = dial(args, models, conditioning) if args.decoder in (None, "auto") else None
+    choice = dial(args, models) if args.decoder in (None, "auto") else None
     if not any(getattr(args, name, None) for name in OUTPUTS):  # said where when written
         args.out = str(DEFAULT_OUT / f"{Path(args.model or 'demo').stem}_{args.decoder}_seed{args.seed}.png")
     kept = kept_output(args, models)
@@ -135,10 +135,10 @@ def command_generate(args) -> int:
     return 0
 
 
-def dial(args, models, conditioning):
+def dial(args, models):
     """--decoder auto: the speed dial's pick for this model, drafter and device (speed_dial.py), said in one line;
     a drafter it does not use is let go. Steps given (--num-iter) are kept."""
-    choice = choose(models.ar, args.speed or "balanced", models.drafter, conditioning, codebook=models.vq is not None,
+    choice = choose(models.ar, args.speed or "balanced", models.drafter, codebook=models.vq is not None,
                     keep_steps=args.num_iter is not None)
     args.decoder = choice.decoder
     if not choice.candidate.drafter:

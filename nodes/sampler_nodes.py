@@ -768,7 +768,7 @@ class SamplerDial(io.ComfyNode):
         check_choice("speed", speed, SPEEDS)
         ar = model.module
         drafter = drafter or bundled_drafter(model)
-        choice = choose(ar, speed, drafter.drafter if drafter is not None else None, conditioning.rows,
+        choice = choose(ar, speed, drafter.drafter if drafter is not None else None,
                         codebook=vq is not None and vq.module.codebook() is not None)
         drafter = drafter if choice.candidate.drafter else None
         if ar.kind == FEW_STEP:

@@ -68,7 +68,7 @@ def test_generate_ar_and_cspd_write_images_latents_and_stats(files, tmp_path):
         r = fastar(*common, "--decoder", "cspd", "--drafter", files / "mar_draft.safetensors", "--gamma", 2,
                    "--cspd-verify", verify, "--stats-out", tmp_path / f"{verify}.json", cwd=tmp_path)
         assert r.returncode == 0, r.stderr
-        assert "in 4 forwards" in r.stdout and "drafter forwards" in r.stdout and "drafts kept" in r.stdout
+        assert re.search(r"in \d forwards", r.stdout) and "drafter forwards" in r.stdout and "drafts kept" in r.stdout
     r = fastar(*common, "--decoder", "cspd", "--drafter", files / "mar_draft.safetensors", "--gamma", 2, "--cspd-verify",
                "merged", "--reuse", "--reuse-start", 0.0, "--stats-out", tmp_path / "cspd_lazy.json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
