@@ -26,6 +26,7 @@ from .few_step_loops.flow_map import FlowMapSettings, NoiseToCode, token_noise
 from .masked_loops.masked import MaskedSettings, masked_decode
 from .few_step_loops.next_scale import next_scale_decode
 from .token_loops.speculative import DRAFTS, speculative_decode
+from .token_loops.trees import STATIC_SHAPES
 from .stats import Stopwatch
 from .token_loops.verifier import ProgressFn
 from .token_loops.zipar import ATTENTIONS as ZIPAR_ATTENTIONS, zipar_decode
@@ -104,6 +105,7 @@ class DecoderSpec:
     distance_threshold: float = 0.5  # GSD: keep members among the nearest this fraction of codes
     gamma: int = 4  # drafter: drafts per target forward
     drafts: str = "sampled"  # drafter: "sampled" from its q, or its "top" code (EAGLE-2's and LANTERN's reference's)
+    tree: str = "chain"  # drafter: "chain" (gamma drafts) or a static tree's name (trees.STATIC_SHAPES)
     lantern_k: int = 1000  # LANTERN: latent neighbours considered per draft (capped at the codebook size)
     lantern_delta: float = 0.1  # LANTERN: total-variation budget per token (0 = exact)
     flow_steps: int = FlowMapSettings.steps  # fm: solver steps of the flow-matching map
@@ -133,6 +135,7 @@ class DecoderSpec:
                               "speculative decoding)")
         check_choice("ZipAR attention", self.zipar_attention, ZIPAR_ATTENTIONS)
         check_choice("drafts", self.drafts, DRAFTS)
+        check_choice("draft tree", self.tree, ("chain", *STATIC_SHAPES))
         if self.zipar_lead < 1:
             raise FastARError(f"ZipAR lead {self.zipar_lead} is too small: a row starts once the row above has at "
                               "least 1 token (the grid's width or more: plain AR)")
@@ -246,7 +249,8 @@ def run_decoder(model, conditioning, sampling, spec, generator, on_iteration, dr
                             attention=spec.zipar_attention, name=spec.decoder, on_iteration=on_iteration, watch=watch)
     if drafter is not None:
         return speculative_decode(model, drafter, conditioning, sampling, generator=generator, gamma=spec.gamma,
-                                  drafts=spec.drafts, rule=rule, name=spec.decoder, on_iteration=on_iteration,
+                                  drafts=spec.drafts, tree=spec.tree, rule=rule, name=spec.decoder,
+                                  on_iteration=on_iteration,
                                   watch=watch)
     return jacobi_decode(
         model, conditioning, sampling, generator=generator, window=spec.window, init=spec.init,

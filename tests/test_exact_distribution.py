@@ -136,14 +136,15 @@ def test_lossless_decoders_are_exact_at_other_temperatures_and_with_top_p(name, 
 def untempered_draft(pick, noise, cond, uncond):
     """Broken: a draft sampled from the tempered q but recorded with the drafter's untempered distribution."""
     out = ModelOutput(cond, uncond)
-    q = probabilities(out, pick.pipeline)[:, 0]
-    return sample(q, noise), probabilities(out, SamplingSettings(cfg_scale=pick.pipeline.cfg_scale))[:, 0]
+    q = probabilities(out, pick.pipeline)
+    untempered = probabilities(out, SamplingSettings(cfg_scale=pick.pipeline.cfg_scale))
+    return sample(q, noise).unsqueeze(-1), untempered.unsqueeze(-2)
 
 
 def top_draft_recorded_as_drawn(pick, noise, cond, uncond):
     """Broken: the drafter's most likely code drafted, but recorded with the distribution q it was taken from."""
-    q = probabilities(ModelOutput(cond, uncond), pick.pipeline)[:, 0]
-    return q.argmax(-1), q
+    q = probabilities(ModelOutput(cond, uncond), pick.pipeline)
+    return q.argmax(-1, keepdim=True), q.unsqueeze(-2)
 
 
 @pytest.mark.parametrize("settings", [PLAIN, GUIDED], ids=["no-cfg-no-topk", "cfg-topk"])

@@ -4,7 +4,7 @@ import torch
 
 from fastar.errors import FastARError
 from fastar.model_loaders.shared.protocol import ModelOutput
-from fastar.samplers.token_loops.acceptance import ExactRule, GroupedRule, leading_accepts, positive_residual
+from fastar.samplers.token_loops.acceptance import ExactRule, GroupedRule, positive_residual
 from fastar.samplers.decoders import DecoderSpec, decode
 from fastar.samplers.processing import SamplingSettings, probabilities
 from tiny_llamagen import tiny_conditioning, tiny_model
@@ -56,11 +56,6 @@ def test_topk_and_topp_keep_ties_and_greedy_is_one_hot():
 def test_out_of_range_sampling_settings_are_refused(bad):
     with pytest.raises(FastARError):
         SamplingSettings(**bad).validate()
-
-
-def test_leading_accepts_stops_at_the_first_rejection():
-    accepted = torch.tensor([[1, 1, 0, 1], [0, 1, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
-    assert leading_accepts(accepted).tolist() == [2, 0, 4]
 
 
 def test_residual_removes_the_draft_mass_and_falls_back_when_equal():

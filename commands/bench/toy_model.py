@@ -41,6 +41,32 @@ class ToySession:
         self.cache[rows[inside], positions[inside]] = tokens[inside]
         return self._outputs(positions + 1)
 
+    def forward_tree(self, tokens, start, depth, ancestors, keys=None, first=0) -> ModelOutput:
+        """Nodes of a draft tree: a root fed goes into the cache; each node sees the cache up to the root and its
+        ancestors' tokens at their positions (the tokens of nodes fed before are remembered)."""
+        B, T = tokens.shape
+        A, N, rows = ancestors.shape[2], self.model.num_tokens, torch.arange(B)
+        if first <= 1:  # a new tree (its root fed now, or by the last chain forward)
+            self.tree_tokens = torch.zeros(B, A, dtype=torch.long)
+            self.tree_positions = torch.full((B, A), N)
+        self.tree_tokens[:, first:first + T] = tokens
+        self.tree_positions[:, first:first + T] = start.unsqueeze(1) + depth
+        if first == 0:
+            inside = start < N
+            self.cache[rows[inside], start[inside]] = tokens[inside, 0]
+        seen = self.cache[:, None, :].expand(B, T, N).clone()
+        for a in range(1, ancestors.shape[2]):  # node a's token at its position, for the nodes below it
+            below = ancestors[:, :, a].cpu() & (self.tree_positions[:, a:a + 1] < N)
+            b, t = below.nonzero(as_tuple=True)
+            seen[b, t, self.tree_positions[b, a]] = self.tree_tokens[b, a]
+        return self._outputs_seeing(seen, start.unsqueeze(1) + depth + 1)
+
+    def keep_path(self, start, path, accepted) -> None:
+        """The accepted nodes' tokens go into the cache at their positions."""
+        for j in range(path.shape[1]):
+            b = ((j < accepted) & (start + 1 + j < self.model.num_tokens)).nonzero().flatten()
+            self.cache[b, start[b] + 1 + j] = self.tree_tokens[b, path[b, j]]
+
     def forward_at(self, tokens, positions, visible, row_start) -> ModelOutput:
         """ZipAR's feeds: a position the feed does not see reads as code 0; the fed token (or a row start's
         stand-in) stands at its own position."""

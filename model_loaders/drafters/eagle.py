@@ -32,7 +32,7 @@ from torch import nn
 from ...errors import FastARError
 from ..llamagen.model import rope_2d_table, rope_attention
 from ..shared.compiled import BoundStep, compiled_function, following_mode
-from ..shared.transformer import KVCache, RMSNorm, attention_mask
+from ..shared.transformer import KVCache, RMSNorm, attention_mask, tree_mask
 from ..shared.llm_decoder import MLP, DecoderConfig, DecoderLayer, rope_tables
 from ..shared.protocol import ModelOutput
 
@@ -178,8 +178,9 @@ class EagleDrafter:
         self.head, self.target = head, target
 
     @torch.no_grad()
-    def start(self, conditioning, *, cfg: bool, max_window: int, target_session) -> "EagleSession":
-        return EagleSession(self, target_session, batch=conditioning.batch, cfg=cfg, max_window=max_window)
+    def start(self, conditioning, *, cfg: bool, max_window: int, target_session, tree_nodes: int = 0) -> "EagleSession":
+        return EagleSession(self, target_session, batch=conditioning.batch, cfg=cfg,
+                            max_window=max(max_window, tree_nodes + 1))
 
     # -- the target family's geometry (LlamaGen) ---------------------------------------------------
     def replayed_prefix(self, target_session, rows: int, offset: int):
@@ -284,6 +285,24 @@ class EagleSession:
         last = self._rows((n - target_start - 2).clamp(0, width - 1))  # row n-1 predicts token n
         feature = features.gather(1, last.view(-1, 1, 1).expand(-1, 1, features.shape[-1]))
         return feature, self._output(feature)
+
+    @torch.no_grad()
+    def grow(self, tokens, start, depth, ancestors, parent, first: int) -> ModelOutput:
+        """Nodes of a draft tree (``DrafterSession.grow``): each row pairs its node's token with its parent's output
+        feature (the root's: the catch-up's), written at the slot of position start + node, at its own position's
+        RoPE, seeing the rows up to the root and its ancestors' rows."""
+        if first <= 1:  # a new tree: its root's feature is the catch-up's
+            self.node_features = self.feature.new_zeros(self.feature.shape[0], ancestors.shape[2], self.feature.shape[2])
+            self.node_features[:, :1] = self.feature
+        rows = self._rows
+        parent_feature = self.node_features.gather(1, rows(parent).unsqueeze(-1).expand(-1, -1, self.feature.shape[-1]))
+        root = rows(start) + self.offset
+        slots = (root[:, None] + first + torch.arange(tokens.shape[1], device=tokens.device)).clamp(max=self.total_slots - 1)
+        mask = tree_mask(root, rows(ancestors), self.prefix_valid, self.total_slots)
+        features = self.head(self.drafter.token_ids(rows(tokens)), parent_feature, self.rope(root[:, None] + rows(depth)),
+                             mask, self.cache, slots)
+        self.node_features[:, first:first + tokens.shape[1]] = features
+        return self._output(features)
 
     def stepped(self, tokens, position, feature):
         """The feature and output after one drafted token at ``position``."""

@@ -2,7 +2,8 @@
 
 Works over any token-AR model: it keeps its own prefilled session (same conditioning, same CFG rows) and
 re-feeds the last ``max_window`` fixed tokens at each catch-up, which always covers what the previous
-iteration fixed (at most gamma + 1 tokens), so no per-row bookkeeping of its cache is needed.
+iteration fixed (at most gamma + 1 tokens, or a tree's depth + 1), so no per-row bookkeeping of its cache is
+needed: a tree's nodes, grown in the slots after the root, are overwritten by the next catch-up.
 """
 from __future__ import annotations
 
@@ -26,10 +27,12 @@ class SmallARDrafter:
     def grid(self) -> tuple[int, int]:
         return tuple(self.model.grid)
 
-    def start(self, conditioning, *, cfg: bool, max_window: int, target_session=None) -> "SmallARDraftSession":
+    def start(self, conditioning, *, cfg: bool, max_window: int, target_session=None,
+              tree_nodes: int = 0) -> "SmallARDraftSession":
         """A draft session; its steps compiled when ``target_session``'s are (compiled.py)."""
         compile_like(self.model, target_session)
-        return SmallARDraftSession(self.model.start(conditioning, cfg=cfg, max_window=max_window), max_window)
+        session = self.model.start(conditioning, cfg=cfg, max_window=max(max_window, tree_nodes + 1))
+        return SmallARDraftSession(session, max_window)
 
 
 class SmallARDraftSession:
@@ -44,3 +47,6 @@ class SmallARDraftSession:
 
     def step(self, tokens: torch.Tensor, position: torch.Tensor) -> ModelOutput:
         return self.session.forward(tokens, position)
+
+    def grow(self, tokens, start, depth, ancestors, parent, first: int) -> ModelOutput:
+        return self.session.forward_tree(tokens, start, depth, ancestors, first=first)

@@ -19,7 +19,8 @@ from torch import nn
 
 from ..shared.protocol import CaptionConditioning, ClassConditioning, ModelOutput
 from ..shared.compiled_session import padded_slots
-from ..shared.transformer import KVCache, RMSNorm, attended_slots, attention_mask, feed_mask, sees_itself
+from ..shared.transformer import (KVCache, move_path, RMSNorm, attended_slots, attention_mask, feed_mask, sees_itself,
+                                  tree_mask)
 
 
 def find_multiple(n: int, k: int) -> int:
@@ -323,6 +324,24 @@ class LlamaGenSession:
         slots = self.cond_len + start[:, None] + torch.arange(width, device=tokens.device)
         slots = slots.clamp(max=self.total_slots - 1)
         return self._output(self._run(self.model.tok_embeddings(tokens), slots, keys))
+
+    @torch.no_grad()
+    def forward_tree(self, tokens: torch.Tensor, start: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,
+                     keys: torch.Tensor | None = None, first: int = 0) -> ModelOutput:
+        """See ``TokenARSession.forward_tree``: node m is written at the slot of position start + m, at the RoPE
+        of its own position start + depth[m]."""
+        if self.cfg:
+            tokens, start, depth, ancestors = (torch.cat([t, t]) for t in (tokens, start, depth, ancestors))
+        root = self.cond_len + start
+        slots = root[:, None] + first + torch.arange(tokens.shape[1], device=tokens.device)
+        mask = tree_mask(root, ancestors, self.cond_valid, self.total_slots if keys is None else keys.shape[0])
+        hidden = self.model.run_layers(self.model.tok_embeddings(tokens), self.rope[root[:, None] + depth], mask,
+                                       self.caches, slots)
+        return self._output(hidden)
+
+    def keep_path(self, start: torch.Tensor, path: torch.Tensor, accepted: torch.Tensor) -> None:
+        """See ``TokenARSession.keep_path``."""
+        move_path(self.caches, self.cond_len + start, path, accepted, self.cfg)
 
     @torch.no_grad()
     def forward_at(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,

@@ -23,8 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .transformer import KVCache, RMSNorm, attended_slots, attention_mask, feed_mask, sees_itself
+from .transformer import (KVCache, RMSNorm, attended_slots, attention_mask, feed_mask, move_path, sees_itself,
+                          tree_mask)
 from .compiled_session import padded_prefix_len, padded_slots
+from ...errors import FastARError
 from .protocol import ModelOutput
 
 QK_NORM_EPS = 1e-5
@@ -301,6 +303,26 @@ class LayoutSession:
         h = torch.where((source >= 0)[..., None], images, self.model.backbone.embed_tokens(others).to(images.dtype))
         hidden = self._run(h, slots.clamp(max=self.total_slots - 1), keys=keys)
         return self._output(hidden.gather(1, out[..., None].expand(-1, -1, hidden.shape[-1])))
+
+    @torch.no_grad()
+    def forward_tree(self, tokens: torch.Tensor, start: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,
+                     keys: torch.Tensor | None = None, first: int = 0) -> ModelOutput:
+        """See ``TokenARSession.forward_tree``: node m is written at the slot of image position start + m, at the
+        RoPE of its own position start + depth[m]."""
+        if self.rows_ends:
+            raise FastARError("draft trees need a layout without row-end tokens (Lumina-mGPT has them): use chains "
+                              "(--tree chain) with this model")
+        if self.cfg:
+            tokens, start, depth, ancestors = (torch.cat([t, t]) for t in (tokens, start, depth, ancestors))
+        root = self.image_slot(start)
+        slots = root[:, None] + first + torch.arange(tokens.shape[1], device=tokens.device)
+        mask = tree_mask(root, ancestors, self.valid, self.total_slots if keys is None else keys.shape[0])
+        hidden = self._run(self.model.embed_images(tokens), slots, mask, root[:, None] + depth)
+        return self._output(hidden)
+
+    def keep_path(self, start: torch.Tensor, path: torch.Tensor, accepted: torch.Tensor) -> None:
+        """See ``TokenARSession.keep_path``."""
+        move_path(self.caches, self.image_slot(start), path, accepted, self.cfg)
 
     @torch.no_grad()
     def forward_at(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,

@@ -24,11 +24,15 @@ class ModelOutput:
 
     def pick(self, slot: torch.Tensor) -> "ModelOutput":
         """One output slot per row (``slot`` [B]), keeping the window dimension: ``[B, 1, ...]``."""
+        return self.take(slot.unsqueeze(1))
+
+    def take(self, slots: torch.Tensor) -> "ModelOutput":
+        """Output slots ``slots`` [B, J] of each row: ``[B, J, ...]`` (a draft tree's accepted path)."""
         def take(t):
             if t is None:
                 return None
-            index = slot.repeat(t.shape[0] // slot.shape[0])  # uncond / hidden rows follow the cond rows
-            return t.gather(1, index.view(-1, 1, 1).expand(-1, 1, t.shape[-1]))
+            index = slots.repeat(t.shape[0] // slots.shape[0], 1)  # uncond / hidden rows follow the cond rows
+            return t.gather(1, index.unsqueeze(-1).expand(-1, -1, t.shape[-1]))
 
         return ModelOutput(take(self.cond), take(self.uncond), take(self.hidden))
 
@@ -82,6 +86,21 @@ class TokenARSession(Protocol):
         ``start[b] + j + 1``. Rows may be at different positions; positions past the last image
         token are scratch (their outputs are meaningless and must be ignored). ``keys``: what
         ``key_slots`` gave for this forward (None: attend over the whole cache)."""
+        ...
+
+    def forward_tree(self, tokens: torch.Tensor, start: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,
+                     keys: Optional[torch.Tensor] = None, first: int = 0) -> ModelOutput:
+        """Feed nodes ``first`` .. ``first + T - 1`` of a draft tree per row (optional: speculative decoding on trees
+        needs it; node 0 is the root, at image position ``start[b]``): ``tokens[b, t]`` as image token
+        ``start[b] + depth[b, t]``, seeing the positions up to the root and the nodes ``ancestors[b, t]`` [B, T, A]
+        marks (its ancestors and itself, fed now or by an earlier call for this tree); output t predicts the token
+        after its node. Node m takes the cache slot of position start + m (a chain's own slots), so a later forward
+        overwrites it; ``keep_path`` moves the accepted nodes into place first."""
+        ...
+
+    def keep_path(self, start: torch.Tensor, path: torch.Tensor, accepted: torch.Tensor) -> None:
+        """After ``forward_tree`` from ``start``: the nodes ``path[b, j]`` (the accepted node at depth j + 1) for
+        j < ``accepted[b]`` take the cache slots of their positions, start + 1 + j."""
         ...
 
     def key_slots(self, horizon: int) -> Optional[torch.Tensor]:
@@ -145,6 +164,13 @@ class DrafterSession(Protocol):
         Positions past the last image token are scratch."""
         ...
 
+    def grow(self, tokens: torch.Tensor, start: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,
+             parent: torch.Tensor, first: int) -> ModelOutput:
+        """Feed nodes ``first`` .. of a draft tree whose root (node 0, image token ``start``) the last ``catch_up``
+        fed, as ``TokenARSession.forward_tree`` does; ``parent`` [B, T] is each node's parent (fed before it).
+        Predicts each node's children: ``[B, T, V]``."""
+        ...
+
 
 class Drafter(Protocol):
     """Proposes draft tokens in the target's code space (a smaller AR model, an EAGLE-style head)."""
@@ -152,7 +178,10 @@ class Drafter(Protocol):
     name: str
     needs_target_hidden: bool  # the target session must be started with hidden=True
 
-    def start(self, conditioning, *, cfg: bool, max_window: int, target_session: TokenARSession) -> DrafterSession:
+    def start(self, conditioning, *, cfg: bool, max_window: int, target_session: TokenARSession,
+              tree_nodes: int = 0) -> DrafterSession:
+        """A session fixing at most ``max_window`` tokens per iteration, growing trees of ``tree_nodes`` drafts (0:
+        chains, fed by ``step``)."""
         ...
 
 

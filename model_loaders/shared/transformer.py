@@ -42,6 +42,12 @@ class KVCache:
         self.v[self.row_index, :, slots] = v
         return self.k[:, :, :keys], self.v[:, :, :keys]
 
+    def move(self, source: torch.Tensor, target: torch.Tensor) -> None:
+        """Copy each row's slots ``source`` [R, J] to its slots ``target`` [R, J] (a draft tree's accepted path into
+        the slots of its positions); every source is read before anything is written."""
+        self.k[self.row_index, :, target] = self.k[self.row_index, :, source]
+        self.v[self.row_index, :, target] = self.v[self.row_index, :, source]
+
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
 
@@ -70,6 +76,31 @@ def attention_mask(query_slots: torch.Tensor, cond_valid: torch.Tensor, total_sl
     causal = slots[None, None, :] <= query_slots[:, :, None]
     visible = (causal & key_valid[:, None, :]) | (slots[None, None, :] == query_slots[:, :, None])
     return visible[:, None]
+
+
+def tree_mask(root_slots: torch.Tensor, ancestors: torch.Tensor, key_valid: torch.Tensor, keys: int) -> torch.Tensor:
+    """``[R, 1, T, S]`` for T nodes of draft trees whose node a sits at slot ``root_slots`` [R] + a: causal up to the
+    root's slot (padded prefix slots hidden, as ``attention_mask``), then the nodes ``ancestors`` [R, T, A] marks
+    (each node's ancestors and itself)."""
+    R, T, A = ancestors.shape
+    mask = attention_mask(root_slots[:, None].expand(R, T), key_valid, keys)[:, 0]
+    node_slots = root_slots[:, None, None] + torch.arange(A, device=root_slots.device)
+    tree = torch.zeros(R, T, keys, dtype=torch.bool, device=root_slots.device)
+    tree.scatter_(2, node_slots.expand(R, T, A), ancestors)
+    return (mask | tree)[:, None]
+
+
+def move_path(caches, root_slots: torch.Tensor, path: torch.Tensor, accepted: torch.Tensor, cfg: bool) -> None:
+    """After a draft tree fed from ``root_slots`` [B] on (node m at root slot + m): the accepted ``path`` [B, D]
+    (node index per depth) moves into the slots of its positions, root slot + 1 + depth, in every cache (CFG's
+    rows too). Nodes past ``accepted`` [B] stay where they are."""
+    if cfg:
+        root_slots, path, accepted = (torch.cat([t, t]) for t in (root_slots, path, accepted))
+    depth = torch.arange(1, path.shape[1] + 1, device=path.device)
+    source = root_slots[:, None] + torch.where(depth <= accepted[:, None], path, depth)
+    target = root_slots[:, None] + depth
+    for cache in caches:
+        cache.move(source, target)
 
 
 def feed_mask(write_slots, visible, image_slots, prefix_valid, total_slots, layout_slots=None, layout_follows=None):

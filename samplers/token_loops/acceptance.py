@@ -24,11 +24,6 @@ def at(dist: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return dist.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def leading_accepts(accepted: torch.Tensor) -> torch.Tensor:
-    """``[B, L]`` bool -> ``[B]``: how many slots are accepted before the first rejection."""
-    return accepted.to(torch.int32).cumprod(-1).sum(-1).long()
-
-
 def positive_residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """``norm([p - q]_+)``; falls back to ``p`` where p == q (a rejection there has probability 0)."""
     residual = (p - q).clamp_min(0.0)

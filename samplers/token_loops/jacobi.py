@@ -20,7 +20,7 @@ from .drafts import DraftSource
 from .loop_step import LoopStep
 from ..processing import SamplingSettings, current_watch, probabilities, sample
 from ..stats import Stopwatch
-from .verifier import ProgressFn, RowProgress, TokenBuffer, WindowVerifier, begin, finish
+from .verifier import ProgressFn, RowProgress, TokenBuffer, WindowVerifier, begin, chain_of, finish
 
 DrawFn = Callable[[torch.Tensor, int], torch.Tensor]  # (distributions [B, V], position) -> codes [B]
 
@@ -90,7 +90,8 @@ def jacobi_decode(
     x, q = drafts.initial(buffer.seq, n, torch.zeros_like(n), p0)
     iteration = torch.zeros((), dtype=torch.long, device=dev)  # on the device: no copy from the host per iteration
 
-    after_forward = LoopStep(JacobiIteration(rule, sampling, buffer, current_watch(), drafts), session, generator)
+    after_forward = LoopStep(JacobiIteration(rule, sampling, buffer, current_watch(), chain_of(L, dev), drafts), session,
+                             generator)
     rows, fixed_counts = RowProgress(buffer, on_iteration, dev), []
     while True:
         inputs = torch.cat([buffer.seq.gather(1, (n - 1).unsqueeze(1)), x], dim=1)
@@ -116,7 +117,7 @@ class JacobiIteration(WindowVerifier):
 
     def body(self, noise, cond, uncond, x, q, n, iteration):
         iteration = iteration + 1
-        p, k, count = self.verify(noise, cond, uncond, q, x, n, iteration)
+        p, k, _, count = self.verify(noise, cond, uncond, q, x, n, iteration)
         B, L, V = *x.shape, p.shape[-1]
         slots = torch.arange(L + 1, device=p.device)
         positions = n.unsqueeze(1) + slots

@@ -1,9 +1,9 @@
-"""The one verifier every speculative loop shares (Jacobi windows and drafter chains).
+"""The one verifier every speculative loop shares (Jacobi windows, drafter chains and trees, ZipAR's windows).
 
-A window holds the last fixed token and ``L`` drafts; its forward gives ``p`` for every slot (slot j
-predicts position n + j). ``verify_window`` runs the acceptance rule over the drafts left to right, fixes
-the first rejected slot from the rule's residual (or a bonus token from the last slot when all pass) and
-writes the accepted run into the token buffer. Rows advance independently.
+A forward feeds the last fixed token and the drafts; its output gives ``p`` for every node (a chain's slot j
+predicts position n + j). ``verify_tree`` walks the drafts from the root with the acceptance rule (a chain: left to
+right), fixes one more token from the rule's residual where it stops (or a bonus token at a leaf) and
+``verify_window`` writes the accepted run into the token buffer. Rows advance independently.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from ...model_loaders.shared.protocol import ModelOutput
-from .acceptance import leading_accepts
+from .trees import DraftTree, chain
 from ..processing import Pipeline, SamplingSettings, probabilities, sample, uniform
 from ..stats import DecodeStats, Stopwatch
 
@@ -55,11 +55,9 @@ class DraftTally:
     def empty(cls, batch: int, device) -> "DraftTally":
         return cls(torch.zeros(batch, dtype=torch.long, device=device), torch.zeros(batch, dtype=torch.long, device=device))
 
-    def add(self, k: torch.Tensor, count: torch.Tensor, drafts: int, rows=None) -> None:
-        """One verification of ``drafts`` slots: ``k`` accepted and ``count`` fixed per window (verify_run), of
-        ``rows`` (default: every row). The rule judged the drafts up to the first rejected one, and none past
-        the window's room: min(count, drafts) of them."""
-        judged = torch.clamp(count, max=drafts)
+    def add(self, k: torch.Tensor, judged: torch.Tensor, rows=None) -> None:
+        """One verification: ``k`` drafts accepted of the ``judged`` ones (verify_tree) per tree, of ``rows``
+        (default: every row)."""
         if rows is None:
             self.judged += judged
             self.accepted += k
@@ -145,21 +143,22 @@ class RowProgress:
         return count >= self.buffer.num_tokens
 
 
-def verify_window(rule, out, p, sampling, q, x, n, buffer: TokenBuffer, iteration, generator):
-    """Verify drafts ``x`` [B, L] (drawn from ``q`` [B, L, V]) against the window's target ``p``
-    [B, L+1, V] (from model output ``out``), commit the accepted run and the fixed token (stamped with
+def verify_window(rule, out, p, sampling, q, x, tree: DraftTree, n, buffer: TokenBuffer, iteration, generator):
+    """Verify the drafts ``x`` [B, M] of ``tree`` (drawn from ``q`` [B, M, V]) against the target ``p`` [B, M+1, V]
+    of its nodes (from model output ``out``), commit the accepted path and the fixed token (stamped with
     ``iteration``). ``generator``: a torch.Generator, or a compiled loop step's draws (drawn_noise.py).
 
-    Returns ``k`` (drafts accepted per row) and ``count`` (tokens fixed per row, never past the end)."""
-    L, N = x.shape[1], buffer.num_tokens
-    slots = torch.arange(L + 1, device=p.device)
+    Returns ``k`` (drafts accepted per row), the accepted ``path`` (verify_tree) and ``count`` (tokens fixed per
+    row, never past the end)."""
+    N = buffer.num_tokens
     judged = rule.judged_target(out, sampling, p)  # what the rule compares (p itself but for greedy LANTERN)
-    k, run, count = verify_run(rule, judged, p, q, x, N - n, generator)
-    buffer.tally.add(k, count, L)
+    k, path, run, count, judged_drafts = verify_tree(rule, judged, p, q, x, tree, N - n, generator)
+    buffer.tally.add(k, judged_drafts)
+    slots = torch.arange(run.shape[1], device=p.device)
     target = torch.where(slots < count.unsqueeze(1), n.unsqueeze(1) + slots, buffer.scratch)
     buffer.seq.scatter_(1, target, run)
     buffer.fixed_at.scatter_(1, target, torch.zeros_like(target) + iteration)  # an int, or a 0-d tensor
-    return k, count
+    return k, path, count
 
 
 @dataclass(eq=False)
@@ -171,42 +170,84 @@ class WindowVerifier:
     sampling: SamplingSettings
     buffer: TokenBuffer
     watch: object  # the generation's NonFiniteWatch, or None
+    tree: DraftTree  # the drafts' shape (a chain, or a static tree; a dynamic tree comes with its drafts)
 
     def __post_init__(self):
         self.pipeline = Pipeline.of(self.sampling)  # a new slider value reuses the compiled step
 
-    def verify(self, noise, cond, uncond, q, x, n, iteration):
-        """``p`` [B, L+1, V] from the window's logits, and ``verify_window``'s ``k`` and ``count``."""
+    def verify(self, noise, cond, uncond, q, x, n, iteration, tree=None):
+        """``p`` [B, M+1, V] from the forward's logits (node m's output: the target of its children), and
+        ``verify_window``'s ``k``, ``path`` and ``count``."""
         out = ModelOutput(cond=cond, uncond=uncond)
-        p = probabilities(out, self.pipeline, self.watch)  # slot j predicts position n + j
-        return (p, *verify_window(self.rule, out, p, self.sampling, q, x, n, self.buffer, iteration, noise))
-
-    def body(self, noise, cond, uncond, q, x, n, iteration):
-        """A drafter chain's iteration after its forward: returns the rows' progress, the tokens fixed and the
-        iteration's number."""
-        iteration = iteration + 1
-        _, _, count = self.verify(noise, cond, uncond, q, x, n, iteration)
-        return n + count, count, iteration
+        p = probabilities(out, self.pipeline, self.watch)
+        tree = self.tree if tree is None else tree
+        return (p, *verify_window(self.rule, out, p, self.sampling, q, x, tree, n, self.buffer, iteration, noise))
 
 
 def verify_run(rule, judged, p, q, x, room, generator):
-    """The verification itself, for any set of windows: slot j of ``p`` [B, L+1, V] (``judged``: what the rule
-    compares) is the target of draft ``x[:, j]``; ``room`` [B] is how many tokens a window may fix (drafts past it
-    are never accepted: the end of the image, or of what a ZipAR row may see). Returns ``k`` (drafts accepted),
-    the run [B, L+1] (the accepted drafts, then at slot k the token fixed there: from the rule's residual at a
-    rejection, from ``p`` when every draft passed) and ``count`` = min(k + 1, room), the tokens it fixes."""
-    B, L = x.shape
+    """``verify_tree`` on a chain of drafts (``x`` [B, L], slot j of ``p`` the target of draft j). Returns ``k``, the
+    run [B, L+1] and ``count``, and the drafts judged."""
+    k, _, run, count, judged_drafts = verify_tree(rule, judged, p, q, x, chain_of(x.shape[1], x.device), room, generator)
+    return k, run, count, judged_drafts
+
+
+def chain_of(drafts: int, device) -> DraftTree:
+    """The chain of ``drafts`` drafts on ``device``, built once per length (outside any compiled step)."""
+    key = (drafts, str(device))
+    if key not in _CHAINS:
+        _CHAINS[key] = chain(drafts, device)
+    return _CHAINS[key]
+
+
+_CHAINS: dict = {}
+
+
+def verify_tree(rule, judged, p, q, x, tree: DraftTree, room, generator):
+    """The verification itself, for any set of draft trees (a chain is one). Node m's output is the target of its
+    children: ``p`` [B, M+1, V] (``judged``: what the rule compares); draft node m (``x[:, m-1]``) was proposed
+    from ``q[:, m-1]`` (for siblings drawn without replacement: its parent's q without the siblings drawn before
+    it). ``room`` [B] is how many tokens a tree may fix (nodes deeper are never accepted: the end of the image, or
+    of what a ZipAR row may see).
+
+    Each node tries its children in sibling order, each against the target left by the rejections before it (the
+    rule's residual): recursive rejection sampling, exact under the exact rule (SpecInfer, EAGLE). The accepted
+    path runs from the root down through accepted children; its last node fixes one more token, from its residual
+    when a child was rejected there, else from its own ``p`` (a leaf's bonus token). Returns ``k`` (drafts
+    accepted), ``path`` [B, D] (the accepted node at each depth, 0 past ``k``), the run [B, D+1] (the accepted
+    drafts, then at slot k the token fixed there), ``count`` = min(k + 1, room) and the drafts judged on the way."""
+    B, M = x.shape
     V = p.shape[-1]
-    slots = torch.arange(L, device=p.device)
-    accepted = (uniform((B, L), generator) < rule.accept_probability(judged[:, :L], q, x)) & (slots < room.unsqueeze(1))
-    k = leading_accepts(accepted)
-    at_k = k.view(B, 1, 1).expand(B, 1, V)
-    fix_dist = p.gather(1, at_k).squeeze(1)
-    if L:
-        kc = k.clamp(max=L - 1).unsqueeze(1)
-        residual = rule.residual(judged.gather(1, at_k).squeeze(1), q.gather(1, kc.unsqueeze(-1).expand(B, 1, V)).squeeze(1),
-                                 x.gather(1, kc).squeeze(1))
-        fix_dist = torch.where((k == L).unsqueeze(1), fix_dist, residual)
-    fixed_token = sample(fix_dist, generator)
-    run = torch.cat([x, fixed_token.unsqueeze(1)], dim=1).scatter(1, k.unsqueeze(1), fixed_token.unsqueeze(1))
-    return k, run, torch.minimum(k + 1, room)
+    if M == 0:
+        fixed = sample(p[:, 0], generator)
+        zero = torch.zeros_like(room)
+        return zero, x, fixed.unsqueeze(1), torch.minimum(zero + 1, room), zero
+    tree = tree.rows(B)
+    u = uniform((B, M), generator)  # one per draft node, drawn whether or not it is reached
+    target, chosen = judged, torch.full((B, M + 1), -1, dtype=torch.long, device=p.device)
+    tried = torch.zeros(B, M + 1, dtype=torch.long, device=p.device)
+    for i in range(tree.siblings):
+        child = tree.children[..., i]
+        draft = (child - 1).clamp(min=0)
+        x_child = x.gather(1, draft)
+        q_child = q.gather(1, draft.unsqueeze(-1).expand(B, M + 1, V))
+        judge = (child > 0) & (chosen < 0) & (tree.depth < room.unsqueeze(1))  # the child's depth is within room
+        accept = judge & (u.gather(1, draft) < rule.accept_probability(target, q_child, x_child))
+        chosen = torch.where(accept, child, chosen)
+        rejected = judge & ~accept
+        target = torch.where(rejected.unsqueeze(-1), rule.residual(target, q_child, x_child), target)
+        tried = tried + judge.long()
+    node = torch.arange(M + 1, device=p.device)
+    picked = (chosen.gather(1, tree.parent) == node) | (node == 0)  # each node accepted by its parent
+    on_path = ~(tree.ancestors & ~picked.unsqueeze(1)).any(-1)
+    depth = torch.where(on_path, tree.depth, -1)
+    k, stop = depth.max(-1)  # the path's length and its last node
+    D = tree.levels
+    path = torch.zeros(B, D + 1, dtype=torch.long, device=p.device)
+    path = path.scatter(1, torch.where(on_path & (node > 0), tree.depth - 1, D), node.expand(B, -1))[:, :D]
+    at_stop = stop.view(B, 1, 1).expand(B, 1, V)
+    residual = tried.gather(1, stop.unsqueeze(1)) > 0
+    fixed = sample(torch.where(residual, target.gather(1, at_stop).squeeze(1), p.gather(1, at_stop).squeeze(1)),
+                   generator)
+    drafts = x.gather(1, (path - 1).clamp(min=0))
+    run = torch.cat([drafts, fixed.unsqueeze(1)], dim=1).scatter(1, k.unsqueeze(1), fixed.unsqueeze(1))
+    return k, path, run, torch.minimum(k + 1, room), (tried * on_path).sum(-1)

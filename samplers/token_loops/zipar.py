@@ -218,8 +218,9 @@ def zipar_decode(model, conditioning, sampling: SamplingSettings, *, generator, 
         at = (first.unsqueeze(1) + slots.clamp(max=room.unsqueeze(1) - 1))  # past the room: any slot of the window
         p_stream = p[sb.unsqueeze(1), at]  # [S, L+1, V]
         x, q = drafts[sb, sr], q_drafts[sb, sr]
-        k, run, count = verify_run(rule, rule.judged_target(None, sampling, p_stream), p_stream, q, x, room, generator)
-        tally.add(k, count, L, rows=sb)
+        k, run, count, judged = verify_run(rule, rule.judged_target(None, sampling, p_stream), p_stream, q, x, room,
+                                           generator)
+        tally.add(k, judged, rows=sb)
         positions = (sr * w + sc).unsqueeze(1) + slots
         write = torch.where(slots < count.unsqueeze(1), positions, N)
         seq[sb.unsqueeze(1), write] = run
