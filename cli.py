@@ -18,7 +18,8 @@ from .samplers.decoders import DECODERS
 from .samplers.token_loops.drafts import COUPLINGS, INIT_STRATEGIES
 from .samplers.masked_loops.masked import CFG_SCHEDULES
 from .samplers.few_step_loops.next_scale import VAR_SAMPLING
-from .samplers.token_loops.speculative import DRAFTS
+from .samplers.token_loops.drafting import DRAFTS
+from .samplers.token_loops.trees import STATIC_SHAPES, TREE_KINDS
 from .samplers.token_loops.zipar import ATTENTIONS as ZIPAR_ATTENTIONS
 from .speed_dial import SPEEDS
 from .settings import (CSPD_DEFAULTS, DD_DEFAULTS, MASKED_DEFAULTS, REUSE_DEFAULTS, SAMPLING_DEFAULTS, SPEC_DEFAULTS,
@@ -71,6 +72,18 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                    help="drafter: sampled (each draft drawn from the drafter's distribution) or top (its most likely "
                    "code, as EAGLE-2 and LANTERN's reference code draft; accepted with the target's probability of "
                    "it alone, so far less often on ambiguous image models: the setting of the LANTERN paper's figures)")
+    p.add_argument("--tree", choices=TREE_KINDS, default=SPEC_DEFAULTS.tree,
+                   help="drafter: what is drafted per target forward: a chain of --gamma drafts, a static tree "
+                   "(--tree-shape) or an EAGLE-2 dynamic tree of the drafter's top codes (--tree-depth, --tree-topk, "
+                   "--tree-nodes); trees fix more tokens per forward for a wider forward")
+    p.add_argument("--tree-shape", choices=tuple(STATIC_SHAPES), default=SPEC_DEFAULTS.tree_shape,
+                   help="--tree static: the shape (lantern++57: LANTERN++'s 57 drafts, 5 deep)")
+    p.add_argument("--tree-depth", type=int, default=SPEC_DEFAULTS.tree_depth,
+                   help="--tree dynamic: the deepest a draft may be (LANTERN's reference depth 4 drafts 5 deep)")
+    p.add_argument("--tree-topk", type=int, default=SPEC_DEFAULTS.tree_topk,
+                   help="--tree dynamic: nodes expanded per depth, and children drafted per node")
+    p.add_argument("--tree-nodes", type=int, default=SPEC_DEFAULTS.tree_nodes,
+                   help="--tree dynamic: drafts the target verifies per forward (the best by path probability)")
     mar = p.add_argument_group("MAR models (ar and cspd)")
     mar.add_argument("--num-iter", type=int,
                      help="MAR steps: tokens are fixed in this many parallel steps (1 to the token count; default the "
@@ -112,6 +125,9 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                    help="LANTERN k: latent neighbours considered per draft (capped at the codebook size)")
     p.add_argument("--lantern-delta", type=float, default=SPEC_DEFAULTS.lantern_delta,
                    help="LANTERN delta: total-variation budget per token (0 = exact speculative decoding)")
+    p.add_argument("--lantern-lambda", type=float, default=SPEC_DEFAULTS.lantern_lambda,
+                   help="LANTERN++ lambda: a draft's relaxed probability at most lambda times its own, in place of "
+                   "--lantern-delta (0 = off, 1 = exact; LANTERN++ uses it with --tree static)")
     p.add_argument("--zipar-lead", type=int, default=SPEC_DEFAULTS.zipar_lead,
                    help="ZipAR: tokens of the row above fixed before a row starts (smaller: fewer forwards, each token "
                    "sees less of the row above; the grid's width: plain AR). zipar-sjd also drafts --window per row")

@@ -27,7 +27,9 @@ def spec_from(args, decoder: str) -> DecoderSpec:
                        distance_threshold=args.distance_threshold,
                        gamma=SPEC_DEFAULTS.gamma if args.gamma is None else args.gamma,
                        lantern_k=args.lantern_k, lantern_delta=args.lantern_delta, flow_steps=args.flow_steps,
-                       zipar_lead=args.zipar_lead, zipar_attention=args.zipar_attention, drafts=args.drafts)
+                       zipar_lead=args.zipar_lead, zipar_attention=args.zipar_attention, drafts=args.drafts,
+                       lantern_lambda=args.lantern_lambda, tree=args.tree, tree_shape=args.tree_shape,
+                       tree_depth=args.tree_depth, tree_topk=args.tree_topk, tree_nodes=args.tree_nodes)
 
 
 def masked_settings_from(args, model=None) -> MaskedSettings:

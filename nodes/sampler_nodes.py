@@ -42,7 +42,7 @@ from ..samplers.token_loops.drafts import COUPLINGS, INIT_STRATEGIES
 from ..samplers.masked_loops.feature_reuse import FeatureReuse
 from ..samplers.masked_loops.masked import CFG_SCHEDULES, MaskedSettings
 from ..samplers.processing import SamplingSettings
-from ..samplers.token_loops.speculative import DRAFTS
+from ..samplers.token_loops.drafting import DRAFTS
 from . import comfy_glue as glue
 from .loader_nodes import FastARConditioning, FastARDrafter, FastARModel, FastARVQ, bundled_drafter
 from .values import STATS_TYPE, TOKENS_TYPE, Conditioning, DrafterHandle, Latents, ModelHandle, Tokens

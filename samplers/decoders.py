@@ -25,8 +25,8 @@ from .few_step_loops.distilled import DDSettings, Hybrid, dd_decode
 from .few_step_loops.flow_map import FlowMapSettings, NoiseToCode, token_noise
 from .masked_loops.masked import MaskedSettings, masked_decode
 from .few_step_loops.next_scale import next_scale_decode
-from .token_loops.speculative import DRAFTS, speculative_decode
-from .token_loops.trees import STATIC_SHAPES
+from .token_loops.drafting import DRAFTS, TreeSettings
+from .token_loops.speculative import speculative_decode
 from .stats import Stopwatch
 from .token_loops.verifier import ProgressFn
 from .token_loops.zipar import ATTENTIONS as ZIPAR_ATTENTIONS, zipar_decode
@@ -105,9 +105,14 @@ class DecoderSpec:
     distance_threshold: float = 0.5  # GSD: keep members among the nearest this fraction of codes
     gamma: int = 4  # drafter: drafts per target forward
     drafts: str = "sampled"  # drafter: "sampled" from its q, or its "top" code (EAGLE-2's and LANTERN's reference's)
-    tree: str = "chain"  # drafter: "chain" (gamma drafts) or a static tree's name (trees.STATIC_SHAPES)
+    tree: str = "chain"  # drafter: "chain" (gamma drafts), "static" (tree_shape) or "dynamic" (EAGLE-2's)
+    tree_shape: str = TreeSettings.shape  # a static tree's name (trees.STATIC_SHAPES)
+    tree_depth: int = TreeSettings.depth  # dynamic trees: the deepest a draft may be
+    tree_topk: int = TreeSettings.topk  # dynamic trees: nodes expanded per depth, and children per node
+    tree_nodes: int = TreeSettings.nodes  # dynamic trees: drafts verified per target forward
     lantern_k: int = 1000  # LANTERN: latent neighbours considered per draft (capped at the codebook size)
     lantern_delta: float = 0.1  # LANTERN: total-variation budget per token (0 = exact)
+    lantern_lambda: float = 0.0  # LANTERN++: relaxed probability at most lambda p(x), in place of delta (0 = off)
     flow_steps: int = FlowMapSettings.steps  # fm: solver steps of the flow-matching map
     zipar_lead: int = 4  # ZipAR: tokens of the row above fixed before a row starts (>= the width: plain AR)
     zipar_attention: str = "masked"  # ZipAR: "masked" (what the schedule fixed) or "reference" (zero-filled slots)
@@ -115,14 +120,16 @@ class DecoderSpec:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def tree_settings(self) -> TreeSettings:
+        """What a drafter drafts per target forward."""
+        return TreeSettings(self.tree, self.gamma, self.tree_shape, self.tree_depth, self.tree_topk, self.tree_nodes)
+
     def validate(self) -> "DecoderSpec":
         """The settings' ranges, whatever the model (the front ends check them before loading anything)."""
         if self.window < 2:
             raise FastARError(f"Jacobi window {self.window} is too small: a window holds the last fixed token and at "
                               "least one draft, so use 2 or more; for plain AR (one token per forward) use --decoder "
                               "ar and leave --window out")
-        if self.gamma < 1:
-            raise FastARError(f"gamma {self.gamma} is too small: draft at least 1 token per target forward")
         if self.group < 1:
             raise FastARError(f"GSD group size {self.group} must be at least 1 (1 = plain SJD)")
         if self.prob_threshold < 0 or not 0 <= self.distance_threshold <= 1:
@@ -130,12 +137,15 @@ class DecoderSpec:
                               "of the codes) between 0 and 1")
         if self.lantern_k < 1:
             raise FastARError(f"LANTERN k {self.lantern_k}: consider at least 1 neighbour (the code itself)")
+        if self.lantern_lambda and not self.lantern_lambda >= 1.0:
+            raise FastARError(f"LANTERN++ lambda {self.lantern_lambda} is out of range: use 1 or more (1 = exact; the "
+                              "paper's 2-3 relax), or 0 for the additive delta")
         if not 0.0 <= self.lantern_delta <= 1.0:
             raise FastARError(f"LANTERN delta {self.lantern_delta} is out of range: use 0..1 (0 = exact "
                               "speculative decoding)")
         check_choice("ZipAR attention", self.zipar_attention, ZIPAR_ATTENTIONS)
         check_choice("drafts", self.drafts, DRAFTS)
-        check_choice("draft tree", self.tree, ("chain", *STATIC_SHAPES))
+        self.tree_settings().validate()
         if self.zipar_lead < 1:
             raise FastARError(f"ZipAR lead {self.zipar_lead} is too small: a row starts once the row above has at "
                               "least 1 token (the grid's width or more: plain AR)")
@@ -153,7 +163,7 @@ def make_rule(spec: DecoderSpec, model, sampling: SamplingSettings, codebook):
                            spec.prob_filter)
     if spec.decoder == "lantern":
         table = latent_neighbours(codebook.to(model.device), spec.lantern_k)
-        return LanternRule(table, spec.lantern_delta, greedy=sampling.temperature == 0.0)
+        return LanternRule(table, spec.lantern_delta, greedy=sampling.temperature == 0.0, lam=spec.lantern_lambda)
     return ExactRule()
 
 
@@ -248,8 +258,8 @@ def run_decoder(model, conditioning, sampling, spec, generator, on_iteration, dr
                             window=spec.window if spec.decoder == "zipar-sjd" else 1, coupling=spec.coupling, rule=rule,
                             attention=spec.zipar_attention, name=spec.decoder, on_iteration=on_iteration, watch=watch)
     if drafter is not None:
-        return speculative_decode(model, drafter, conditioning, sampling, generator=generator, gamma=spec.gamma,
-                                  drafts=spec.drafts, tree=spec.tree, rule=rule, name=spec.decoder,
+        return speculative_decode(model, drafter, conditioning, sampling, generator=generator,
+                                  tree=spec.tree_settings(), drafts=spec.drafts, rule=rule, name=spec.decoder,
                                   on_iteration=on_iteration,
                                   watch=watch)
     return jacobi_decode(

@@ -1,6 +1,8 @@
 """Draft trees: their shapes, exact verification on trees (recursive rejection over siblings drawn without
 replacement, or the drafter's top codes), and every token family's tree attention and accepted-path move against
 plain chain forwards of each root-to-node path; drafters grow trees as they step chains."""
+from dataclasses import replace
+
 import pytest
 import torch
 from torch.testing import assert_close
@@ -10,7 +12,7 @@ from fastar.model_loaders import load_ar_model
 from fastar.model_loaders.drafters.loader import load_drafter
 from fastar.model_loaders.shared.protocol import PromptConditioning
 from fastar.samplers.decoders import DecoderSpec, decode
-from fastar.samplers.token_loops import speculative, trees
+from fastar.samplers.token_loops import drafting, trees
 from fastar.samplers.token_loops.trees import chain, static_tree
 from fastar.tests.tiny_chameleon import hf_model as chameleon_model, write_anole_drafter, write_folder
 from fastar.tests.tiny_janus import hf_model as janus_model, write_converted
@@ -21,6 +23,7 @@ from tiny_llamagen import tiny_conditioning, tiny_model
 
 # a small tree for the toy grids: three children at the root, two under the first, one under each of those
 SMALL = ((3,), (2, 1, 0), (1, 1, 0))
+SMALL_TREE = DecoderSpec("spec", tree="static", tree_shape="small")
 WIDE_ROWS = 20000
 
 
@@ -48,7 +51,7 @@ def test_a_chain_is_a_tree_of_one_child_per_node():
 
 def test_an_unknown_shape_is_refused_with_the_known_ones():
     with pytest.raises(FastARError, match="lantern\\+\\+57"):
-        DecoderSpec("spec", tree="bushy").validate()
+        DecoderSpec("spec", tree="static", tree_shape="bushy").validate()
 
 
 # -- exact on trees --------------------------------------------------------------------------------------------
@@ -58,16 +61,16 @@ def test_an_unknown_shape_is_refused_with_the_known_ones():
 @pytest.mark.parametrize("drafts", ["sampled", "top"])
 @pytest.mark.parametrize("settings", [PLAIN, GUIDED], ids=["no-cfg-no-topk", "cfg-topk"])
 def test_spec_on_trees_is_exact(shape, drafts, settings):
-    tokens, stats = decode(MODEL, conditioning(), settings, DecoderSpec("spec", tree=shape, drafts=drafts), seed=21,
+    tokens, stats = decode(MODEL, conditioning(), settings, DecoderSpec("spec", tree="static", tree_shape=shape, drafts=drafts), seed=21,
                            drafter=DRAFTER)
     assert chi_square_p_value(tokens, exact_for(settings)) > ALPHA
     assert stats.settings["tree"] == shape and stats.drafted_tokens > stats.accepted_tokens > 0
 
 
 @pytest.mark.parametrize("name", list(PROCESSING))
-@pytest.mark.parametrize("spec", [DecoderSpec("spec", tree="small"), DecoderSpec("spec", tree="small", drafts="top"),
-                                  DecoderSpec("lantern", tree="small", lantern_k=3, lantern_delta=0.0),
-                                  DecoderSpec("lantern", tree="small", lantern_k=3, lantern_delta=0.0, drafts="top")],
+@pytest.mark.parametrize("spec", [SMALL_TREE, replace(SMALL_TREE, drafts="top"),
+                                  replace(SMALL_TREE, decoder="lantern", lantern_k=3, lantern_delta=0.0),
+                                  replace(SMALL_TREE, decoder="lantern", lantern_k=3, lantern_delta=0.0, drafts="top")],
                          ids=lambda s: s.decoder + ("-top" if s.drafts == "top" else ""))
 def test_trees_are_exact_at_other_temperatures_and_with_top_p(name, spec):
     settings = PROCESSING[name]
@@ -75,12 +78,32 @@ def test_trees_are_exact_at_other_temperatures_and_with_top_p(name, spec):
     assert chi_square_p_value(tokens, exact_for(settings)) > ALPHA
 
 
+DYNAMIC = DecoderSpec("spec", tree="dynamic", tree_depth=3, tree_topk=3, tree_nodes=8)
+
+
+@pytest.mark.parametrize("settings", [PLAIN, GUIDED, PROCESSING["T1.3-topp0.8"]], ids=["plain", "cfg-topk", "T1.3-topp"])
+@pytest.mark.parametrize("decoder", ["spec", "lantern"])
+def test_dynamic_trees_are_exact(settings, decoder):
+    spec = replace(DYNAMIC, decoder=decoder, lantern_k=3, lantern_delta=0.0)
+    tokens, stats = decode(MODEL, conditioning(), settings, spec, seed=25, drafter=DRAFTER, codebook=MODEL.embeddings)
+    assert chi_square_p_value(tokens, exact_for(settings)) > ALPHA
+    assert stats.settings["tree"] == "dynamic" and "drafts" not in stats.settings  # always the drafter's top codes
+
+
+def test_deep_dynamic_trees_are_exact_on_a_wider_grid():
+    model = WIDE[(2, 3)]
+    spec = replace(DYNAMIC, tree_depth=5, tree_nodes=12)
+    tokens, stats = decode(model, conditioning(rows=WIDE_ROWS), GUIDED, spec, seed=26,
+                           drafter=speculative_drafter((2, 3)))
+    assert chi_square_p_value(tokens, exact_for(GUIDED, model=model), model) > ALPHA
+
+
 @pytest.mark.parametrize("grid", [(2, 3), (3, 2)])
 def test_deep_trees_are_exact_on_wider_grids(grid):
     """Six tokens: paths of the 57-node tree reach depth 5, past a row's end."""
     model = WIDE[grid]
     drafter = speculative_drafter(grid)
-    tokens, stats = decode(model, conditioning(rows=WIDE_ROWS), GUIDED, DecoderSpec("spec", tree="lantern++57"),
+    tokens, stats = decode(model, conditioning(rows=WIDE_ROWS), GUIDED, DecoderSpec("spec", tree="static"),
                            seed=23, drafter=drafter)
     assert chi_square_p_value(tokens, exact_for(GUIDED, model=model), model) > ALPHA
     assert max(max(row) for row in stats.fixed_per_forward) >= 4  # deep paths were accepted
@@ -96,19 +119,19 @@ def speculative_drafter(grid):
 def test_broken_tree_verification_is_detected(monkeypatch, broken):
     rule = None
     if broken == "parents-q":  # siblings drawn without replacement, each recorded with its parent's whole q
-        body = speculative.DraftPick.body
+        body = drafting.DraftPick.body
 
         def parents_q(*args):
             codes, dists = body(*args)
             return codes, dists[..., :1, :].expand_as(dists)
-        monkeypatch.setattr(speculative.DraftPick, "body", parents_q)
+        monkeypatch.setattr(drafting.DraftPick, "body", parents_q)
     elif broken == "no-path-move":
         from fastar.commands.bench.toy_model import ToySession
         monkeypatch.setattr(ToySession, "keep_path", lambda *a: None)
     else:
         rule = ResidualIsTarget() if broken == "residual-is-target" else AcceptsTooOften()
         monkeypatch.setattr("fastar.samplers.decoders.make_rule", lambda *a: rule)
-    tokens, _ = decode(MODEL, conditioning(label=0), PLAIN, DecoderSpec("spec", tree="small"), seed=24, drafter=DRAFTER)
+    tokens, _ = decode(MODEL, conditioning(label=0), PLAIN, SMALL_TREE, seed=24, drafter=DRAFTER)
     assert chi_square_p_value(tokens, exact_for(PLAIN, label=0)) < ALPHA
 
 

@@ -14,12 +14,13 @@ import torch
 
 from fastar.model_loaders.drafters.small_ar import SmallARDrafter
 from fastar.model_loaders.shared.protocol import ClassConditioning, ModelOutput
-from fastar.samplers.token_loops import jacobi, speculative
+from fastar.samplers.token_loops import drafting, jacobi
 from fastar.samplers.token_loops.acceptance import ExactRule
 from fastar.samplers.decoders import DecoderSpec, decode, make_generator
 from fastar.samplers.token_loops.drafts import COUPLINGS, INIT_STRATEGIES, DraftSource
 from fastar.samplers.token_loops.jacobi import jacobi_decode
 from fastar.samplers.processing import SamplingSettings, probabilities, sample
+from fastar.samplers.token_loops.drafting import TreeSettings
 from fastar.samplers.token_loops.speculative import speculative_decode
 from fastar.commands.bench.toy_model import ToyModel
 
@@ -156,14 +157,14 @@ def test_top_drafts_are_exact(settings, gamma):
 
 
 def test_top_drafts_recorded_with_the_drafters_distribution_are_detected(monkeypatch):
-    monkeypatch.setattr(speculative.DraftPick, "body", top_draft_recorded_as_drawn)
+    monkeypatch.setattr(drafting.DraftPick, "body", top_draft_recorded_as_drawn)
     tokens, _ = decode(MODEL, conditioning(), GUIDED, DecoderSpec("spec", gamma=2, drafts="top"), seed=15,
                        drafter=DRAFTER)
     assert chi_square_p_value(tokens, exact_for(GUIDED)) < ALPHA
 
 
 def test_tempered_drafts_recorded_untempered_are_detected(monkeypatch):
-    monkeypatch.setattr(speculative.DraftPick, "body", untempered_draft)
+    monkeypatch.setattr(drafting.DraftPick, "body", untempered_draft)
     settings = PROCESSING["T1.3-topk2"]
     tokens, _ = decode(MODEL, conditioning(), settings, DecoderSpec("spec", gamma=2), seed=14, drafter=DRAFTER)
     assert chi_square_p_value(tokens, exact_for(settings)) < ALPHA
@@ -250,7 +251,7 @@ def test_speculative_decoding_with_a_drafter_is_exact(gamma, settings):
                          ids=lambda r: type(r).__name__)
 def test_broken_rules_are_detected_with_a_drafter(rule):
     tokens, _ = speculative_decode(MODEL, DRAFTER, conditioning(), GUIDED, generator=make_generator(8, "cpu"),
-                                   gamma=2, rule=rule)
+                                   tree=TreeSettings(gamma=2), rule=rule)
     assert chi_square_p_value(tokens, exact_for(GUIDED)) < ALPHA
 
 

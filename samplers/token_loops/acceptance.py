@@ -154,14 +154,16 @@ class LanternRule(ExactRule):
     first). A_{k,delta}(x) is the longest run of x's neighbours, nearest first, whose target mass stays
     below ``delta``: moving that mass onto x changes the target by exactly that much in TV. On rejection
     the token comes from norm([p_A - q]_+), p_A being the distorted target (A's mass moved onto x).
-    ``delta=0`` is exact speculative sampling. Greedy (temperature 0): accept iff x is the argmax of
-    p_A computed from the untempered target. A code outside the target's support (top-k/top-p) gets an empty A,
+    ``delta=0`` is exact speculative sampling. ``lam`` >= 1 bounds A multiplicatively instead (LANTERN++): the
+    longest run whose mass stays within (lam - 1) p(x), so x's relaxed probability is at most lam p(x); ``lam=1`` is
+    exact. Greedy (temperature 0): accept iff x is the argmax of p_A computed from the untempered target. A code outside the target's support (top-k/top-p) gets an empty A,
     so it is never accepted nor drawn from the residual. Relaxed: trades fidelity for speed.
     """
 
     neighbours: torch.Tensor  # [V, k] int, column 0 = the code itself
     delta: float = 0.1
     greedy: bool = False
+    lam: float = 0.0  # > 0: LANTERN++'s multiplicative bound, in place of delta
     name = "lantern"
 
     def judged_target(self, out, sampling, p):
@@ -176,7 +178,9 @@ class LanternRule(ExactRule):
         code back into the distribution."""
         members = self.neighbours.to(p.device)[x][..., 1:].long()
         mass = p.gather(-1, members)
-        return members, mass, (mass.cumsum(-1) < self.delta) & (at(p, x) > 0).unsqueeze(-1)
+        p_x = at(p, x).unsqueeze(-1)
+        within = mass.cumsum(-1) <= (self.lam - 1.0) * p_x if self.lam else mass.cumsum(-1) < self.delta
+        return members, mass, within & (p_x > 0)
 
     def accept_probability(self, p, q, x):
         members, mass, in_a = self.neighbourhood(p, x)

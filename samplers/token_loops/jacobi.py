@@ -20,7 +20,8 @@ from .drafts import DraftSource
 from .loop_step import LoopStep
 from ..processing import SamplingSettings, current_watch, probabilities, sample
 from ..stats import Stopwatch
-from .verifier import ProgressFn, RowProgress, TokenBuffer, WindowVerifier, begin, chain_of, finish
+from .trees import chain
+from .verifier import ProgressFn, RowProgress, TokenBuffer, WindowVerifier, begin, finish
 
 DrawFn = Callable[[torch.Tensor, int], torch.Tensor]  # (distributions [B, V], position) -> codes [B]
 
@@ -90,7 +91,7 @@ def jacobi_decode(
     x, q = drafts.initial(buffer.seq, n, torch.zeros_like(n), p0)
     iteration = torch.zeros((), dtype=torch.long, device=dev)  # on the device: no copy from the host per iteration
 
-    after_forward = LoopStep(JacobiIteration(rule, sampling, buffer, current_watch(), chain_of(L, dev), drafts), session,
+    after_forward = LoopStep(JacobiIteration(rule, sampling, buffer, current_watch(), chain(L, dev), drafts), session,
                              generator)
     rows, fixed_counts = RowProgress(buffer, on_iteration, dev), []
     while True:

@@ -33,10 +33,21 @@ STATIC_SHAPES = {"lantern++57": _LANTERN_PP_57}
 
 
 @dataclass(frozen=True)
+class Level:
+    """The nodes of one depth of a static tree and where each hangs: its parent among the nodes of the depth above
+    (``parent`` [K]) and its rank among that parent's children (``rank`` [K]), on the tree's device."""
+
+    parents: range  # the nodes of the depth above
+    nodes: range
+    parent: torch.Tensor
+    rank: torch.Tensor
+
+
+@dataclass(frozen=True)
 class DraftTree:
     """``parent`` [R, M+1] (the root is its own parent), ``depth`` [R, M+1], ``children`` [R, M+1, S] (node indices
     in sibling order, -1 past a node's last child) and ``ancestors`` [R, M+1, M+1] (node i's ancestors and itself);
-    R is 1 (every row has this tree) or the batch."""
+    R is 1 (every row has this tree) or the batch. A static tree also knows its ``levels_plan`` on the host."""
 
     parent: torch.Tensor
     depth: torch.Tensor
@@ -44,6 +55,7 @@ class DraftTree:
     ancestors: torch.Tensor
     levels: int  # the deepest a node may be (known on the host: a path's length is at most this)
     is_chain: bool = False
+    levels_plan: tuple[Level, ...] = ()
 
     @property
     def nodes(self) -> int:
@@ -59,54 +71,70 @@ class DraftTree:
         """The tree of each of ``batch`` rows (a static tree repeated)."""
         if self.parent.shape[0] == batch:
             return self
-        return DraftTree(*(t.expand(batch, *t.shape[1:]) for t in (self.parent, self.depth, self.children,
-                                                                   self.ancestors)), self.levels, self.is_chain)
+        expanded = (t.expand(batch, *t.shape[1:]) for t in (self.parent, self.depth, self.children, self.ancestors))
+        return DraftTree(*expanded, self.levels, self.is_chain, self.levels_plan)
 
     def nodes_at(self, depth: int) -> range:
-        """The nodes of ``depth`` in a static tree (contiguous: nodes go in order of depth)."""
-        at = (self.depth[0] == depth).nonzero().flatten().tolist()
-        return range(at[0], at[-1] + 1) if at else range(0)
+        """The nodes of ``depth`` in a static tree."""
+        return range(0, 1) if depth == 0 else self.levels_plan[depth - 1].nodes
 
 
-def tree_from_parents(parent: torch.Tensor, levels: int | None = None, is_chain: bool = False) -> DraftTree:
-    """The tree of ``parent`` [R, M+1] (node 0 the root, parents before their children, siblings in order);
-    ``levels``: a bound on its depth (default: its depth, read here)."""
+def tree_from_parents(parent: torch.Tensor, levels: int, siblings: int, is_chain: bool = False) -> DraftTree:
+    """The tree of ``parent`` [R, M+1] (node 0 the root, parents before their children, siblings in node order), no
+    deeper than ``levels``, no node with more than ``siblings`` children; built on the device without waiting for it."""
     R, T = parent.shape
-    device = parent.device
-    node = torch.arange(T, device=device)
-    ancestors = torch.eye(T, dtype=torch.bool, device=device).repeat(R, 1, 1)
-    depth = torch.zeros(R, T, dtype=torch.long, device=device)
-    rows = torch.arange(R, device=device)
-    for m in range(1, T):  # parents come first: their rows are complete when a child copies them
-        p = parent[:, m]
-        ancestors[:, m] |= ancestors[rows, p]
-        depth[:, m] = depth[rows, p] + 1
-    is_child = (parent[:, None, :] == node[None, :, None]) & (node[None, None, :] > 0)  # [R, parent, child]
-    siblings = max(int(is_child.sum(-1).max()), 1)
-    rank = is_child.long().cumsum(-1) - 1  # a child's rank among its parent's children
-    children = torch.full((R, T, siblings), -1, dtype=torch.long, device=device)
-    parents, kids = is_child.nonzero(as_tuple=True)[0:2], is_child.nonzero(as_tuple=True)[2]
-    children[parents[0], parents[1], rank[parents[0], parents[1], kids]] = kids
-    levels = int(depth.max()) if levels is None else levels
-    return DraftTree(parent, depth, children, ancestors, levels, is_chain)
+    node = torch.arange(T, device=parent.device)
+    ancestors = torch.zeros(R, T, T, dtype=torch.bool, device=parent.device)
+    depth = torch.zeros(R, T, dtype=torch.long, device=parent.device)
+    up = node.expand(R, T)
+    for _ in range(levels + 1):  # walk every node up to the root, marking what it passes
+        ancestors.scatter_(2, up.unsqueeze(-1), True)
+        depth += (up != 0).long()
+        up = parent.gather(1, up)
+    is_child = (parent.unsqueeze(1) == node.view(1, T, 1)) & (node > 0)  # [R, parent, child]
+    rank = (is_child.long().cumsum(-1) - 1).gather(1, parent.unsqueeze(1)).squeeze(1)  # each node's, under its parent
+    slot = torch.where((node > 0) & (rank < siblings), parent * siblings + rank, T * siblings)
+    children = torch.full((R, T * siblings + 1), -1, dtype=torch.long, device=parent.device)
+    children.scatter_(1, slot, node.expand(R, T))
+    return DraftTree(parent, depth, children[:, :-1].view(R, T, siblings), ancestors, levels, is_chain)
+
+
+_BUILT: dict = {}
 
 
 def chain(drafts: int, device=None) -> DraftTree:
     """``drafts`` drafts in a row: node m's only child is node m + 1."""
-    parent = (torch.arange(drafts + 1, device=device) - 1).clamp(min=0)[None]
-    return tree_from_parents(parent, drafts, is_chain=True)
+    return _static(("chain", drafts), [(1,)] * drafts, device, is_chain=True)
 
 
 def static_tree(name: str, device=None) -> DraftTree:
     """A named static shape (``STATIC_SHAPES``)."""
     check_choice("tree shape", name, tuple(STATIC_SHAPES))
-    parents, level = [0], [0]  # node 0 is its own parent; the nodes of the depth above
-    for counts in STATIC_SHAPES[name]:
+    return _static(("shape", name, STATIC_SHAPES[name]), STATIC_SHAPES[name], device)
+
+
+def _static(key, counts_per_depth, device, is_chain=False) -> DraftTree:
+    """A static tree from its child counts per depth, built once per process and device (on the host, then copied:
+    a generation that asks for it again reads nothing back from the device)."""
+    key = (*key, str(device or "cpu"))
+    if key in _BUILT:
+        return _BUILT[key]
+    parents, level, plan = [0], [0], []  # node 0 is its own parent; the nodes of the depth above
+    for counts in counts_per_depth:
         if len(counts) != len(level):
-            raise FastARError(f"tree shape {name}: {len(counts)} child counts for {len(level)} nodes")
-        below = []
-        for node, count in zip(level, counts):
-            below += [len(parents) + i for i in range(count)]
-            parents += [node] * count
-        level = below
-    return tree_from_parents(torch.tensor(parents, device=device)[None])
+            raise FastARError(f"tree shape {key[1]}: {len(counts)} child counts for {len(level)} nodes")
+        first = len(parents)
+        local, rank = [], []
+        for i, count in enumerate(counts):
+            local += [i] * count
+            rank += list(range(count))
+            parents += [level[i]] * count
+        plan.append((range(level[0], level[-1] + 1), range(first, len(parents)), local, rank))
+        level = list(range(first, len(parents)))
+    siblings = max(max(counts) for counts in counts_per_depth) if counts_per_depth else 1
+    tree = tree_from_parents(torch.tensor([parents]), len(counts_per_depth), max(siblings, 1), is_chain)
+    plan = tuple(Level(above, nodes, torch.tensor(local, device=device), torch.tensor(rank, device=device))
+                 for above, nodes, local, rank in plan)
+    tensors = (t.to(device) for t in (tree.parent, tree.depth, tree.children, tree.ancestors))
+    _BUILT[key] = DraftTree(*tensors, tree.levels, is_chain, plan)
+    return _BUILT[key]

@@ -187,19 +187,8 @@ class WindowVerifier:
 def verify_run(rule, judged, p, q, x, room, generator):
     """``verify_tree`` on a chain of drafts (``x`` [B, L], slot j of ``p`` the target of draft j). Returns ``k``, the
     run [B, L+1] and ``count``, and the drafts judged."""
-    k, _, run, count, judged_drafts = verify_tree(rule, judged, p, q, x, chain_of(x.shape[1], x.device), room, generator)
+    k, _, run, count, judged_drafts = verify_tree(rule, judged, p, q, x, chain(x.shape[1], x.device), room, generator)
     return k, run, count, judged_drafts
-
-
-def chain_of(drafts: int, device) -> DraftTree:
-    """The chain of ``drafts`` drafts on ``device``, built once per length (outside any compiled step)."""
-    key = (drafts, str(device))
-    if key not in _CHAINS:
-        _CHAINS[key] = chain(drafts, device)
-    return _CHAINS[key]
-
-
-_CHAINS: dict = {}
 
 
 def verify_tree(rule, judged, p, q, x, tree: DraftTree, room, generator):
