@@ -43,6 +43,7 @@ from ..samplers.masked_loops.feature_reuse import FeatureReuse
 from ..samplers.masked_loops.masked import CFG_SCHEDULES, MaskedSettings
 from ..samplers.processing import SamplingSettings
 from ..samplers.token_loops.drafting import DRAFTS
+from ..samplers.token_loops.trees import STATIC_SHAPES
 from . import comfy_glue as glue
 from .loader_nodes import FastARConditioning, FastARDrafter, FastARModel, FastARVQ, bundled_drafter
 from .values import STATS_TYPE, TOKENS_TYPE, Conditioning, DrafterHandle, Latents, ModelHandle, Tokens
@@ -104,6 +105,25 @@ def drafts_input():
                                   "fastest when the drafter learnt the model's spread. top proposes the drafter's most "
                                   "likely code and keeps it with the model's probability of it (EAGLE-2's and the "
                                   "LANTERN paper's setting). Both are lossless.")
+
+
+TREES = ("chain", *STATIC_SHAPES, "dynamic")  # the tree widget: a chain, a static shape by name, or EAGLE-2's
+
+
+def tree_input():
+    return io.Combo.Input("tree", options=list(TREES), default="chain", optional=True,
+                          tooltip="With a drafter: what it drafts per model forward. chain: gamma tokens in a row. "
+                                  "lantern++57: LANTERN++'s static tree of 57 drafts, 5 deep (several guesses per "
+                                  "position, siblings drawn without replacement). dynamic: EAGLE-2's tree of the "
+                                  "drafter's 59 likeliest paths, 5 deep (top codes). Trees fix more tokens per "
+                                  "forward, each forward feeding more tokens: best on a GPU. All lossless.")
+
+
+def tree_fields(tree: str) -> dict:
+    """DecoderSpec fields of the tree widget's value."""
+    if tree in STATIC_SHAPES:
+        return {"tree": "static", "tree_shape": tree}
+    return {"tree": tree}
 
 
 def jacobi_inputs() -> list:
@@ -526,11 +546,11 @@ class SamplerSpeculative(SamplerBase):
 
     @classmethod
     def decoder_inputs(cls) -> list:
-        return [gamma_input(), drafts_input()]  # drafts optional: prompts saved before it existed stay valid
+        return [gamma_input(), drafts_input(), tree_input()]  # optional and last: saved prompts stay valid
 
     @classmethod
-    def spec(cls, gamma=SPEC.gamma, drafts=SPEC.drafts) -> DecoderSpec:
-        return DecoderSpec(decoder=cls.DECODER, gamma=gamma, drafts=drafts)
+    def spec(cls, gamma=SPEC.gamma, drafts=SPEC.drafts, tree="chain") -> DecoderSpec:
+        return DecoderSpec(decoder=cls.DECODER, gamma=gamma, drafts=drafts, **tree_fields(tree))
 
 
 class SamplerLantern(SamplerBase):
@@ -566,13 +586,20 @@ class SamplerLantern(SamplerBase):
             gamma_input(),
             *jacobi_inputs(),
             drafts_input(),
+            tree_input(),
+            slider("lambda", SPEC.lantern_lambda, 0.0, 10.0, 0.1,
+                   "LANTERN++'s bound, in place of delta when above 0: a draft's probability plus its neighbours' "
+                   "stays within lambda times its own. 1 = exact; LANTERN++ uses 2-3 with the lantern++57 tree. "
+                   "0 = off (delta applies).", optional=True),
         ]
 
     @classmethod
     def spec(cls, lantern_k=SPEC.lantern_k, lantern_delta=SPEC.lantern_delta, gamma=SPEC.gamma,
-             window=SPEC.window, init=SPEC.init, coupling=SPEC.coupling, drafts=SPEC.drafts) -> DecoderSpec:
+             window=SPEC.window, init=SPEC.init, coupling=SPEC.coupling, drafts=SPEC.drafts, tree="chain",
+             **more) -> DecoderSpec:
         return DecoderSpec(decoder=cls.DECODER, lantern_k=lantern_k, lantern_delta=lantern_delta, gamma=gamma,
-                           window=window, init=init, coupling=coupling, drafts=drafts)
+                           window=window, init=init, coupling=coupling, drafts=drafts,
+                           lantern_lambda=more.get("lambda", SPEC.lantern_lambda), **tree_fields(tree))
 
 
 class SamplerZipAR(SamplerBase):

@@ -268,7 +268,7 @@ def test_bench_sweeps_every_slider_and_plots_the_pareto_front(tmp_path, monkeypa
     models = load_models(None, None, "cpu", drafter_path="demo")
     judge = load_classifier()
     reference = classify(judge, make_batch(np.random.default_rng(0), 16)[0])[1]
-    configs = bench.sweep_configs(DecoderSpec(), {"ar", "gsd", "sjd", "lantern"}, drafted=True)
+    configs = bench.sweep_configs(DecoderSpec(), bench_entries("ar", "gsd", "sjd", "lantern"), drafted=True)
     points = bench.sweep(models, judge, SamplingSettings(), configs, [0, 1], 0, reference)
     progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[bench] sweep")]
     assert len(progress) == 7 and progress[-1].startswith("[bench] sweep 7/7 LANTERN (k, delta=0.2) with the drafter")
@@ -286,15 +286,28 @@ def test_bench_sweeps_only_the_decoders_asked_for():
     from fastar.samplers.decoders import DecoderSpec
     from fastar.commands.bench import decoders as bench
 
-    def series(decoders):
-        return {config[0] for config in bench.sweep_configs(DecoderSpec(), set(decoders), drafted=False)}
+    def series(decoders, drafted=False):
+        return {config[0] for config in bench.sweep_configs(DecoderSpec(), bench_entries(*decoders), drafted)}
 
     assert series({"ar"}) == set() and series({"ar", "spec"}) == set()
     assert series({"ar", "sjd"}) == {"SJD independent (window)", "SJD maximal (window)"}
     assert series({"gsd"}) == {"GSD (group size)"}
     assert series({"lantern"}) == {"LANTERN (delta)", "LANTERN (k, delta=0.2)"}
-    configs = bench.sweep_configs(DecoderSpec(), {"lantern"}, drafted=False)
+    configs = bench.sweep_configs(DecoderSpec(), bench_entries("lantern"), drafted=False)
     assert not any(with_drafter for *_, with_drafter in configs)
+    assert series({"spec-top-tree", "lantern++"}, drafted=True) == {
+        "LANTERN (delta)", "LANTERN (k, delta=0.2)", "LANTERN++ (lambda)", "spec, top-drafted dynamic tree (nodes)"}
+
+
+def bench_entries(*labels):
+    """The bench's rows of ``labels``, as --decoders names them."""
+    from argparse import Namespace
+
+    from fastar.cli import build_parser
+    from fastar.commands.bench import decoders as bench
+
+    args = build_parser().parse_args(["bench"])
+    return bench.parse_entries(",".join(labels), Namespace(**vars(args)))
 
 
 def test_bench_without_matplotlib_says_what_to_install(monkeypatch):
@@ -413,3 +426,15 @@ def test_half_precision_on_a_cpu_without_its_instructions_is_said_to_be_emulated
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             pipeline.warn_if_emulated(dtype, torch.device(device))
+
+
+def test_bench_rows_name_trees_and_lantern_plus_plus():
+    rows = bench_entries("spec-tree", "spec-top-tree", "lantern-top-tree", "lantern++")
+    assert (rows["spec-tree"].spec.tree, rows["spec-tree"].spec.drafts) == ("static", "sampled")
+    assert (rows["spec-top-tree"].spec.tree, rows["spec-top-tree"].spec.drafts) == ("static", "top")
+    assert rows["lantern-top-tree"].drafted and rows["lantern-top-tree"].spec.decoder == "lantern"
+    assert (rows["lantern++"].spec.tree, rows["lantern++"].spec.lantern_lambda) == ("static", 2.0)
+    from fastar.errors import FastARError
+
+    with pytest.raises(FastARError, match="spec-top-tree"):
+        bench_entries("spec-jacobi-tree")

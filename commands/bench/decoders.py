@@ -46,11 +46,19 @@ RELAXED = tuple(d for d in DECODERS if not LOSSLESS[d])  # their distance to the
 TOY_DELTAS = (0.0, 0.05, 0.1, 0.2, 0.4)
 
 
+SWEEP_LAMBDAS = (1.0, 1.5, 2.0, 3.0, 5.0)
+SWEEP_TREE_NODES = (8, 16, 32, 59)
+LANTERN_PP_LAMBDA = 2.0  # the lantern++ row's lambda when --lantern-lambda is not given
+MODIFIERS = ("jacobi", "drafter", "top", "tree")
+
+
 @dataclass(frozen=True)
 class Entry:
     """One benchmarked decoder: a label, its spec, and whether it drafts with the drafter model.
     ``NAME-jacobi`` drafts Jacobi windows, ``NAME-drafter`` chains from the drafter, ``NAME-top`` chains the
-    drafter's most likely codes; a bare name uses the drafter when the decoder needs one or is LANTERN."""
+    drafter's most likely codes, ``-tree`` drafts trees instead of chains (static unless --tree dynamic, e.g.
+    spec-top-tree); a bare name uses the drafter when the decoder needs one or is LANTERN. ``lantern++`` is
+    LANTERN++: a static tree with the multiplicative bound lambda."""
 
     label: str
     spec: DecoderSpec
@@ -70,16 +78,24 @@ def parse_entries(text: str, args) -> dict[str, Entry]:
     for label in (item.strip() for item in text.split(",")):
         if not label:
             continue
-        name, _, source = (label, "", "") if label in DECODERS else label.partition("-")
-        if name not in DECODERS or source not in ("", "jacobi", "drafter", "top"):
+        name, *modifiers = (label,) if label in DECODERS else ("lantern", "tree") if label == "lantern++" else \
+            label.split("-")
+        if name not in DECODERS or not set(modifiers) <= set(MODIFIERS) or ("jacobi" in modifiers and
+                                                                            len(modifiers) > 1):
             raise FastARError(f"unknown bench decoder '{label}': use one of {', '.join(DECODERS)}, optionally "
-                              "with -jacobi, -drafter or -top (the drafter's most likely code as its draft; e.g. "
-                              "lantern-jacobi, spec-top)")
-        drafted = source in ("drafter", "top") or (source == "" and name in DRAFTED_BY_DEFAULT)
+                              "with -jacobi, -drafter or -top (the drafter's most likely code as its draft) and "
+                              "-tree (trees instead of chains), or lantern++; e.g. lantern-jacobi, spec-top-tree")
+        drafted = "jacobi" not in modifiers and (bool(modifiers) or name in DRAFTED_BY_DEFAULT)
         if drafted and name not in WITH_DRAFTER:
             raise FastARError(f"'{label}': the {name} decoder does not use a drafter")
         spec = row_spec(args, name)
-        entries[label] = Entry(label, replace(spec, drafts="top") if source == "top" else spec, drafted)
+        if "top" in modifiers:
+            spec = replace(spec, drafts="top")
+        if "tree" in modifiers:
+            spec = replace(spec, tree="static" if spec.tree == "chain" else spec.tree)
+        if label == "lantern++":
+            spec = replace(spec, lantern_lambda=spec.lantern_lambda or LANTERN_PP_LAMBDA)
+        entries[label] = Entry(label, spec, drafted)
     if "ar" not in entries:  # every ratio is against plain AR, measured in the same run
         entries = {"ar": Entry("ar", row_spec(args, "ar"), False), **entries}
     return entries
@@ -197,10 +213,11 @@ def toy_total_variation(base: DecoderSpec, rows: int = 20000) -> dict:
 
 
 
-def sweep_configs(base: DecoderSpec, decoders: set[str], drafted: bool) -> list[tuple[str, str, DecoderSpec, bool]]:
+def sweep_configs(base: DecoderSpec, entries: dict[str, Entry], drafted: bool) -> list[tuple[str, str, DecoderSpec, bool]]:
     """The slider sweeps of the benchmarked decoders: GSD's group size, SJD's window and coupling, LANTERN's
-    delta and k (with the drafter when there is one). Each config names its series and slider."""
-    configs = []
+    delta and k (with the drafter when there is one), LANTERN++'s lambda and a dynamic tree's size (with trees).
+    Each config names its series and slider."""
+    configs, decoders = [], {entry.spec.decoder for entry in entries.values()}
     if "gsd" in decoders:
         configs += [("GSD (group size)", "group", replace(base, decoder="gsd", group=g), False) for g in SWEEP_GROUPS]
     if "sjd" in decoders:
@@ -215,6 +232,13 @@ def sweep_configs(base: DecoderSpec, decoders: set[str], drafted: bool) -> list[
         configs += [(f"LANTERN (k, delta={SWEEP_K_DELTA})", "lantern_k",
                      replace(base, decoder="lantern", lantern_delta=SWEEP_K_DELTA, lantern_k=k), drafted)
                     for k in SWEEP_KS]
+    if "lantern++" in entries and drafted:
+        configs += [("LANTERN++ (lambda)", "lantern_lambda",
+                     replace(base, decoder="lantern", tree="static", lantern_lambda=lam), True) for lam in SWEEP_LAMBDAS]
+    if drafted and any(entry.spec.tree != "chain" for entry in entries.values()):
+        configs += [("spec, top-drafted dynamic tree (nodes)", "tree_nodes",
+                     replace(base, decoder="spec", drafts="top", tree="dynamic", tree_nodes=nodes), True)
+                    for nodes in SWEEP_TREE_NODES]
     return configs
 
 
@@ -340,7 +364,8 @@ def run_bench(args) -> dict:
     if decoders & set(RELAXED) and not args.dial:
         print("[bench] toy total-variation distance of the relaxed decoders", flush=True)
         report["toy_tv"] = toy_total_variation(row_spec(args, "sjd"), args.toy_rows)
-    configs = [] if args.no_pareto or args.dial else sweep_configs(row_spec(args, "sjd"), decoders, models.drafter is not None)
+    configs = [] if args.no_pareto or args.dial else sweep_configs(row_spec(args, "sjd"), entries,
+                                                                   models.drafter is not None)
     if configs:
         sweep_labels = labels[: args.sweep_samples or max(num_classes, args.samples // 2)]
         print(f"[bench] slider sweeps for the Pareto plot: {len(configs)} points x {len(sweep_labels)} samples",
