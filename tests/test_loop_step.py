@@ -11,6 +11,7 @@ from fastar.model_loaders.shared.compiled import BoundStep, compile_steps, compi
 from fastar.samplers.decoders import DecoderSpec, decode
 from fastar.samplers.token_loops.drawn_noise import Drawn, Recording, draw
 from fastar.samplers.token_loops.loop_step import compiled_loop_step
+from fastar.samplers.token_loops.trees import STATIC_SHAPES
 from fastar.samplers.processing import SamplingSettings, random_codes, uniform
 from tiny_llamagen import tiny_conditioning, tiny_model
 
@@ -171,3 +172,29 @@ def test_an_eagle_drafter_compiles_with_its_target_to_eagers_tokens(monkeypatch)
     for method, made in calls.items():
         assert compiled_function(method, "default").failure is None and made, method.__name__
     assert graph_breaks() == breaks  # each step one graph, whatever other tests compiled before in this process
+
+
+@pytest.mark.parametrize("spec,drafter_kind", [
+    (DecoderSpec("lantern", tree="static", tree_shape="small", lantern_lambda=2.0), "eagle"),
+    (DecoderSpec("spec", tree="dynamic", tree_depth=2, tree_topk=3, tree_nodes=6), "small-ar"),
+], ids=["lantern++-eagle", "dynamic-small-ar"])
+def test_draft_trees_compile_to_eagers_tokens(models, tmp_path, monkeypatch, spec, drafter_kind):
+    """The target's tree forwards, the drafter's growth and the verification all compiled; a seed gives eager's
+    tokens. (Small trees: each depth's growth is a graph of its own, compiled in seconds each.)"""
+    monkeypatch.setitem(STATIC_SHAPES, "small", ((3,), (2, 1, 0)))
+    eager, compiled = models
+    if drafter_kind == "eagle":
+        from fastar.model_loaders.drafters.loader import load_drafter
+        from test_drafters import eagle_config, eagle_weights, write_drafter
+        folder = write_drafter(tmp_path / "eagle", eagle_weights(), eagle_config())
+        drafters = load_drafter(folder, eager), load_drafter(folder, compiled)
+    else:
+        drafters = SmallARDrafter(tiny_model(seed=6)), SmallARDrafter(tiny_model(seed=6))
+    codebook = eager.code_embeddings()
+    for seed in (0, 1):
+        want, _ = decode(eager, tiny_conditioning(eager), SAMPLING, spec, seed=seed, drafter=drafters[0],
+                         codebook=codebook)
+        got, stats = decode(compiled, tiny_conditioning(compiled), SAMPLING, spec, seed=seed, drafter=drafters[1],
+                            codebook=codebook)
+        assert torch.equal(got, want)
+    assert stats.compile_time_s >= 0 and max(max(row) for row in stats.fixed_per_forward) >= 2

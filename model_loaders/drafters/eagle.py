@@ -294,15 +294,20 @@ class EagleSession:
         if first <= 1:  # a new tree: its root's feature is the catch-up's
             self.node_features = self.feature.new_zeros(self.feature.shape[0], ancestors.shape[2], self.feature.shape[2])
             self.node_features[:, :1] = self.feature
+        features, out = self.run("grown", tokens, start, depth, ancestors, parent, self.node_features, first)
+        self.node_features[:, first:first + tokens.shape[1]] = features
+        return out
+
+    def grown(self, tokens, start, depth, ancestors, parent, node_features, first: int):
+        """The features and outputs of tree nodes ``first``.. (``grow``)."""
         rows = self._rows
-        parent_feature = self.node_features.gather(1, rows(parent).unsqueeze(-1).expand(-1, -1, self.feature.shape[-1]))
+        parent_feature = node_features.gather(1, rows(parent).unsqueeze(-1).expand(-1, -1, node_features.shape[-1]))
         root = rows(start) + self.offset
         slots = (root[:, None] + first + torch.arange(tokens.shape[1], device=tokens.device)).clamp(max=self.total_slots - 1)
         mask = tree_mask(root, rows(ancestors), self.prefix_valid, self.total_slots)
         features = self.head(self.drafter.token_ids(rows(tokens)), parent_feature, self.rope(root[:, None] + rows(depth)),
                              mask, self.cache, slots)
-        self.node_features[:, first:first + tokens.shape[1]] = features
-        return self._output(features)
+        return features, self._output(features)
 
     def stepped(self, tokens, position, feature):
         """The feature and output after one drafted token at ``position``."""

@@ -32,8 +32,8 @@ from .streaming import is_streaming
 
 # widths a model meets: prefill-free steps of 1, the windows a session or the profiler asks for, per batch
 COMPILED_SHAPES = 64
-# the session methods that run through torch.compile: every decoder's forward, and ZipAR's feeds anywhere
-COMPILED_METHODS = ("forward", "forward_at")
+# the session methods that run through torch.compile: every decoder's forward, ZipAR's feeds anywhere, draft trees
+COMPILED_METHODS = ("forward", "forward_at", "forward_tree")
 # device types where compiled steps are proven to give eager's tokens: the CPU in tests/test_compiled.py, CUDA in
 # the GPU check (H200, torch 2.11: ar and sjd on LlamaGen and Lumina-mGPT layouts, fp32 greedy, exact); elsewhere
 # (mps, ...) "auto" leaves steps eager

@@ -74,19 +74,33 @@ class TreeSettings:
         return shape.nodes if self.kind != "dynamic" else 1 + (self.depth - 1) * self.topk
 
     def grower(self, shape: DraftTree, draft_session, pipeline: Pipeline, drafts: str, session, generator, batch: int):
-        if self.kind == "dynamic":
-            top = LoopStep(TopCodes(pipeline, current_watch(), self.topk), session, generator)
-            return DynamicGrower(self, draft_session, top, batch)
         # the drafter's steps compile when the target's do (compiled.py: compile_like, following_mode): its picks too
-        pick = LoopStep(DraftPick(pipeline, current_watch(), drafts == "top", shape.siblings), session, generator)
+        if self.kind == "dynamic":
+            top = ByNodesFed(lambda: LoopStep(TopCodes(pipeline, current_watch(), self.topk), session, generator))
+            return DynamicGrower(self, draft_session, top, batch)
+        pick = ByNodesFed(lambda: LoopStep(DraftPick(pipeline, current_watch(), drafts == "top", shape.siblings),
+                                           session, generator))
         return StaticGrower(shape.rows(batch), draft_session, pick)
+
+
+class ByNodesFed:
+    """A loop step per count of nodes fed at once (a tree's depths feed different counts): a loop step's draws keep
+    one shape for the whole generation (drawn_noise.py)."""
+
+    def __init__(self, make):
+        self.make, self.steps = make, {}
+
+    def __call__(self, cond, uncond):
+        if cond.shape[1] not in self.steps:
+            self.steps[cond.shape[1]] = self.make()
+        return self.steps[cond.shape[1]](cond, uncond)
 
 
 class StaticGrower:
     """Drafts a chain or a static tree; ``draft`` gives the drafts ``x`` [B, M], the distributions ``q`` [B, M, V]
     they were drawn from, and None (every row has the static tree)."""
 
-    def __init__(self, tree: DraftTree, draft_session, pick: LoopStep):
+    def __init__(self, tree: DraftTree, draft_session, pick: ByNodesFed):
         self.tree, self.session, self.pick = tree, draft_session, pick
 
     def draft(self, seq, n, last_out, last_start):
@@ -113,7 +127,7 @@ class DynamicGrower:
     row's tree. The drafter feeds ``topk`` nodes per depth (its own tree: the nodes expanded), the target verifies
     the ``nodes`` best of everything drafted, in drafting order (so by depth, parents first, siblings by rank)."""
 
-    def __init__(self, settings: TreeSettings, draft_session, top: LoopStep, batch: int):
+    def __init__(self, settings: TreeSettings, draft_session, top: ByNodesFed, batch: int):
         self.settings, self.session, self.top, self.batch = settings, draft_session, top, batch
 
     def draft(self, seq, n, last_out, last_start):
