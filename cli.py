@@ -333,6 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--drafter", help="with --model: the drafter of the spec runs (a random shape drafts with a "
                       "random 2-layer model of its shape; without either, spec is left out)")
     prof.add_argument("--no-decoders", action="store_true", help="skip the whole-image ar/sjd/gsd/spec runs")
+    prof.add_argument("--tree", choices=TREE_KINDS, default="chain",
+                      help="also time spec on this draft tree (static: LANTERN++'s 57 drafts; dynamic: EAGLE-2's 59)")
     prof.add_argument("--kernels", action="store_true", help="where a 1-token and the widest window's forward spend "
                       "their time (torch.profiler): matrix products, attention, copies, elementwise, against wall time")
     prof.add_argument("--baselines", action="store_true", help="time the usual loop on the same weights beside "

@@ -100,6 +100,16 @@ class AcceptanceMap(io.ComfyNode):
         return io.NodeOutput(glue.to_image_tensor(maps))
 
 
+def drafted_shape(settings: dict) -> str:
+    """What a drafter drafted per forward, as the Stats node says it."""
+    if "gamma" in settings:
+        return f", gamma {settings['gamma']}"
+    if settings.get("tree") == "dynamic":
+        return (f", dynamic tree of {settings['tree_nodes']} drafts (depth {settings['tree_depth']}, top-k "
+                f"{settings['tree_topk']})")
+    return f", tree {settings['tree']}" if "tree" in settings else ""
+
+
 def baseline_name(stats: DecodeStats) -> str:
     """The sampler a speed-up is measured against: VAR's own for VAR and its students, plain AR otherwise."""
     var = stats.settings.get("model_kind") == NEXT_SCALE or stats.settings.get("teacher_sampler", [""])[0] == "VAR"
@@ -138,7 +148,7 @@ def summary(stats: DecodeStats, baseline: DecodeStats | None = None) -> str:
     if stats.drafter_forwards:
         drafter = stats.settings.get("drafter_file") or stats.settings.get("drafter", "drafter")
         lines.append(f"drafter {drafter}: {stats.drafter_forwards} forwards, {stats.drafter_time_s:.2f} s"
-                     + (f", gamma {stats.settings['gamma']}" if "gamma" in stats.settings else ""))
+                     + drafted_shape(stats.settings))
     if stats.acceptance_rate is not None:
         lines.append(f"drafts: {stats.accepted_tokens} of {stats.drafted_tokens} judged were kept "
                      f"({stats.acceptance_rate:.1%})")

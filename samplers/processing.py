@@ -108,13 +108,20 @@ def current_watch() -> NonFiniteWatch | None:
 _CURRENT = object()  # probabilities' default watch: the generation's
 
 
+def guided_logits(out: ModelOutput, settings: SamplingSettings | Pipeline) -> torch.Tensor:
+    """The logits after classifier-free guidance, in fp32: what ``probabilities`` processes (and what a greedy
+    drafter ranks its codes by)."""
+    logits = out.cond.float()
+    if out.uncond is not None:
+        logits = out.uncond.float() + (logits - out.uncond.float()) * Pipeline.of(settings).cfg_scale
+    return logits
+
+
 def probabilities(out: ModelOutput, settings: SamplingSettings | Pipeline, watch=_CURRENT) -> torch.Tensor:
     """Processed next-token distributions ``[..., V]`` in fp32. ``watch``: where non-finite logits are noted
     (default: the generation's; None: nowhere, for logits noted once already)."""
     settings = Pipeline.of(settings)
-    logits = out.cond.float()
-    if out.uncond is not None:
-        logits = out.uncond.float() + (logits - out.uncond.float()) * settings.cfg_scale
+    logits = guided_logits(out, settings)
     watch = _watch.get() if watch is _CURRENT else watch
     if watch is not None:
         watch.note(logits)

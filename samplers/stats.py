@@ -22,7 +22,8 @@ class DecodeStats:
     baseline: str = ""  # the family's plain sampler, in words ("plain AR", "plain MAR at 64 steps", ...)
     baseline_forwards: int = 0  # the forwards it takes for the same image
     drafter_forwards: int = 0
-    drafted_tokens: int = 0  # drafts the target judged, left to right up to the first rejected one
+    drafted_tokens: int = 0  # drafts the target judged, left to right up to the first rejected one (trees: each
+    # sibling tried along the accepted path)
     accepted_tokens: int = 0  # of those, the ones kept as drafted
     resample_tries: int = 0  # residual proposals drawn for the rejected ones (CSpD's acceptance-rejection)
     resample_fallbacks: int = 0  # rejected tokens whose proposals were all refused: a plain target sample

@@ -206,29 +206,31 @@ def test_janus_verifies_trees_as_chains(tmp_path):
                        vocab=model.vocab_size, start=(4, 2))
 
 
-def test_a_layout_with_row_end_tokens_refuses_trees_with_advice(anole):
+@pytest.mark.parametrize("start", [(5, 3), (7, 6)], ids=["crossing-a-row-end", "from-a-row-end"])
+def test_lumina_verifies_trees_as_chains_with_its_row_ends(anole, start):
+    """Lumina-mGPT ends each row with a token: a tree carries it after every node that ends a row (the root's own
+    when it ends one), and the accepted path keeps the row ends it crosses."""
     lumina = anole[2]
-    session = lumina.start(PromptConditioning(["a ring"]), cfg=False, max_window=8)
-    tree = static_tree("lantern++57")
-    with pytest.raises(FastARError, match="--tree chain"):
-        session.forward_tree(torch.zeros(1, 58, dtype=torch.long), torch.tensor([2]), tree.depth, tree.ancestors)
+    assert lumina.layout.row_end is not None and lumina.grid[1] == 8
+    check_tree_forward(lumina, PromptConditioning(["a red ring on blue", "a square"]), cfg=True,
+                       vocab=lumina.vocab_size, start=start)
 
 
 # -- drafters grow trees as they step chains ----------------------------------------------------------------
 
 
-def check_grow(drafter, target, conditioning, vocab: int, tolerance):
+def check_grow(drafter, target, conditioning, vocab: int, tolerance, n=(4, 3)):
     """A drafter's outputs at each node of a grown tree equal stepping it along the node's path."""
     tree = static_tree("small")
     B = conditioning.batch
     g = torch.Generator().manual_seed(11)
     codes = torch.randint(0, vocab, (B, target.grid[0] * target.grid[1]), generator=g)
-    n = torch.tensor([4, 3])
+    n = torch.tensor(n)
     nodes = torch.randint(0, vocab, (B, tree.nodes + 1), generator=g)
 
     def caught_up():
-        session = target.start(conditioning, cfg=True, max_window=8, hidden=drafter.needs_target_hidden)
-        out = session.forward(codes[:, :5], torch.zeros(B, dtype=torch.long))
+        session = target.start(conditioning, cfg=True, max_window=16, hidden=drafter.needs_target_hidden)
+        out = session.forward(codes[:, :max(n) + 1], torch.zeros(B, dtype=torch.long))
         drafting = drafter.start(conditioning, cfg=True, max_window=4, target_session=session, tree_nodes=tree.nodes)
         drafting.catch_up(codes, n, out, torch.full((B,), -1))
         return drafting
@@ -237,7 +239,7 @@ def check_grow(drafter, target, conditioning, vocab: int, tolerance):
     for depth in (1, 2):
         kids = tree.nodes_at(depth)
         sl = slice(kids.start, kids.stop)
-        out = growing.grow(nodes[:, sl], n - 1, tree.depth[:, sl].expand(B, -1), tree.ancestors[:, sl].expand(B, -1, -1),
+        out = growing.grow(nodes[:, sl], n - 1, tree.depth.expand(B, -1), tree.ancestors[:, sl].expand(B, -1, -1),
                            tree.parent[:, sl].expand(B, -1), kids.start)
         grown.update({m: out.take(torch.full((B, 1), m - kids.start)) for m in kids})
     for m, out in grown.items():
@@ -264,3 +266,12 @@ def test_a_small_ar_drafter_grows_trees_as_it_steps():
     from fastar.model_loaders.drafters.small_ar import SmallARDrafter
     target = tiny_model("c2i")
     check_grow(SmallARDrafter(tiny_model("c2i", seed=4)), target, tiny_conditioning(target), target.vocab_size, 1e-4)
+
+
+def test_a_small_drafter_grows_trees_across_lumina_row_ends(anole):
+    """Roots at a row's end and children ending a row: the drafter's catch-up leaves the root's row end where the
+    tree's nodes see it."""
+    from fastar.model_loaders.drafters.small_ar import SmallARDrafter
+    lumina = anole[2]
+    check_grow(SmallARDrafter(lumina), lumina, PromptConditioning(["a red ring", "a blue square"]), lumina.vocab_size,
+               1e-4, n=(8, 7))

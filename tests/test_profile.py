@@ -31,7 +31,7 @@ def test_a_cpu_profile_times_every_window_and_decoder(tmp_path, compiled):
     out = tmp_path / "profile.json"
     batches = [1] if compiled else [1, 2]  # compiling costs seconds per shape
     mode = "reduce-overhead" if compiled else None  # CUDA's mode (its static caches, copied outputs), on a CPU
-    args = SimpleNamespace(shape="tiny", device="cpu", dtype=None, windows="1,4,16", batches=batches, repeats=2,
+    args = SimpleNamespace(shape="tiny", tree="chain", device="cpu", dtype=None, windows="1,4,16", batches=batches, repeats=2,
                            no_decoders=False, out=str(out), compile=compiled, compile_mode=mode, model=None, grid=None,
                            drafter=None, baselines=False, gpu_weights=None, weights="auto", memory=False, kernels=False)
     report = run_profile(args)
@@ -67,7 +67,7 @@ def test_a_streamed_profile_counts_the_streamed_weights_at_the_host_bandwidth(mo
 
     monkeypatch.setattr(speed_profile, "check_gpu_weights", lambda gpu_weights, device: None)
     monkeypatch.setattr(speed_profile, "host_bandwidth", lambda timing: 1e6)  # 1 MB/s: the streamed part dominates
-    args = SimpleNamespace(shape="tiny", device="cpu", dtype=None, windows="1", batches=[1], repeats=1,
+    args = SimpleNamespace(shape="tiny", tree="chain", device="cpu", dtype=None, windows="1", batches=[1], repeats=1,
                            no_decoders=True, out=None, compile=False, compile_mode=None, model=None, grid=None,
                            drafter=None, baselines=False, gpu_weights=0, weights="auto", memory=False, kernels=False)
     report = run_profile(args)
@@ -87,7 +87,7 @@ def test_an_unknown_shape_is_refused_with_the_choices():
 def test_a_checkpoint_is_profiled_and_a_var_refused(tmp_path):
     from fastar.model_loaders.shared.demo import DEMO_AR, DEMO_VAR
 
-    args = SimpleNamespace(shape="demo", model=str(DEMO_AR), device="cpu", dtype=None, windows="1,4", batches=[1],
+    args = SimpleNamespace(shape="demo", tree="chain", model=str(DEMO_AR), device="cpu", dtype=None, windows="1,4", batches=[1],
                            repeats=1, no_decoders=False, out=None, compile=False, grid=None, drafter="demo",
                            baselines=False, gpu_weights=None, weights="auto", memory=False, kernels=False)
     report = run_profile(args)
@@ -159,7 +159,7 @@ def test_mar_profiles_refuse_the_token_options():
 def test_kernels_say_where_a_forward_spends_its_time():
     """--kernels on the CPU: each operator's own time, grouped; a 16-token window spends more of it in matrix
     products than a 1-token one, and the groups add up to the busy time, which the wall time bounds."""
-    args = SimpleNamespace(shape="tiny", device="cpu", dtype=None, windows="1,16", batches=[2], repeats=2,
+    args = SimpleNamespace(shape="tiny", tree="chain", device="cpu", dtype=None, windows="1,16", batches=[2], repeats=2,
                            no_decoders=True, out=None, compile=False, compile_mode=None, model=None, grid=None,
                            drafter=None, baselines=False, gpu_weights=None, weights="auto", memory=False, kernels=True)
     kernels = run_profile(args)["batches"]["2"]["kernels"]
@@ -193,7 +193,7 @@ def test_kernel_names_fall_in_their_group(name, group):
 def test_8_bit_weights_lower_the_floor_and_the_memory_by_their_bytes():
     """--weights int8: the floor reads 1-byte codes (and fp32 scales) where fp32 weights were; the report's memory
     counts the same bytes."""
-    args = SimpleNamespace(shape="tiny", device="cpu", dtype=None, windows="1", batches=[1], repeats=1,
+    args = SimpleNamespace(shape="tiny", tree="chain", device="cpu", dtype=None, windows="1", batches=[1], repeats=1,
                            no_decoders=True, out=None, compile=False, compile_mode=None, model=None, grid=None,
                            drafter=None, baselines=False, gpu_weights=None, weights="auto", memory=False, kernels=False)
     full, eight = run_profile(args), run_profile(SimpleNamespace(**{**vars(args), "weights": "int8"}))

@@ -77,6 +77,15 @@ def test_the_class_demos_decoders(class_demo, decoder, drafted):
     assert stats.baseline == "plain AR" and stats.baseline_forwards == 255
 
 
+@pytest.mark.parametrize("tree", ["static", "dynamic"])
+def test_the_class_demos_drafter_on_trees(class_demo, tree):
+    spec = DecoderSpec("spec", tree=tree, tree_depth=3, tree_topk=4, tree_nodes=12)
+    _, stats = decode(class_demo.ar, ClassConditioning(torch.tensor([0, 5])), SAMPLING, spec, seed=1,
+                      drafter=class_demo.drafter, codebook=class_demo.codebook())
+    check_invariants(stats, "spec")
+    assert stats.drafted_tokens > stats.accepted_tokens > stats.target_forwards  # siblings tried, several kept
+
+
 @pytest.mark.parametrize("decoder", ["ar", "sjd", "gsd", "zipar-sjd"])
 def test_the_text_demos_decoders(decoder):
     """Lumina-mGPT's layout: row-end tokens inside the windows are fed, never counted as image tokens."""

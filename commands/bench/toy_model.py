@@ -50,7 +50,7 @@ class ToySession:
             self.tree_tokens = torch.zeros(B, A, dtype=torch.long)
             self.tree_positions = torch.full((B, A), N)
         self.tree_tokens[:, first:first + T] = tokens
-        self.tree_positions[:, first:first + T] = start.unsqueeze(1) + depth
+        self.tree_positions[:, first:first + T] = start.unsqueeze(1) + depth[:, first:first + T]
         if first == 0:
             inside = start < N
             self.cache[rows[inside], start[inside]] = tokens[inside, 0]
@@ -59,7 +59,7 @@ class ToySession:
             below = ancestors[:, :, a].cpu() & (self.tree_positions[:, a:a + 1] < N)
             b, t = below.nonzero(as_tuple=True)
             seen[b, t, self.tree_positions[b, a]] = self.tree_tokens[b, a]
-        return self._outputs_seeing(seen, start.unsqueeze(1) + depth + 1)
+        return self._outputs_seeing(seen, self.tree_positions[:, first:first + T] + 1)
 
     def keep_path(self, start, path, accepted) -> None:
         """The accepted nodes' tokens go into the cache at their positions."""

@@ -216,15 +216,19 @@ def under(context, run):
     return image
 
 
-def decoder_runs(model, drafter, batch: int, sampling: SamplingSettings) -> dict:
-    """``ar``, ``sjd``, ``gsd`` and (with a drafter) ``spec`` at their defaults, as ``seed -> (forwards, codes)``."""
-    def run(name):
+def decoder_runs(model, drafter, batch: int, sampling: SamplingSettings, tree: str = "chain") -> dict:
+    """``ar``, ``sjd``, ``gsd`` and (with a drafter) ``spec`` at their defaults, and ``spec`` on a ``tree`` other than
+    a chain, as ``seed -> (forwards, codes)``."""
+    def run(spec):
         def image(seed):
-            codes, stats = decode(model, conditioning(model, batch), sampling, DecoderSpec(name), seed=seed,
-                                  drafter=drafter if name == "spec" else None)
+            codes, stats = decode(model, conditioning(model, batch), sampling, spec, seed=seed,
+                                  drafter=drafter if spec.decoder == "spec" else None)
             return stats.target_forwards, codes
         return image
-    return {name: run(name) for name in DECODERS if name != "spec" or drafter is not None}
+    runs = {name: run(DecoderSpec(name)) for name in DECODERS if name != "spec" or drafter is not None}
+    if tree != "chain" and drafter is not None:
+        runs[f"spec, {tree} tree"] = run(DecoderSpec("spec", tree=tree))
+    return runs
 
 
 def baseline_runs(model, batch: int, sampling: SamplingSettings) -> dict:
@@ -433,11 +437,11 @@ def token_batch(args, model, drafter, eager_twin, timing: Timing, batch: int, by
                                                                                     windows).items()}
     if args.no_decoders and not args.baselines:
         return entry
-    runs = decoder_runs(model, drafter, batch, sampling)
+    runs = decoder_runs(model, drafter, batch, sampling, args.tree)
     if args.no_decoders:  # the baselines still need ar to compare with
         runs = {"ar": runs["ar"]}
     if eager_twin is not None:
-        runs |= {f"eager {k}": run for k, run in decoder_runs(eager_twin, drafter, batch, sampling).items()
+        runs |= {f"eager {k}": run for k, run in decoder_runs(eager_twin, drafter, batch, sampling, args.tree).items()
                  if k in runs}
     variants = ({name: under(context, runs["sjd"]) for name, (_, context) in SJD_VARIANTS.items()}
                 if eager_twin is not None and "sjd" in runs else {})

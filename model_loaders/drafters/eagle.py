@@ -305,8 +305,8 @@ class EagleSession:
         root = rows(start) + self.offset
         slots = (root[:, None] + first + torch.arange(tokens.shape[1], device=tokens.device)).clamp(max=self.total_slots - 1)
         mask = tree_mask(root, rows(ancestors), self.prefix_valid, self.total_slots)
-        features = self.head(self.drafter.token_ids(rows(tokens)), parent_feature, self.rope(root[:, None] + rows(depth)),
-                             mask, self.cache, slots)
+        rope = self.rope(root[:, None] + rows(depth)[:, first:first + tokens.shape[1]])
+        features = self.head(self.drafter.token_ids(rows(tokens)), parent_feature, rope, mask, self.cache, slots)
         return features, self._output(features)
 
     def stepped(self, tokens, position, feature):

@@ -335,8 +335,8 @@ class LlamaGenSession:
         root = self.cond_len + start
         slots = root[:, None] + first + torch.arange(tokens.shape[1], device=tokens.device)
         mask = tree_mask(root, ancestors, self.cond_valid, self.total_slots if keys is None else keys.shape[0])
-        hidden = self.model.run_layers(self.model.tok_embeddings(tokens), self.rope[root[:, None] + depth], mask,
-                                       self.caches, slots)
+        rope = self.rope[root[:, None] + depth[:, first:first + tokens.shape[1]]]
+        hidden = self.model.run_layers(self.model.tok_embeddings(tokens), rope, mask, self.caches, slots)
         return self._output(hidden)
 
     def keep_path(self, start: torch.Tensor, path: torch.Tensor, accepted: torch.Tensor) -> None:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .transformer import (KVCache, RMSNorm, attended_slots, attention_mask, feed_mask, move_path, sees_itself,
-                          tree_mask)
+                          seen_slots, tree_mask)
 from .compiled_session import padded_prefix_len, padded_slots
 from ...errors import FastARError
 from .protocol import ModelOutput
@@ -308,21 +308,60 @@ class LayoutSession:
     def forward_tree(self, tokens: torch.Tensor, start: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,
                      keys: torch.Tensor | None = None, first: int = 0) -> ModelOutput:
         """See ``TokenARSession.forward_tree``: node m is written at the slot of image position start + m, at the
-        RoPE of its own position start + depth[m]."""
-        if self.rows_ends:
-            raise FastARError("draft trees need a layout without row-end tokens (Lumina-mGPT has them): use chains "
-                              "(--tree chain) with this model")
+        RoPE of its own position start + depth[m]. With row ends, a node that ends a row is followed by its row's
+        end token (fed with it, seen by the node's descendants, predicting the next row's first token), and the
+        slots shift by one after the root to leave its own row end in place (``tree_slots``)."""
         if self.cfg:
             tokens, start, depth, ancestors = (torch.cat([t, t]) for t in (tokens, start, depth, ancestors))
+        T, A = tokens.shape[1], ancestors.shape[2]
         root = self.image_slot(start)
-        slots = root[:, None] + first + torch.arange(tokens.shape[1], device=tokens.device)
-        mask = tree_mask(root, ancestors, self.valid, self.total_slots if keys is None else keys.shape[0])
-        hidden = self._run(self.model.embed_images(tokens), slots, mask, root[:, None] + depth)
-        return self._output(hidden)
+        positions = start[:, None] + depth[:, first:first + T]
+        images = self.model.embed_images(tokens)
+        if not self.rows_ends:
+            slots = root[:, None] + first + torch.arange(T, device=tokens.device)
+            mask = tree_mask(root, ancestors, self.valid, self.total_slots if keys is None else keys.shape[0])
+            return self._output(self._run(images, slots, mask, self.image_slot(positions)))
+        self.tree_nodes = A  # for keep_path
+        node_slots, end_slots = self.tree_slots(root, A)
+        ends = (start[:, None] + depth + 1) % self.width == 0  # [R, A]: the nodes a row end follows
+        own = torch.arange(A, device=tokens.device)[first:first + T, None] == torch.arange(A, device=tokens.device)
+        to_nodes = tree_mask(root, ancestors, self.valid, self.total_slots, node_slots)[:, 0]
+        node_mask = to_nodes | seen_slots(end_slots, ancestors & ends[:, None] & ~own, self.total_slots)
+        end_mask = to_nodes | seen_slots(end_slots, ancestors & ends[:, None], self.total_slots)
+        row_end = self.model.backbone.embed_tokens(torch.full_like(tokens, self.model.layout.row_end)).to(images.dtype)
+        fed = slice(first, first + T)
+        write = torch.cat([node_slots[:, fed], end_slots[:, fed]], 1)
+        rope = torch.cat([self.image_slot(positions), self.image_slot(positions) + 1], 1)
+        hidden = self._run(torch.cat([images, row_end], 1), write, torch.cat([node_mask, end_mask], 1)[:, None], rope)
+        return self._output(torch.where(ends[:, fed, None], hidden[:, T:], hidden[:, :T]))
+
+    def tree_slots(self, root: torch.Tensor, nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """With row ends, the slots [R, A] of a tree's nodes and of the row ends after them: the root at its slot
+        and its row end right after it (where a chain forward, a drafter's catch-up, leaves it), node a >= 1 at
+        root + 1 + a, node a's row end at root + 1 + A + a."""
+        node = torch.arange(nodes, device=root.device)
+        node_slots = root[:, None] + node + (node > 0).long()
+        end_slots = torch.where(node > 0, root[:, None] + 1 + nodes + node, root[:, None] + 1)
+        return node_slots, end_slots
 
     def keep_path(self, start: torch.Tensor, path: torch.Tensor, accepted: torch.Tensor) -> None:
-        """See ``TokenARSession.keep_path``."""
-        move_path(self.caches, self.image_slot(start), path, accepted, self.cfg)
+        """See ``TokenARSession.keep_path``; with row ends, each accepted node's row end moves with it."""
+        if not self.rows_ends:
+            move_path(self.caches, self.image_slot(start), path, accepted, self.cfg)
+            return
+        if self.cfg:
+            start, path, accepted = (torch.cat([t, t]) for t in (start, path, accepted))
+        node_slots, end_slots = self.tree_slots(self.image_slot(start), self.tree_nodes)
+        depth = torch.arange(1, path.shape[1] + 1, device=path.device)
+        kept = depth <= accepted[:, None]
+        target = self.image_slot(start[:, None] + depth)
+        ends = kept & ((start[:, None] + depth + 1) % self.width == 0)
+        scratch = torch.full_like(target, self.total_slots - 1)  # a copy onto itself: nothing moves
+        source = torch.cat([torch.where(kept, node_slots.gather(1, path), scratch),
+                            torch.where(ends, end_slots.gather(1, path), scratch)], 1)
+        target = torch.cat([torch.where(kept, target, scratch), torch.where(ends, target + 1, scratch)], 1)
+        for cache in self.caches:
+            cache.move(source, target)
 
     @torch.no_grad()
     def forward_at(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,

@@ -92,8 +92,8 @@ class TokenARSession(Protocol):
                      keys: Optional[torch.Tensor] = None, first: int = 0) -> ModelOutput:
         """Feed nodes ``first`` .. ``first + T - 1`` of a draft tree per row (optional: speculative decoding on trees
         needs it; node 0 is the root, at image position ``start[b]``): ``tokens[b, t]`` as image token
-        ``start[b] + depth[b, t]``, seeing the positions up to the root and the nodes ``ancestors[b, t]`` [B, T, A]
-        marks (its ancestors and itself, fed now or by an earlier call for this tree); output t predicts the token
+        ``start[b] + depth[b, first + t]`` (``depth`` [B, A]: every node's), seeing the positions up to the root and
+        the nodes ``ancestors[b, t]`` [B, T, A] marks (its ancestors and itself, fed now or by an earlier call for this tree); output t predicts the token
         after its node. Node m takes the cache slot of position start + m (a chain's own slots), so a later forward
         overwrites it; ``keep_path`` moves the accepted nodes into place first."""
         ...

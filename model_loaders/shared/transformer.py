@@ -78,16 +78,23 @@ def attention_mask(query_slots: torch.Tensor, cond_valid: torch.Tensor, total_sl
     return visible[:, None]
 
 
-def tree_mask(root_slots: torch.Tensor, ancestors: torch.Tensor, key_valid: torch.Tensor, keys: int) -> torch.Tensor:
-    """``[R, 1, T, S]`` for T nodes of draft trees whose node a sits at slot ``root_slots`` [R] + a: causal up to the
-    root's slot (padded prefix slots hidden, as ``attention_mask``), then the nodes ``ancestors`` [R, T, A] marks
-    (each node's ancestors and itself)."""
+def tree_mask(root_slots: torch.Tensor, ancestors: torch.Tensor, key_valid: torch.Tensor, keys: int,
+              node_slots: torch.Tensor | None = None) -> torch.Tensor:
+    """``[R, 1, T, S]`` for T nodes of draft trees whose node a sits at ``node_slots`` [R, A] (default: slot
+    ``root_slots`` [R] + a): causal up to the root's slot (padded prefix slots hidden, as ``attention_mask``), then the
+    nodes ``ancestors`` [R, T, A] marks (each node's ancestors and itself)."""
     R, T, A = ancestors.shape
     mask = attention_mask(root_slots[:, None].expand(R, T), key_valid, keys)[:, 0]
-    node_slots = root_slots[:, None, None] + torch.arange(A, device=root_slots.device)
-    tree = torch.zeros(R, T, keys, dtype=torch.bool, device=root_slots.device)
-    tree.scatter_(2, node_slots.expand(R, T, A), ancestors)
-    return (mask | tree)[:, None]
+    if node_slots is None:
+        node_slots = root_slots[:, None] + torch.arange(A, device=root_slots.device)
+    return (mask | seen_slots(node_slots, ancestors, keys))[:, None]
+
+
+def seen_slots(slots: torch.Tensor, seen: torch.Tensor, keys: int) -> torch.Tensor:
+    """``[R, T, keys]``: which of the slots ``slots`` [R, A] each of T queries sees (``seen`` [R, T, A])."""
+    R, T, A = seen.shape
+    out = torch.zeros(R, T, keys, dtype=torch.bool, device=seen.device)
+    return out.scatter_(2, slots.unsqueeze(1).expand(R, T, A), seen)
 
 
 def move_path(caches, root_slots: torch.Tensor, path: torch.Tensor, accepted: torch.Tensor, cfg: bool) -> None:

@@ -166,6 +166,10 @@ class LanternRule(ExactRule):
     lam: float = 0.0  # > 0: LANTERN++'s multiplicative bound, in place of delta
     name = "lantern"
 
+    def __post_init__(self):
+        if self.lam:
+            self.name = f"lantern++ (lambda {self.lam:g})"
+
     def judged_target(self, out, sampling, p):
         if not self.greedy:
             return p

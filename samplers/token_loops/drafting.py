@@ -19,7 +19,7 @@ from ...errors import FastARError, check_choice
 from ...model_loaders.shared.protocol import ModelOutput
 from .loop_step import LoopStep
 from .trees import STATIC_SHAPES, TREE_KINDS, DraftTree, chain, static_tree, tree_from_parents
-from ..processing import Pipeline, current_watch, probabilities, sample
+from ..processing import Pipeline, current_watch, guided_logits, probabilities, sample
 
 DRAFTS = ("sampled", "top")  # how a drafter proposes: a draw from its q, or its most likely code
 NO_MASS = -1e4  # a path score's step where the drafter gives a code no mass: finite, so scores still order paths
@@ -114,7 +114,7 @@ class StaticGrower:
                     out = self.session.step(x[:, -1:], n + above.start - 1)
                 else:
                     fed = slice(above.start, above.stop)
-                    out = self.session.grow(x[:, above.start - 1:above.stop - 1], n - 1, tree.depth[:, fed],
+                    out = self.session.grow(x[:, above.start - 1:above.stop - 1], n - 1, tree.depth,
                                             tree.ancestors[:, fed, :], tree.parent[:, fed], above.start)
             codes, dists = self.pick(out.cond, out.uncond)
             xs.append(codes[:, level.parent, level.rank])
@@ -139,6 +139,7 @@ class DynamicGrower:
         fed_parent = torch.zeros(B, fed, dtype=torch.long, device=device)
         fed_ancestors = torch.eye(fed, dtype=torch.bool, device=device).repeat(B, 1, 1)
         fed_ancestors[:, :, 0] = True
+        fed_depth = ((torch.arange(fed, device=device) + K - 1) // K).expand(B, fed)  # 0, then K of each depth
         drafted, scores, drafted_parent = [codes[:, 0]], [logq[:, 0]], [torch.full((B, K), -1, device=device)]
         frontier, frontier_scores, frontier_ids = codes[:, 0], logq[:, 0], torch.arange(K, device=device).expand(B, K)
         frontier_nodes = torch.zeros(B, K, dtype=torch.long, device=device)  # their parents among the fed nodes
@@ -148,8 +149,8 @@ class DynamicGrower:
             nodes = torch.arange(first, first + K, device=device)
             fed_parent[:, first:first + K] = frontier_nodes
             fed_ancestors[:, first:first + K] |= fed_ancestors[rows, frontier_nodes]
-            out = self.session.grow(frontier, n - 1, torch.full((B, K), d, device=device),
-                                    fed_ancestors[:, first:first + K], frontier_nodes, first)
+            out = self.session.grow(frontier, n - 1, fed_depth, fed_ancestors[:, first:first + K], frontier_nodes,
+                                    first)
             codes, logq = self.top(out.cond, out.uncond)  # [B, K, K]
             path_scores = (frontier_scores.unsqueeze(-1) + logq).flatten(1)
             drafted.append(codes.flatten(1))
@@ -182,9 +183,10 @@ class DraftPick:
 
     def body(self, noise, cond, uncond):
         """Codes [B, P, S] and their distributions [B, P, S, V] for the P nodes fed."""
-        q = probabilities(ModelOutput(cond=cond, uncond=uncond), self.pipeline, self.watch)
+        out = ModelOutput(cond=cond, uncond=uncond)
+        q = probabilities(out, self.pipeline, self.watch)
         if self.top:  # (past the codebook's size, the last code again: rejected before, so never accepted)
-            x = q.topk(min(self.siblings, q.shape[-1]), dim=-1).indices
+            x = top_codes(out, q, self.pipeline, min(self.siblings, q.shape[-1])).indices
             x = torch.cat([x, x[..., -1:].expand(*x.shape[:-1], self.siblings - x.shape[-1])], -1)
             return x, torch.nn.functional.one_hot(x, q.shape[-1]).to(q.dtype)
         codes, dists = [], []
@@ -194,6 +196,14 @@ class DraftPick:
             codes.append(sample(q, noise))
             dists.append(q)
         return torch.stack(codes, -1), torch.stack(dists, -2)
+
+
+def top_codes(out: ModelOutput, q: torch.Tensor, pipeline: Pipeline, k: int):
+    """The drafter's ``k`` most likely codes (torch.topk's values and indices): by its guided logits within the support
+    of its processed ``q`` (greedy: every code, ranked as EAGLE's and LANTERN's reference code ranks them, where q
+    itself is one-hot)."""
+    logits = guided_logits(out, pipeline)
+    return (logits if pipeline.greedy else logits.masked_fill(q <= 0, float("-inf"))).topk(k, dim=-1)
 
 
 def without_drawn(q, x, original):
@@ -207,17 +217,21 @@ def without_drawn(q, x, original):
 
 @dataclass(eq=False)
 class TopCodes:
-    """The drafter's ``k`` most likely codes at each node fed and their log-probabilities under its processed q
-    (strictly negative and finite, so a child always scores below its parent). A loop step (loop_step.py)."""
+    """The drafter's ``k`` most likely codes at each node fed and their log-probabilities under its processed q (greedy:
+    under its guided logits), strictly negative and finite, so a child always scores below its parent. A loop step
+    (loop_step.py)."""
 
     pipeline: Pipeline
     watch: object
     k: int
 
     def body(self, noise, cond, uncond):
-        q = probabilities(ModelOutput(cond=cond, uncond=uncond), self.pipeline, self.watch)
-        top = q.topk(min(self.k, q.shape[-1]), dim=-1)
-        codes, logq = top.indices, top.values.log().clamp(min=NO_MASS, max=-1e-6)
+        out = ModelOutput(cond=cond, uncond=uncond)
+        q = probabilities(out, self.pipeline, self.watch)
+        codes = top_codes(out, q, self.pipeline, min(self.k, q.shape[-1])).indices
+        # greedy: the log-probabilities of the guided logits, as the reference's; else those of the processed q
+        logp = guided_logits(out, self.pipeline).log_softmax(-1) if self.pipeline.greedy else q.log()
+        logq = logp.gather(-1, codes).clamp(min=NO_MASS, max=-1e-6)
         missing = self.k - codes.shape[-1]  # a codebook smaller than k: its last code again, with no mass
         codes = torch.cat([codes, codes[..., -1:].expand(*codes.shape[:-1], missing)], -1)
         return codes, torch.cat([logq, torch.full_like(logq[..., :1], NO_MASS).expand(*logq.shape[:-1], missing)], -1)

@@ -118,13 +118,17 @@ def test_lantern_with_delta_zero_gives_the_speculative_image(comfy, object_info)
 
 
 def test_top_drafts_run_on_both_drafter_samplers(comfy, object_info):
-    for node in ("FastARSamplerSpeculative", "FastARSamplerLANTERN"):
+    # optional and last, each after those before it: saved workflows keep their values
+    for node, newest in (("FastARSamplerSpeculative", ["drafts", "tree"]),
+                         ("FastARSamplerLANTERN", ["drafts", "tree", "lambda"])):
         drafts = options_of(object_info, node, "drafts")
         assert drafts["options"] == ["sampled", "top"] and drafts["default"] == "sampled"
-        assert object_info[node]["input_order"]["optional"][-1] == "drafts"  # saved workflows keep their values
+        assert object_info[node]["input_order"]["optional"][-len(newest):] == newest
     prompt = workflow_prompt(COMPARE, object_info)
     for node in ("FastARSamplerSpeculative", "FastARSamplerLANTERN"):
         node_of(prompt, node)["inputs"]["drafts"] = "top"
+        for newer in ("tree", "lambda"):  # as a workflow saved before trees existed
+            node_of(prompt, node)["inputs"].pop(newer, None)
     entry = comfy.run(prompt)
     assert entry["status"]["status_str"] == "success", harness.execution_error(entry)
     assert all(image.std() > 1 for image in images_by_title(comfy, prompt, entry).values())
@@ -132,6 +136,19 @@ def test_top_drafts_run_on_both_drafter_samplers(comfy, object_info):
     entry = comfy.run(prompt)
     assert entry["status"]["status_str"] == "success", harness.execution_error(entry)
     assert "drafter demo_drafter/" in texts_by_decoder(entry)["LANTERN"]
+
+
+def test_trees_run_on_both_drafter_samplers(comfy, object_info):
+    for node in ("FastARSamplerSpeculative", "FastARSamplerLANTERN"):
+        assert options_of(object_info, node, "tree")["options"] == ["chain", "lantern++57", "dynamic"]
+    prompt = workflow_prompt(COMPARE, object_info)
+    node_of(prompt, "FastARSamplerSpeculative")["inputs"]["tree"] = "lantern++57"
+    node_of(prompt, "FastARSamplerLANTERN")["inputs"].update({"tree": "dynamic", "lambda": 2.0})
+    entry = comfy.run(prompt)
+    assert entry["status"]["status_str"] == "success", harness.execution_error(entry)
+    assert all(image.std() > 1 for image in images_by_title(comfy, prompt, entry).values())
+    texts = texts_by_decoder(entry)
+    assert "tree lantern++57" in texts["SPEC"] and "dynamic tree of 59 drafts" in texts["LANTERN"], texts
 
 
 def test_old_gsd_widgets_without_gamma_still_run(comfy, object_info):

@@ -102,3 +102,28 @@ def assert_spec_run(case: str, model_args: list, tmp_path: Path, target_codes=No
     assert codes == run["codes"], "codes differ from the official speculative sampler's"
     assert json.loads(stats.read_text())["fixed_at"] == run["fixed_at"], \
         "codes were accepted at other iterations than in the official sampler"
+
+
+def expected_trees(case: str) -> dict:
+    """``fixtures/<case>/expected_trees.json``: the official sampler drafting LANTERN's trees (build/trees.py)."""
+    return json.loads((fixture(case) / "expected_trees.json").read_text())
+
+
+def assert_tree_run(case: str, kind: str, model_args: list, tmp_path: Path) -> None:
+    """``generate --decoder spec --drafts top --tree static|dynamic`` with the case's drafter, greedy: the codes of the
+    official sampler drafting that tree (LANTERN's naive_extend_57 or its EAGLE-2 dynamic tree at its defaults; the
+    target's greedy codes, those of the case's chain run) and each code fixed at the iteration where the official
+    sampler fixed it (its accept lengths: the longest path of the target's codes, plus one)."""
+    run = next(r for r in expected_trees(case)["runs"] if f" {kind} tree " in r["name"])
+    assert run["codes"] == expected(case)["runs"][0]["codes"], "the official tree runs left the target's greedy codes"
+    tokens, stats = tmp_path / "t.json", tmp_path / "s.json"
+    r = fastar("generate", *model_args, "--drafter", fixture(case) / "drafter", *run["args"], "--quiet",
+               "--tokens-out", tokens, "--stats-out", stats, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert generated_codes(tokens) == run["codes"], f"{kind} tree: codes differ from the official speculative sampler's"
+    fixed_at = json.loads(stats.read_text())["fixed_at"]
+    for image, (ours, official) in enumerate(zip(fixed_at, run["fixed_at"])):
+        first = next((i for i, (a, b) in enumerate(zip(ours, official)) if a != b), None)
+        assert first is None, (f"{kind} tree, image {image}: code {first} fixed at iteration {ours[first]}, the official "
+                               f"sampler fixed it at {official[first]} ({max(ours)} target forwards, official "
+                               f"{max(official)})")

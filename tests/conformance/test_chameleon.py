@@ -10,8 +10,8 @@ from safetensors.torch import load_file, save_file
 from fastar.errors import FastARError
 from fastar.model_loaders import load_ar_model
 
-from fastar.tests.conformance.common import (assert_image_close, assert_spec_run, expected, fastar, fixture,
-                                             generated_codes, session_drafts)
+from fastar.tests.conformance.common import (assert_image_close, assert_spec_run, assert_tree_run, expected, fastar,
+                                             fixture, generated_codes, session_drafts)
 
 VQGAN = "chameleon_vqgan/vqgan.ckpt"
 
@@ -89,3 +89,12 @@ def test_anole_drafter_greedy_spec_gives_lanterns_codes_and_acceptance(tmp_path)
     (a chain of 4 drafts per target forward), whose codes are the target's greedy codes."""
     assert_spec_run(ANOLE_LANTERN, ["--model", fixture("anole"), "--vq", fixture("chameleon_vqgan") / "vqgan.ckpt",
                                     "--dtype", "fp32"], tmp_path, target_codes=expected("anole")["runs"][0]["codes"])
+
+
+@pytest.mark.parametrize("kind", ["static", "dynamic"])
+def test_anole_drafter_greedy_trees_give_lanterns_codes_and_acceptance(kind, tmp_path):
+    """LANTERN's Anole EaModel.generate with static_tree True (naive_extend_57) and False (its dynamic tree at its
+    defaults), greedy, one prompt per call: FastAR's ``--tree static`` / ``--tree dynamic`` with both prompts in one
+    batch give its codes (the target's greedy codes) and its accept lengths."""
+    assert_tree_run(ANOLE_LANTERN, kind, ["--model", fixture("anole"), "--vq", fixture("chameleon_vqgan") / "vqgan.ckpt",
+                                          "--dtype", "fp32"], tmp_path)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastar.tests.conformance.common import (assert_image_close, assert_spec_run, expected, fastar, fixture,
-                                             generated_codes, session_drafts)
+import pytest
+
+from fastar.tests.conformance.common import (assert_image_close, assert_spec_run, assert_tree_run, expected, fastar,
+                                             fixture, generated_codes, session_drafts)
 
 C2I = "llamagen_c2i"
 
@@ -109,6 +111,14 @@ def test_lantern_drafter_greedy_spec_gives_the_official_codes_and_acceptance(tmp
         "tokens were accepted at other iterations than with the official drafter's chains"
 
 
+@pytest.mark.parametrize("kind", ["static", "dynamic"])
+def test_lantern_drafter_greedy_trees_give_the_official_codes_and_acceptance(kind, tmp_path):
+    """``--drafts top --tree static`` (LANTERN++'s naive_extend_57) and ``--tree dynamic`` (EAGLE-2's tree at LANTERN's
+    defaults: depth 4 = 5 deep, top_k 10, total_token 59 = 58 drafts), greedy: the target's greedy codes, each fixed
+    at the iteration where LANTERN's topK_genrate_v1 / topK_genrate trees and evaluate_posterior(_v1) fixed it."""
+    assert_tree_run(LANTERN, kind, ["--model", fixture(LANTERN) / "gpt.pt"], tmp_path)
+
+
 LANTERN_T2I = "llamagen_t2i_lantern"
 
 
@@ -142,6 +152,15 @@ def test_lantern_t2i_greedy_spec_gives_the_official_codes_and_acceptance(tmp_pat
     of 4 drafts per target forward); its codes are its target class's own greedy codes (checked by the builder)."""
     folder = fixture(LANTERN_T2I)
     assert_spec_run(LANTERN_T2I, ["--model", folder / "LlamaGen-T2I", "--t5", fixture("llamagen_t2i") / "t5"],
+                    tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["static", "dynamic"])
+def test_lantern_t2i_greedy_trees_give_the_official_codes_and_acceptance(kind, tmp_path):
+    """LANTERN's EaModel.generate with static_tree True (naive_extend_57) and False (its dynamic tree at its
+    defaults), greedy: FastAR's ``--tree static`` / ``--tree dynamic`` give its codes and its accept lengths."""
+    folder = fixture(LANTERN_T2I)
+    assert_tree_run(LANTERN_T2I, kind, ["--model", folder / "LlamaGen-T2I", "--t5", fixture("llamagen_t2i") / "t5"],
                     tmp_path)
 
 

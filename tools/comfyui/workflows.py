@@ -416,6 +416,8 @@ def llamagen_t2i(info) -> dict:
 
 LANTERN = {"lantern_k": 1000, "lantern_delta": 0.1, "gamma": 4}
 DRAFTS = "sampled"  # the drafter's proposals: a draw from its distribution (the pack's default)
+TREE = "chain"  # what the drafter drafts per forward (the pack's default)
+LAMBDA = 0.0  # LANTERN++'s bound: off, delta applies
 
 
 def mar_widgets(num_iter=64, diffusion_steps=100, cfg_schedule="linear"):
@@ -539,8 +541,8 @@ def demo_lantern_compare(info) -> dict:
            "and shows the measured speed-up, the model forwards and the drafter forwards and time.",
            width=320, height=380)
     columns = [("FastARSamplerAR", "AR (baseline)", []),
-               ("FastARSamplerSpeculative", "Speculative (lossless)", [LANTERN["gamma"], DRAFTS]),
-               ("FastARSamplerLANTERN", "LANTERN (relaxed)", [*LANTERN.values(), *SJD.values(), DRAFTS]),
+               ("FastARSamplerSpeculative", "Speculative (lossless)", [LANTERN["gamma"], DRAFTS, TREE]),
+               ("FastARSamplerLANTERN", "LANTERN (relaxed)", [*LANTERN.values(), *SJD.values(), DRAFTS, TREE, LAMBDA]),
                ("FastARSamplerGSD", "GSD (relaxed)", [*SJD.values(), 10, 0.15, 0.5, LANTERN["gamma"]])]
     drafter_columns(g, ar, vq, label, drafter, [(kind, title, sampler_widgets(seed=3) + extra)
                                                 for kind, title, extra in columns], decode_y=760)
@@ -552,7 +554,7 @@ def lantern_with_drafter(g: Graph, ar, vq, conditioner, drafter_name: str, widge
     which goes under the conditioner. The Load Drafter."""
     drafter = fed_by_model(g, ar, "FastARLoadDrafter", below(conditioner), [drafter_name, "auto"])
     sampler, _ = single_sampler(g, ar, vq, conditioner, "FastARSamplerLANTERN",
-                                widgets + [*LANTERN.values(), *SJD.values(), DRAFTS], prefix)
+                                widgets + [*LANTERN.values(), *SJD.values(), DRAFTS, TREE, LAMBDA], prefix)
     g.connect(drafter, "drafter", sampler, "drafter")
     return drafter
 

@@ -44,6 +44,7 @@ from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from provenance import commit_of, fixed_at_of, packages, write_expected  # noqa: E402
+import trees  # noqa: E402 - build/trees.py: LANTERN's trees and the checks of a tree fixture
 
 CODES = 8192
 WORDS = ["a", "red", "blue", "green", "ring", "circle", "square", "on", "background", "small", "large", "the",
@@ -486,12 +487,79 @@ ANOLE_LANTERN_MADE_WITH = (
     "loads but only its relaxed (lantern=True) acceptance reads, is a placeholder in the scratch folder")
 
 
+def build_anole_lantern_trees(lantern: Path, out: Path, vocab: dict[str, int]) -> list:
+    """anole_lantern/expected_trees.json's runs: the committed anole/ target and anole_lantern/drafter/ in LANTERN's
+    own sampler at its tree defaults (static naive_extend_57 and dynamic), greedy, one prompt per call."""
+    sys.path.insert(0, str(lantern))
+    import numpy as np
+
+    from models import ea_model_anole
+    from models.drafters import choices, cnets_anole
+
+    use_cpu_token_manager()
+    target_folder, folder = (out / "anole").resolve(), (out / "anole_lantern").resolve()
+    chain_run = json.loads((folder / "expected.json").read_text())["runs"][0]
+    scratch = anole_scratch(vocab, out / "chameleon_vqgan")
+    distances = scratch / "ckpts/anole/vq_distances"  # EaModel loads it; only its relaxed (lantern) test reads it
+    distances.mkdir(parents=True)
+    np.save(distances / "top_8191_indices.npy", np.tile(np.arange(CODES, dtype=np.int64), (CODES, 1))[:, :2])
+    non_image = torch.tensor([*range(4), *range(8196, len(vocab))])  # the class's 0..3 + 8196..65535, cut
+
+    runs = []
+    with working_directory(scratch):
+        model = ea_model_anole.EaModel.from_pretrained(
+            base_model_path=str(target_folder), ea_model_path=str(folder / "drafter"), total_token=trees.TOTAL_TOKEN,
+            depth=trees.DEPTH, top_k=trees.TOP_K, torch_dtype=torch.float32, attn_implementation="eager").eval()
+        for owner in (model, model.ea_layer, model.base_model):
+            owner.non_image_tokens = non_image
+        tokenizer = model.base_model.tokenizer
+        for kind in ("static", "dynamic"):
+            margins, gaps = trees.PathMargins(), trees.BoundaryGaps()
+            run = {"codes": [], "fixed_at": [], "target_forwards": []}
+            for b, prompt in enumerate(PROMPTS):
+                def generate(static_tree, prompt=prompt):
+                    return model.generate(prompt=[prompt], max_length=1024, temperature=0.0, top_k=1, top_p=1.0,
+                                          cfg=ANOLE_CFG, lantern=False, static_tree=static_tree)[0]
+
+                target = chain_run["codes"][b]  # the target's greedy codes (checked by the anole_lantern case)
+                ids, accepts = trees.ea_model_run(model, cnets_anole, generate, kind, [c + 4 for c in target],
+                                                  choices.naive_extend_57, margins, gaps, tag=f"prompt {b}")
+                codes = tokenizer.translation.convert_bpe2img(ids[0].flatten()).tolist()
+                assert codes == target, f"{kind}: greedy speculative decoding left the target's greedy codes"
+                for seed in range(trees.SHAKES):
+                    _, shaken = trees.ea_model_run(model, cnets_anole, generate, kind, [c + 4 for c in target],
+                                                   choices.naive_extend_57, shake=seed)
+                    assert shaken == accepts, f"{kind}: the accept lengths move when the drafter's logits are shaken"
+                run["codes"].append(codes)
+                run["fixed_at"].append(fixed_at_of(accepts, len(codes)))
+                run["target_forwards"].append(max(run["fixed_at"][-1]))
+            print(f"{kind}: target forwards per image {run['target_forwards']}", end="; ")
+            runs.append({"name": f"anole spec {kind} tree cfg {ANOLE_CFG} greedy",
+                         "args": ["--prompt", PROMPTS[0], "--prompt", PROMPTS[1], "--cfg", str(ANOLE_CFG), "--top-k",
+                                  "1", "--decoder", "spec", *map(str, trees.fastar_args(kind))],
+                         **run, **trees.summary(margins, gaps)})
+    return runs
+
+
+ANOLE_LANTERN_TREES_MADE_WITH = (
+    "models/ea_model_anole.py EaModel.from_pretrained(anole/, anole_lantern/drafter/, total_token=59, depth=4, "
+    "top_k=10: its defaults, torch_dtype fp32, eager attention).generate(prompt=[p], max_length=1024, temperature=0 "
+    "(greedy: no logits processor), cfg=3, lantern=False, static_tree=True (tree_choices naive_extend_57: "
+    "topK_genrate_v1, evaluate_posterior_v1) or False (topK_genrate, evaluate_posterior)), one prompt per call as it "
+    "allows, with the anole_lantern case's set-up (TokenManager on 'cpu', the non-image id list cut at the tiny "
+    "vocabulary's end in the EaModel, its drafter and its target, the vq_distances placeholder); codes (BPE ids "
+    "through the tokenizer's convert_bpe2img) asserted equal to expected.json's (the target's greedy codes); "
+    "fixed_at from the evaluate_posterior(_v1) accept lengths; target_forwards: the iterations that fixed the 1024 "
+    "codes (its loop runs on until new_token > max_length). " + trees.CHECKS)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lantern", required=True, type=Path, help="a checkout of jadohu/LANTERN")
     parser.add_argument("--lumina", type=Path, help="a checkout of Alpha-VLLM/Lumina-mGPT (not for --only)")
-    parser.add_argument("--only", choices=["anole_lantern"], help="build only this case from the committed fixtures "
-                        "(anole_lantern: LANTERN's Anole drafter for anole/)")
+    parser.add_argument("--only", choices=["anole_lantern", "anole_lantern_trees"],
+                        help="build only this case from the committed fixtures (anole_lantern: LANTERN's Anole drafter "
+                        "for anole/; anole_lantern_trees: its static and dynamic trees, expected_trees.json)")
     parser.add_argument("--commit", help="LANTERN's commit, when the checkout is an export without .git")
     parser.add_argument("--lumina-commit", help="Lumina-mGPT's commit, likewise")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "fixtures")
@@ -499,6 +567,14 @@ def main() -> None:
     import transformers
 
     vocab = vocabulary()
+    if args.only == "anole_lantern_trees":
+        runs = build_anole_lantern_trees(args.lantern, args.out, vocab)
+        (args.out / "anole_lantern" / "expected_trees.json").write_text(json.dumps({"source": {
+            "repository": "jadohu/LANTERN", "commit": args.commit or commit_of(args.lantern),
+            "packages": packages("torch", "transformers", "numpy"), "builder": "tests/conformance/build/chameleon.py "
+            "--only anole_lantern_trees", "target": "fixtures/anole", "drafter": "fixtures/anole_lantern/drafter",
+            "made_with": ANOLE_LANTERN_TREES_MADE_WITH}, "runs": runs}, indent=1, ensure_ascii=False) + "\n")
+        return
     if args.only == "anole_lantern":
         run = build_anole_lantern(args.lantern, args.out, vocab, args.out / "chameleon_vqgan")
         write_expected(args.out / "anole_lantern", {

@@ -34,6 +34,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from common import FIXTURES, save_image  # noqa: E402
 from provenance import COMMITS, commit_of, fixed_at_of, packages, stub_torchvision, write_expected  # noqa: E402
+import trees  # noqa: E402 - build/trees.py: LANTERN's trees and the checks of a tree fixture
 
 # the tiny sizes: GPT width 32, 2 layers, 2 heads, a 64-code VQ with 2 levels
 # (downsample 2), 6x6 image tokens (12x12 px images)
@@ -672,6 +673,143 @@ def build_lantern(checkout: Path, llamagen: Path) -> None:
          "drafter_logit_rows": sampled_rows, "drafts": logits.argmax(-1).tolist()}])
 
 
+# -- case 3b: LANTERN's LlamaGen drafter drafting trees (static naive_extend_57, dynamic EAGLE-2) -------------------
+
+
+def official_tree_spec(drafter, cnets, ea_model, kind, hidden, codes, head, batch, margins=None, gaps=None, shake=None):
+    """Greedy speculative decoding with the official drafter's trees, as official_spec does with its chains: at n fixed
+    codes the drafter (fresh KV) drafts a tree from the target's hidden states of slots 0..n-1 and the codes, with
+    ``topK_genrate_v1`` over naive_extend_57 (static; candidates from EaModel.generate_tree_buffers and
+    generate_candidates, as EaModel.generate builds them) or ``topK_genrate`` (dynamic; candidates
+    ``draft_tokens[0, retrieve_indices]`` with its -1 padding); the official greedy rule (EaModel.evaluate_posterior_v1
+    / evaluate_posterior, logits_processor None) picks the accepted path, the target's logits at the tree's nodes being
+    its greedy codes (one-hot: the target's choice after a matching prefix; a node after a mismatch is never counted).
+    Returns fixed_at [B][N] and each image's accept lengths; ``margins``/``gaps`` (trees.PathMargins/BoundaryGaps) are
+    fed the recorded logits; ``shake`` = a seed: the drafter's guided logits shaken (trees.perturbed)."""
+    import types
+    from functools import partial
+
+    from models.drafters import choices
+
+    EaModel = ea_model.EaModel
+    stub = types.SimpleNamespace(nearest_latents=None)
+    stub.pad_path = partial(EaModel.pad_path, stub)
+    buffers = EaModel.generate_tree_buffers(stub, choices.naive_extend_57, device="cpu")
+    N = codes.shape[1]
+    fixed_at, accepts = [], []
+    recorder = trees.perturbed(cnets, drafter, shake) if shake is not None else trees.DraftLogits(cnets, drafter)
+    with recorder as record:
+        for b in range(batch):
+            rows, n, accepted = [b, batch + b], 1, []
+            while n < N:
+                drafter.reset_kv()
+                ids = torch.cat([torch.zeros(1, dtype=torch.long), codes[b, :n]])[None].repeat(2, 1)
+                if kind == "static":
+                    tree_logits = drafter.topK_genrate_v1(hidden[rows, :n], ids, head, None, CFG)
+                    candidates, _, _ = EaModel.generate_candidates(stub, tree_logits, buffers["tree_indices"],
+                                                                   buffers["retrieve_indices"], ids[:, -1:], None)
+                else:
+                    draft_tokens, retrieve, _, _ = drafter.topK_genrate(hidden[rows, :n], ids, head, None, CFG)
+                    draft_tokens = torch.cat((draft_tokens, torch.full((1, 1), -1)), dim=1)
+                    candidates = draft_tokens[0, retrieve]
+                width = candidates.shape[1]
+                ahead = codes[b, n:n + width].tolist()
+                target = torch.zeros(candidates.shape[0], width, VOCAB)  # past the image's end: argmax 0, never counted
+                for j, code in enumerate(ahead):
+                    target[:, j, code] = 1.0
+                if kind == "static":
+                    _, accept, _ = EaModel.evaluate_posterior_v1(stub, target, candidates, None, None, None, None, None,
+                                                                 None)
+                else:
+                    _, accept, _ = EaModel.evaluate_posterior(stub, target, candidates, None)
+                accept = int(accept)
+                if margins is not None:
+                    tag = f"image {b} at {n}"
+                    logits = record.rows(len(record.calls) - 1)
+                    if kind == "static":
+                        margins.static(logits, choices.naive_extend_57, ahead, accept, tag)
+                    else:
+                        margins.dynamic(logits, trees.TOP_K, trees.DEPTH, trees.TOTAL_TOKEN - 1, ahead, accept, tag,
+                                        gaps)
+                accepted.append(accept)
+                n += accept + 1
+            fixed_at.append(fixed_at_of(accepted, N))
+            accepts.append(accepted)
+    return fixed_at, accepts
+
+
+def build_lantern_trees(checkout: Path, llamagen: Path) -> None:
+    """llamagen_lantern/expected_trees.json: the committed target (gpt.pt) and drafter folder drafting LANTERN's two
+    trees at its defaults, greedy."""
+    official_path(llamagen)
+    from autoregressive.models import generate as generate_module
+    from autoregressive.models import gpt
+
+    lantern_packages(checkout)
+    from models import ea_model_llamagen
+    from models.configs.configs import EConfig
+    from models.drafters import choices, cnets_llamagen
+
+    folder = FIXTURES / "llamagen_lantern"
+    chain_run = json.loads((folder / "expected.json").read_text())["runs"][0]
+    labels = torch.tensor(CLASSES)
+    state = torch.load(folder / "gpt.pt", map_location="cpu", weights_only=False)["model"]
+    reloaded = tiny_gpt(gpt, SEED, LANTERN_GRID, num_classes=NUM_CLASSES, cls_token_num=1, model_type="c2i")
+    reloaded.load_state_dict(state, strict=False)
+    codes = official_greedy(generate_module, reloaded, labels, grid=LANTERN_GRID).long()
+    assert codes.tolist() == chain_run["codes"], "the committed codes are not the target's official greedy codes"
+    hidden, head = target_hidden(gpt, state, SEED, labels, codes)
+
+    # the drafter as EaModel loads it (EConfig from config.json, bias from it, strict state dict) at the defaults
+    config = json.loads((folder / "drafter" / "config.json").read_text())
+    drafter = cnets_llamagen.Model(EConfig(**config), bias=config.get("bias", True), total_tokens=trees.TOTAL_TOKEN,
+                                   depth=trees.DEPTH, top_k=trees.TOP_K)
+    drafter.load_state_dict(torch.load(folder / "drafter" / "pytorch_model.bin", map_location="cpu"), strict=True)
+    drafter.gradient_checkpointing = False
+    drafter.diff_device = False  # as EaModel sets it (one device)
+    drafter.eval()
+    drafter.init_tree()
+    drafter.init_tree_v1(choices.naive_extend_57)
+
+    classes = ",".join(map(str, CLASSES))
+    runs = []
+    for kind in ("static", "dynamic"):
+        margins, gaps = trees.PathMargins(), trees.BoundaryGaps()
+        fixed_at, accepts = official_tree_spec(drafter, cnets_llamagen, ea_model_llamagen, kind, hidden, codes, head,
+                                               len(CLASSES), margins, gaps)
+        for seed in range(trees.SHAKES):
+            _, shaken = official_tree_spec(drafter, cnets_llamagen, ea_model_llamagen, kind, hidden, codes, head,
+                                           len(CLASSES), shake=seed)
+            assert shaken == accepts, f"{kind}: the accept lengths move when the drafter's logits are shaken"
+        print(f"{kind}: target forwards per image {[max(a) for a in fixed_at]}", end="; ")
+        runs.append({"name": f"greedy spec {kind} tree cfg {CFG}",
+                     "args": ["--classes", classes, "--cfg", CFG, "--top-k", 1, "--decoder", "spec",
+                              *trees.fastar_args(kind)],
+                     "codes": codes.tolist(), "fixed_at": fixed_at, "target_forwards": [max(a) for a in fixed_at],
+                     **trees.summary(margins, gaps)})
+    write_expected_trees(folder, {
+        "repository": "jadohu/LANTERN", "commit": commit_of(checkout),
+        "target_repository": "FoundationVision/LlamaGen", "target_commit": commit_of(llamagen),
+        "packages": packages("torch", "transformers"), "builder": "tests/conformance/build/llamagen.py lantern_trees",
+        "made_with": "the committed gpt.pt (its codes re-made by LlamaGen's generate.generate, cfg 4, top_k 1, and "
+                     "checked against expected.json) and drafter/ loaded as EaModel loads it into models/drafters/"
+                     f"cnets_llamagen.Model(total_tokens={trees.TOTAL_TOKEN}, depth={trees.DEPTH}, "
+                     f"top_k={trees.TOP_K}: EaModel.from_pretrained's defaults); greedy speculative decoding as the "
+                     "chain case's (the drafter fresh at each iteration over the target's teacher-forced final-norm "
+                     "hidden states of slots 0..n-1 and the codes): static = Model.topK_genrate_v1 over "
+                     "choices.naive_extend_57 (init_tree_v1), candidates by EaModel.generate_tree_buffers + "
+                     "generate_candidates, accepted by EaModel.evaluate_posterior_v1; dynamic = Model.topK_genrate, "
+                     "candidates draft_tokens[0, retrieve_indices], accepted by EaModel.evaluate_posterior (both with "
+                     "logits_processor None, the target's logits at the nodes one-hot at its greedy codes); fixed_at "
+                     "from the accept lengths. " + trees.CHECKS,
+    }, runs)
+
+
+def write_expected_trees(folder: Path, source: dict, runs: list) -> None:
+    (folder / "expected_trees.json").write_text(json.dumps({"source": source, "runs": runs}, indent=1,
+                                                           ensure_ascii=False) + "\n")
+
+
 # -- case 5: LANTERN's LlamaGen text-to-image drafter, with LANTERN's own target class and sampler -----------------
 
 T2I_LANTERN_GRID = 16  # cnets_llamagen.Model hard-codes block_size 256 (16x16) and 119 replayed rows for t2i
@@ -901,6 +1039,85 @@ def build_lantern_t2i(checkout: Path, t5_folder: Path) -> None:
          "drafter_logit_rows": rows}])
 
 
+# -- case 5b: the same, drafting trees: LANTERN's EaModel.generate with static_tree True and False ------------------
+
+
+def build_lantern_t2i_trees(checkout: Path, t5_folder: Path) -> None:
+    """llamagen_t2i_lantern/expected_trees.json: the committed LlamaGen-T2I/ and drafter/ folders in LANTERN's own
+    sampler at its tree defaults, greedy, one prompt per call."""
+    import os
+    import shutil
+    import tempfile
+
+    import numpy as np
+
+    lantern_packages(checkout)
+    from models.drafters import choices, cnets_llamagen
+    from models.kv_variants import modeling_llamagen_kv
+
+    official_embedder = modeling_llamagen_kv.T5Embedder
+
+    def cpu_embedder(*args, device=None, torch_dtype=None, **kwargs):  # hard-coded 'cuda' and bf16
+        return official_embedder(*args, device="cpu", torch_dtype=torch.float32, **kwargs)
+
+    modeling_llamagen_kv.T5Embedder = cpu_embedder
+    from models import ea_model_llamagen
+
+    folder = (FIXTURES / "llamagen_t2i_lantern").resolve()
+    chain_run = json.loads((folder / "expected.json").read_text())["runs"][0]
+    scratch = Path(tempfile.mkdtemp())  # the relative paths the classes open: the T5 folder, the VQ distances
+    shutil.copytree(t5_folder, scratch / "ckpts/llamagen/t5/flan-t5-xl")
+    (scratch / "ckpts/llamagen/vq_distances").mkdir(parents=True)
+    np.save(scratch / "ckpts/llamagen/vq_distances/top_16383_indices.npy",  # only lantern=True reads it
+            np.tile(np.arange(VOCAB, dtype=np.int64), (VOCAB, 1))[:, :2])
+    os.chdir(scratch)
+    model = ea_model_llamagen.EaModel.from_pretrained(
+        base_model_path=str(folder / "LlamaGen-T2I"), ea_model_path=str(folder / "drafter"),
+        total_token=trees.TOTAL_TOKEN, depth=trees.DEPTH, top_k=trees.TOP_K, torch_dtype=torch.float32).eval()
+
+    runs = []
+    for kind in ("static", "dynamic"):
+        margins, gaps = trees.PathMargins(), trees.BoundaryGaps()
+        run = {"codes": [], "fixed_at": [], "target_forwards": []}
+        for b, prompt in enumerate(T2I_LANTERN_PROMPTS):
+            def generate(static_tree, prompt=prompt):
+                return model.generate(prompt=[prompt], max_length=T2I_LANTERN_GRID ** 2, temperature=0.0, top_k=1,
+                                      top_p=1.0, cfg=T2I_LANTERN_CFG, lantern=False, static_tree=static_tree)[0]
+
+            target = chain_run["codes"][b]  # the class's own greedy codes (checked by the lantern_t2i case)
+            ids, accepts = trees.ea_model_run(model, cnets_llamagen, generate, kind, target, choices.naive_extend_57,
+                                              margins, gaps, tag=f"prompt {b}")
+            assert ids[0].tolist() == target, f"{kind}: greedy speculative decoding left the target's greedy codes"
+            for seed in range(trees.SHAKES):
+                _, shaken = trees.ea_model_run(model, cnets_llamagen, generate, kind, target, choices.naive_extend_57,
+                                               shake=seed)
+                assert shaken == accepts, f"{kind}: the accept lengths move when the drafter's logits are shaken"
+            run["codes"].append(target)
+            run["fixed_at"].append(fixed_at_of(accepts, len(target)))
+            run["target_forwards"].append(max(run["fixed_at"][-1]))
+        print(f"{kind}: target forwards per image {run['target_forwards']}", end="; ")
+        prompt_args = [arg for prompt in T2I_LANTERN_PROMPTS for arg in ("--prompt", prompt)]
+        runs.append({"name": f"greedy spec {kind} tree cfg {T2I_LANTERN_CFG}",
+                     "args": [*prompt_args, "--cfg", T2I_LANTERN_CFG, "--top-k", 1, "--decoder", "spec",
+                              *trees.fastar_args(kind)],
+                     **run, **trees.summary(margins, gaps)})
+    write_expected_trees(folder, {
+        "repository": "jadohu/LANTERN", "commit": commit_of(checkout),
+        "packages": packages("torch", "transformers", "tokenizers", "accelerate", "ftfy", "beautifulsoup4", "numpy"),
+        "builder": "tests/conformance/build/llamagen.py lantern_t2i_trees", "t5": "fixtures/llamagen_t2i/t5",
+        "made_with": "models/ea_model_llamagen.py EaModel.from_pretrained(LlamaGen-T2I/, drafter/, "
+                     f"total_token={trees.TOTAL_TOKEN}, depth={trees.DEPTH}, top_k={trees.TOP_K}: its defaults, "
+                     "torch_dtype fp32).generate(prompt=[p], max_length=256, temperature=0 (greedy: no logits "
+                     "processor), cfg=7.5, lantern=False, static_tree=True (tree_choices naive_extend_57: "
+                     "topK_genrate_v1, evaluate_posterior_v1) or False (topK_genrate, evaluate_posterior)), one "
+                     "prompt per call as it allows, the lantern_t2i case's prompts (all 120 caption slots real: no "
+                     "padded-caption artefact) and set-up (T5Embedder on 'cpu' in fp32, the vq_distances placeholder); "
+                     "codes asserted equal to expected.json's (the target class's greedy codes); fixed_at from the "
+                     "evaluate_posterior(_v1) accept lengths; target_forwards: the iterations that fixed the 256 codes (its "
+                     "loop runs on until new_token > max_length). " + trees.CHECKS,
+    }, runs)
+
+
 # -- case 6: ZipAR's parallel rows -----------------------------------------------------------------------
 
 ZIPAR_WINDOWS = (2, 4)  # the reference's zipar_window_size (FastAR's --zipar-lead) on a 6-wide grid
@@ -971,7 +1188,8 @@ def build_zipar(checkout: Path) -> None:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("case", choices=["c2i", "t2i", "dd", "lantern", "lantern_t2i", "zipar"])
+    parser.add_argument("case", choices=["c2i", "t2i", "dd", "lantern", "lantern_t2i", "zipar", "lantern_trees",
+                                         "lantern_t2i_trees"])
     parser.add_argument("--official", required=True, type=Path, help="checkout of the case's official repository")
     parser.add_argument("--llamagen", type=Path, help="lantern: checkout of FoundationVision/LlamaGen")
     parser.add_argument("--commit", help="the --official checkout's commit, where it is no git work tree")
@@ -982,12 +1200,14 @@ def main():
     if args.llamagen_commit:
         COMMITS[args.llamagen.resolve()] = args.llamagen_commit
     torch.set_grad_enabled(False)
-    if args.case == "lantern":
+    if args.case in ("lantern", "lantern_trees"):
         if args.llamagen is None:
-            parser.error("lantern needs --llamagen (the target's official code)")
-        build_lantern(args.official.resolve(), args.llamagen.resolve())
-    elif args.case == "lantern_t2i":
-        build_lantern_t2i(args.official.resolve(), (FIXTURES / "llamagen_t2i" / "t5").resolve())
+            parser.error(f"{args.case} needs --llamagen (the target's official code)")
+        build = build_lantern if args.case == "lantern" else build_lantern_trees
+        build(args.official.resolve(), args.llamagen.resolve())
+    elif args.case in ("lantern_t2i", "lantern_t2i_trees"):
+        build = build_lantern_t2i if args.case == "lantern_t2i" else build_lantern_t2i_trees
+        build(args.official.resolve(), (FIXTURES / "llamagen_t2i" / "t5").resolve())
     else:
         {"c2i": build_c2i, "t2i": build_t2i, "dd": build_dd, "zipar": build_zipar}[args.case](args.official.resolve())
 
