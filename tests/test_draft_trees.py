@@ -78,6 +78,19 @@ def test_trees_are_exact_at_other_temperatures_and_with_top_p(name, spec):
     assert chi_square_p_value(tokens, exact_for(settings)) > ALPHA
 
 
+@pytest.mark.parametrize("drafts", ["sampled", "top"])
+def test_lantern_plus_plus_at_lambda_one_is_exact_on_trees(drafts):
+    spec = replace(SMALL_TREE, decoder="lantern", lantern_k=3, lantern_lambda=1.0, drafts=drafts)
+    tokens, stats = decode(MODEL, conditioning(), GUIDED, spec, seed=27, drafter=DRAFTER, codebook=MODEL.embeddings)
+    assert chi_square_p_value(tokens, exact_for(GUIDED)) > ALPHA and stats.settings["rule"] == "lantern++ (lambda 1)"
+
+
+def test_lantern_plus_plus_relaxes_on_trees():
+    spec = replace(SMALL_TREE, decoder="lantern", lantern_k=3, lantern_lambda=3.0)
+    tokens, _ = decode(MODEL, conditioning(label=0), PLAIN, spec, seed=28, drafter=DRAFTER, codebook=MODEL.embeddings)
+    assert chi_square_p_value(tokens, exact_for(PLAIN, label=0)) < ALPHA  # relaxed: measurably off the target
+
+
 DYNAMIC = DecoderSpec("spec", tree="dynamic", tree_depth=3, tree_topk=3, tree_nodes=8)
 
 

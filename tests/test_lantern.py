@@ -116,3 +116,29 @@ def test_out_of_range_delta_is_refused():
     for delta in (1.5, -0.1):
         with pytest.raises(FastARError, match="LANTERN delta .* out of range: use 0..1"):
             DecoderSpec("lantern", lantern_delta=delta).validate()
+
+
+@pytest.mark.parametrize("lam", [1.5, 2.0, 4.0])
+def test_lambda_bounds_the_relaxed_probability_by_a_multiple_of_the_drafts_own(lam):
+    """LANTERN++: A is the longest run of the nearest neighbours whose mass stays within (lambda - 1) p(x), so the
+    relaxed probability p(x) + p(A) is at most lambda p(x); lambda 1 is exact; the next neighbour breaks the bound."""
+    codebook, p, q, x = random_setup(6)
+    table = latent_neighbours(codebook, 10)
+    rule = LanternRule(table, lam=lam)
+    members, mass, in_a = rule.neighbourhood(p, x)
+    p_x = p.gather(-1, x.unsqueeze(-1)).squeeze(-1)
+    relaxed = p_x + (mass * in_a).sum(-1)
+    assert (relaxed <= lam * p_x * (1 + 1e-6)).all() and (relaxed > p_x).any()
+    first_out = in_a.long().sum(-1)
+    broken = first_out < 9
+    next_mass = mass.cumsum(-1).gather(-1, first_out.clamp(max=8).unsqueeze(-1)).squeeze(-1)
+    assert (next_mass[broken] > (lam - 1) * p_x[broken]).all()
+    assert rule.name == f"lantern++ (lambda {lam:g})"
+    exact = LanternRule(table, lam=1.0).accept_probability(p, q, x)
+    assert torch.allclose(exact, ExactRule().accept_probability(p, q, x))
+
+
+def test_out_of_range_lambda_is_refused():
+    with pytest.raises(FastARError, match="lambda 0.5 is out of range"):
+        DecoderSpec("lantern", lantern_lambda=0.5).validate()
+    DecoderSpec("lantern", lantern_lambda=0.0).validate()  # off
