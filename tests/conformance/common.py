@@ -124,6 +124,6 @@ def assert_tree_run(case: str, kind: str, model_args: list, tmp_path: Path) -> N
     fixed_at = json.loads(stats.read_text())["fixed_at"]
     for image, (ours, official) in enumerate(zip(fixed_at, run["fixed_at"])):
         first = next((i for i, (a, b) in enumerate(zip(ours, official)) if a != b), None)
-        assert first is None, (f"{kind} tree, image {image}: code {first} fixed at iteration {ours[first]}, the official "
-                               f"sampler fixed it at {official[first]} ({max(ours)} target forwards, official "
-                               f"{max(official)})")
+        assert first is None, (f"{kind} tree, image {image}: code {first} fixed at iteration {ours[first]}, the "
+                               f"official sampler fixed it at {official[first]} ({max(ours)} target forwards, "
+                               f"official {max(official)})")

@@ -91,10 +91,11 @@ def test_anole_drafter_greedy_spec_gives_lanterns_codes_and_acceptance(tmp_path)
                                     "--dtype", "fp32"], tmp_path, target_codes=expected("anole")["runs"][0]["codes"])
 
 
+@pytest.mark.slow  # about 25 s each on 2 cores: 2x1024 codes, 59-node trees over 8861 ids
 @pytest.mark.parametrize("kind", ["static", "dynamic"])
 def test_anole_drafter_greedy_trees_give_lanterns_codes_and_acceptance(kind, tmp_path):
     """LANTERN's Anole EaModel.generate with static_tree True (naive_extend_57) and False (its dynamic tree at its
     defaults), greedy, one prompt per call: FastAR's ``--tree static`` / ``--tree dynamic`` with both prompts in one
     batch give its codes (the target's greedy codes) and its accept lengths."""
-    assert_tree_run(ANOLE_LANTERN, kind, ["--model", fixture("anole"), "--vq", fixture("chameleon_vqgan") / "vqgan.ckpt",
-                                          "--dtype", "fp32"], tmp_path)
+    model_args = ["--model", fixture("anole"), "--vq", fixture("chameleon_vqgan") / "vqgan.ckpt", "--dtype", "fp32"]
+    assert_tree_run(ANOLE_LANTERN, kind, model_args, tmp_path)

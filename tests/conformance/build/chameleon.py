@@ -3,6 +3,10 @@
     python tests/conformance/build/chameleon.py --lantern CHECKOUT_OF_jadohu/LANTERN \
         --lumina CHECKOUT_OF_Alpha-VLLM/Lumina-mGPT [--out tests/conformance/fixtures]
 (in a venv with transformers 4.45.2, the version LANTERN pins; Lumina-mGPT asks for >= 4.43.3)
+    python tests/conformance/build/chameleon.py --lantern CHECKOUT_OF_jadohu/LANTERN --only anole_lantern
+    python tests/conformance/build/chameleon.py --lantern CHECKOUT_OF_jadohu/LANTERN --only anole_lantern_trees
+(from the committed fixtures: LANTERN's Anole drafter; its static and dynamic trees, anole_lantern/expected_trees.json,
+with the checks of build/trees.py)
 
 - chameleon_vqgan/: Meta's VQGAN (``vqgan.ckpt`` Lightning checkpoint + ``vqgan.yaml``) made by the taming
   ``VQModel`` class that Anole's TokenManager loads; 8192 codes as in the release, tiny channels.

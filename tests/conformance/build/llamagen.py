@@ -7,6 +7,9 @@
                                                        --llamagen CHECKOUT_OF_FoundationVision/LlamaGen
     python tests/conformance/build/llamagen.py lantern_t2i --official CHECKOUT_OF_jadohu/LANTERN
     python tests/conformance/build/llamagen.py zipar   --official CHECKOUT_OF_ThisisBillhe/ZipAR
+    python tests/conformance/build/llamagen.py lantern_trees --official CHECKOUT_OF_jadohu/LANTERN
+                                                       --llamagen CHECKOUT_OF_FoundationVision/LlamaGen
+    python tests/conformance/build/llamagen.py lantern_t2i_trees --official CHECKOUT_OF_jadohu/LANTERN
 
 c2i, dd and zipar need only torch (FastAR's venv will do). t2i, lantern and lantern_t2i need the official code's transformers
 (4.45.2; transformers 5 changes the configs LANTERN reads) plus, for t2i, T5Embedder's ftfy, beautifulsoup4 and
@@ -14,6 +17,9 @@ accelerate: a throwaway venv outside the repository, e.g. torch from FastAR's ve
 `pip install transformers==4.45.2 ftfy beautifulsoup4 accelerate==1.1.1`. lantern_t2i runs LANTERN's own LlamaGen
 target class (models/kv_variants/modeling_llamagen_kv.py, the converted LlamaGen-T2I layout) and its sampler
 (ea_model_llamagen.EaModel) with the tiny T5 folder of llamagen_t2i/; its departures are in its expected.json.
+lantern_trees and lantern_t2i_trees keep the committed weights of llamagen_lantern/ and llamagen_t2i_lantern/ and add
+expected_trees.json beside expected.json: LANTERN's static (naive_extend_57) and dynamic (EAGLE-2) trees at its
+defaults, greedy, with the checks of build/trees.py (same venv as lantern_t2i).
 A checkout without .git takes its commit from --commit / --llamagen-commit.
 
 Each case builds a tiny model with the official classes, saves it as the official save path does, runs the
@@ -1113,8 +1119,8 @@ def build_lantern_t2i_trees(checkout: Path, t5_folder: Path) -> None:
                      "prompt per call as it allows, the lantern_t2i case's prompts (all 120 caption slots real: no "
                      "padded-caption artefact) and set-up (T5Embedder on 'cpu' in fp32, the vq_distances placeholder); "
                      "codes asserted equal to expected.json's (the target class's greedy codes); fixed_at from the "
-                     "evaluate_posterior(_v1) accept lengths; target_forwards: the iterations that fixed the 256 codes (its "
-                     "loop runs on until new_token > max_length). " + trees.CHECKS,
+                     "evaluate_posterior(_v1) accept lengths; target_forwards: the iterations that fixed the 256 "
+                     "codes (its loop runs on until new_token > max_length). " + trees.CHECKS,
     }, runs)
 
 

@@ -15,7 +15,7 @@ A greedy fixture is only meaningful where float order cannot change it: ``PathMa
 accept length from the recorded logits (and asserts it is the official one) while measuring how far each decision
 on the target's path is from flipping (a sibling's rank against its neighbour's, a node's score against the
 selection boundary); ``BoundaryGaps`` measures the dynamic tree's selection boundaries that decide which other nodes
-are drafted; ``Perturbed`` reruns an official run with the drafter's logits shaken, whose accept lengths must not
+are drafted; ``perturbed`` reruns an official run with the drafter's logits shaken, whose accept lengths must not
 move.
 """
 from __future__ import annotations
@@ -24,12 +24,11 @@ import contextlib
 
 import torch
 
-NAIVE_EXTEND_57 = "naive_extend_57"  # the static tree (choices.py), LANTERN++'s
 TOTAL_TOKEN, DEPTH, TOP_K = 59, 4, 10  # EaModel.from_pretrained's defaults (ea_model_llamagen.py, ea_model_anole.py)
-# a decision closer than this to flipping (logit or path-score units) is a near tie: 8x the largest difference
-# between FastAR's drafter logits and the official drafter's measured by the drafts tests (2.3e-5 Anole, 7e-5 t2i),
+# a decision closer than this to flipping (logit or path-score units) is a near tie: above the largest difference
+# between FastAR's drafter logits and the official drafter's that the drafts tests measure (7.0e-5 t2i, 2.3e-5 Anole),
 # below the chain builders' 1e-3 because the Anole drafter's logits over 8192 codes sit closer (its smallest path
-# margin is 5.1e-4)
+# margin is 5.1e-4; the LlamaGen rows' are over 6e-3)
 TIE = 2e-4
 SHAKE = TIE / 2  # the shaken reruns' noise: it cannot flip a path decision (margins > TIE), only nearer ties elsewhere
 SHAKES = 3  # reruns with shaken drafter logits
@@ -48,9 +47,9 @@ CHECKS = (
 def summary(margins: "PathMargins", gaps: "BoundaryGaps") -> dict:
     """The checks' numbers an expected_trees.json run keeps."""
     assert margins.worst > TIE, f"a decision on the target's path is a near tie: {margins.where} ({margins.worst:.1e})"
-    print(f"path margin {margins.worst:.2e} ({margins.where}; {margins.checked} decisions), selection boundaries within "
-          f"{TIE:g}: {gaps.near} of {gaps.seen}, iterations accepting a code off the top-1 chain: {margins.off_top}",
-          flush=True)
+    print(f"path margin {margins.worst:.2e} ({margins.where}; {margins.checked} decisions), selection boundaries "
+          f"within {TIE:g}: {gaps.near} of {gaps.seen}, iterations accepting a code off the top-1 chain: "
+          f"{margins.off_top}", flush=True)
     return {"path_margin": margins.worst, "path_margin_at": margins.where, "near_boundaries": [gaps.near, gaps.seen],
             "off_top_iterations": margins.off_top}
 
@@ -69,7 +68,7 @@ class DraftLogits:
     """Records the official drafter's guided logits per draft call: wraps the cnets module's ``cfg_logit_process``
     (which topK_genrate and topK_genrate_v1 call on every head output, before cnets_anole blanks non-image ids in
     place: the tensor kept is the one ranked) and the drafter's ``topK_genrate``/``topK_genrate_v1`` (a call = one
-    tree). ``shake`` adds uniform noise of that size to every guided logit (``Perturbed``)."""
+    tree). ``shake`` adds uniform noise of that size to every guided logit (``perturbed``)."""
 
     def __init__(self, cnets, drafter, shake: float = 0.0, seed: int = 0):
         self.cnets, self.drafter, self.shake, self.calls = cnets, drafter, shake, []
@@ -120,7 +119,7 @@ class PathMargins:
 
     def __init__(self):
         self.worst, self.where, self.checked = float("inf"), None, 0
-        self.off_top = 0  # iterations whose accepted path passes a code that is not its parent's top-1 (no chain has it)
+        self.off_top = 0  # iterations whose accepted path passes a code not its parent's top-1 (no chain drafts it)
 
     def note(self, margin: float, what: str) -> None:
         self.checked += 1
