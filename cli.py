@@ -83,7 +83,8 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-topk", type=int, default=SPEC_DEFAULTS.tree_topk,
                    help="--tree dynamic: nodes expanded per depth, and children drafted per node")
     p.add_argument("--tree-nodes", type=int, default=SPEC_DEFAULTS.tree_nodes,
-                   help="--tree dynamic: drafts the target verifies per forward (the best by path probability)")
+                   help="--tree dynamic: drafts the target verifies per forward (the best by path probability), the root "
+                   "not counted: LANTERN's total_token 59 is 58 here")
     mar = p.add_argument_group("MAR models (ar and cspd)")
     mar.add_argument("--num-iter", type=int,
                      help="MAR steps: tokens are fixed in this many parallel steps (1 to the token count; default the "
@@ -334,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "random 2-layer model of its shape; without either, spec is left out)")
     prof.add_argument("--no-decoders", action="store_true", help="skip the whole-image ar/sjd/gsd/spec runs")
     prof.add_argument("--tree", choices=TREE_KINDS, default="chain",
-                      help="also time spec on this draft tree (static: LANTERN++'s 57 drafts; dynamic: EAGLE-2's 59)")
+                      help="also time spec on this draft tree (static: LANTERN++'s 57 drafts; dynamic: EAGLE-2's 58)")
     prof.add_argument("--kernels", action="store_true", help="where a 1-token and the widest window's forward spend "
                       "their time (torch.profiler): matrix products, attention, copies, elementwise, against wall time")
     prof.add_argument("--baselines", action="store_true", help="time the usual loop on the same weights beside "

@@ -115,7 +115,7 @@ def tree_input():
                           tooltip="With a drafter: what it drafts per model forward. chain: gamma tokens in a row. "
                                   "lantern++57: LANTERN++'s static tree of 57 drafts, 5 deep (several guesses per "
                                   "position, siblings drawn without replacement). dynamic: EAGLE-2's tree of the "
-                                  "drafter's 59 likeliest paths, 5 deep (top codes). Trees fix more tokens per "
+                                  "drafter's 58 likeliest paths, 5 deep (top codes). Trees fix more tokens per "
                                   "forward, each forward feeding more tokens: best on a GPU. All lossless.")
 
 

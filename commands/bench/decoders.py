@@ -47,7 +47,7 @@ TOY_DELTAS = (0.0, 0.05, 0.1, 0.2, 0.4)
 
 
 SWEEP_LAMBDAS = (1.0, 1.5, 2.0, 3.0, 5.0)
-SWEEP_TREE_NODES = (8, 16, 32, 59)
+SWEEP_TREE_NODES = (8, 16, 32, 58)
 LANTERN_PP_LAMBDA = 2.0  # the lantern++ row's lambda when --lantern-lambda is not given
 MODIFIERS = ("jacobi", "drafter", "top", "tree")
 

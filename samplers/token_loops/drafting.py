@@ -35,7 +35,7 @@ class TreeSettings:
     shape: str = "lantern++57"
     depth: int = 5
     topk: int = 10
-    nodes: int = 59
+    nodes: int = 58  # LANTERN's total_token 59 counts the root
 
     def validate(self) -> "TreeSettings":
         check_choice("draft tree", self.kind, TREE_KINDS)
