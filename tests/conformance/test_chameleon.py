@@ -91,7 +91,7 @@ def test_anole_drafter_greedy_spec_gives_lanterns_codes_and_acceptance(tmp_path)
                                     "--dtype", "fp32"], tmp_path, target_codes=expected("anole")["runs"][0]["codes"])
 
 
-@pytest.mark.slow  # about 25 s each on 2 cores: 2x1024 codes, 59-node trees over 8861 ids
+@pytest.mark.slow  # about 25 s each on 2 cores: 2x1024 codes, 58-draft trees over 8861 ids
 @pytest.mark.parametrize("kind", ["static", "dynamic"])
 def test_anole_drafter_greedy_trees_give_lanterns_codes_and_acceptance(kind, tmp_path):
     """LANTERN's Anole EaModel.generate with static_tree True (naive_extend_57) and False (its dynamic tree at its
