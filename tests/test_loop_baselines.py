@@ -57,9 +57,9 @@ def test_transformers_generate_holds_the_same_janus_weights():
 
 
 def profile_args(**changes):
-    args = dict(shape="tiny", model=None, grid=None, drafter=None, device="cpu", dtype=None, windows="1,4",
-                batches=[1], repeats=2, no_decoders=True, out=None, compile=False, baselines=True, gpu_weights=None,
-                weights="auto", memory=False, kernels=False)
+    args = dict(shape="tiny", model=None, grid=None, drafter=None, tree="chain", device="cpu", dtype=None,
+                windows="1,4", batches=[1], repeats=2, no_decoders=True, out=None, compile=False, baselines=True,
+                gpu_weights=None, weights="auto", memory=False, kernels=False)
     return SimpleNamespace(**(args | changes))
 
 
