@@ -288,3 +288,17 @@ def test_a_small_drafter_grows_trees_across_lumina_row_ends(anole):
     lumina = anole[2]
     check_grow(SmallARDrafter(lumina), lumina, PromptConditioning(["a red ring", "a blue square"]), lumina.vocab_size,
                1e-4, n=(8, 7))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("tree", ["static", "dynamic"])
+def test_trees_run_in_half_precision_with_codes_in_range(dtype, tree):
+    """A GPU's dtypes, emulated on the CPU: the target and its drafter in half precision, CFG, batch 2."""
+    from fastar.model_loaders.drafters.small_ar import SmallARDrafter
+    from fastar.samplers.processing import SamplingSettings
+    target, draft = tiny_model("c2i").to(dtype), tiny_model("c2i", seed=4).to(dtype)
+    codes, stats = decode(target, tiny_conditioning(target), SamplingSettings(cfg_scale=2.0, top_k=20),
+                          DecoderSpec("spec", tree=tree, tree_depth=3, tree_topk=4, tree_nodes=10), seed=3,
+                          drafter=SmallARDrafter(draft))
+    assert codes.shape == (2, 16) and 0 <= codes.min() and codes.max() < target.vocab_size
+    assert stats.target_forwards < 15 and stats.accepted_tokens > 0
