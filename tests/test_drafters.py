@@ -348,10 +348,3 @@ def test_train_drafter_command_trains_saves_and_reports(tmp_path, kind, out, ext
     drafter = load_drafter(tmp_path / out, target)
     assert isinstance(drafter, EagleDrafter if kind == "eagle" else SmallARDrafter)
     assert list((tmp_path / "cache").glob("drafter_samples_*.pt"))  # samples kept for a re-run
-
-
-def test_train_drafter_refuses_text_to_image_targets(tmp_path):
-    save_ar(tmp_path / "t2i.safetensors", tiny_model("t2i"))
-    r = train_drafter("--target", tmp_path / "t2i.safetensors", "--out", tmp_path / "d", "--device", "cpu",
-                      cwd=tmp_path)
-    assert r.returncode == 2 and "class-to-image LlamaGen targets" in r.stderr

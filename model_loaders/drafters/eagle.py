@@ -54,6 +54,7 @@ class EagleConfig:
     grid: tuple[int, int] | None = None  # recorded by FastAR's trainer; the release implies it by input_type
     family: str = "llama"  # config.json's model_type: "llama" (LlamaGen targets) or "chameleon" (Anole)
     swin_norm: bool = False  # chameleon: norm after each branch
+    skips_row_ends: bool = False  # FastAR's Lumina-mGPT drafters: rows of image codes only (drafters/teacher.py)
 
     @property
     def head_dim(self) -> int:
@@ -88,12 +89,12 @@ class EagleConfig:
             rope_theta=float(config.get("rope_theta") or 10000.0), input_type=config.get("input_type"),
             grid=tuple(fastar["grid"]) if fastar.get("grid") else None,
             family="chameleon" if config.get("model_type") == "chameleon" else "llama",
-            swin_norm=bool(config.get("swin_norm", False)),
+            swin_norm=bool(config.get("swin_norm", False)), skips_row_ends=fastar.get("row_ends") == "skipped",
         )
 
     def to_json(self) -> dict:
-        """HF keys as the release writes them (a Llama config, or for Anole a Chameleon one), plus the grid under
-        ``fastar``."""
+        """HF keys as the release writes them (a Llama config, or for Anole a Chameleon one), plus under ``fastar``
+        the grid and, for a layout with row ends, that the drafter's rows skip them."""
         architecture = "ChameleonForConditionalGeneration" if self.family == "chameleon" else "LlamaForCausalLM"
         config = {
             "architectures": [architecture], "model_type": self.family, "hidden_act": "silu",
@@ -105,8 +106,11 @@ class EagleConfig:
         }
         if self.family == "chameleon":
             config["swin_norm"] = self.swin_norm
-        if self.grid is not None:
-            config["fastar"] = {"grid": list(self.grid)}
+        fastar = {"grid": list(self.grid)} if self.grid is not None else {}
+        if self.skips_row_ends:
+            fastar["row_ends"] = "skipped"
+        if fastar:
+            config["fastar"] = fastar
         return config
 
 
@@ -190,8 +194,9 @@ class EagleDrafter:
         return (torch.zeros(rows, offset, dtype=torch.long, device=device),
                 torch.ones(rows, 0, dtype=torch.bool, device=device))
 
-    def rope_for(self, target_session, offset: int, max_window: int):
-        """slots [R, T] -> the rotary table of those rows (LlamaGen's 2-D table, zero on the prefix)."""
+    def rope_for(self, shift, offset: int, max_window: int):
+        """slots [R, T] -> the rotary table of those rows (LlamaGen's 2-D table, zero on the ``offset`` prefix rows;
+        ``shift`` [R]: each row's left padding, which a layout model's positions skip)."""
         cfg = self.head.cfg
         table = rope_2d_table(self.target.grid, cfg.head_dim, offset, max_window, cfg.rope_theta).to(self.target.device)
         return lambda slots: table[slots]
@@ -202,17 +207,15 @@ class EagleDrafter:
     def logits(self, feature: torch.Tensor) -> torch.Tensor:
         return self.target.output(feature).float()
 
-    def training_features(self, target_hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced features ``[B, N-1, D]`` of image rows 0..N-2 (no cache; for training): row p
-        approximates ``target_hidden[:, C + p]`` (the target's state predicting token p+1).
-        ``target_hidden`` is ``LlamaGenGPT.training_hidden`` [B, C+N-1, D]; ``tokens`` [B, N]."""
-        B, N = tokens.shape
-        prefix = target_hidden.shape[1] - N  # the C-1 replayed conditioning rows
-        ids = torch.cat([tokens.new_zeros(B, prefix), tokens[:, :-1]], dim=1)
-        T = ids.shape[1]
-        rows = torch.arange(T, device=tokens.device).expand(B, T)
-        mask = attention_mask(rows, torch.ones(B, 0, dtype=torch.bool, device=tokens.device), T)
-        return self.head(ids, target_hidden[:, :-1], self.rope_for(None, prefix, 0)(rows), mask)[:, prefix:]
+    def training_features(self, rows) -> torch.Tensor:
+        """Teacher-forced features ``[B, N-1, D]`` of image rows 0..N-2 (no cache; for training): image row q
+        approximates ``rows.following[:, q]``, the target's state predicting code q + 1 (``teacher.TeacherRows``)."""
+        B, T = rows.ids.shape
+        slots = torch.arange(T, device=rows.ids.device).expand(B, T)
+        mask = attention_mask(slots, rows.valid, T)
+        replayed = T - rows.following.shape[1]
+        rope = self.rope_for(rows.shift, replayed, 0)
+        return self.head(rows.ids, rows.hidden, rope(slots), mask)[:, replayed:]
 
 
 class EagleSession:
@@ -230,7 +233,7 @@ class EagleSession:
         rows, self.offset = prefix.shape[0], prefix.shape[1] - 1
         N = target.grid[0] * target.grid[1]
         self.total_slots = self.offset + N + max_window  # scratch absorbs windows that run past the end
-        self.rope = drafter.rope_for(target_session, self.offset, max_window)
+        self.rope = drafter.rope_for(getattr(target_session, "position_offset", None), self.offset, max_window)
         self.cache = KVCache(rows, head.cfg.num_key_value_heads, self.total_slots, head.cfg.head_dim,
                              head.fc.weight.dtype, target.device)
         tokens, self.prefix_valid = drafter.replayed_prefix(target_session, rows, self.offset)
@@ -321,15 +324,15 @@ class LayoutEagleDrafter(EagleDrafter):
     drafter). Its rows replay the prompt (row t: the target's hidden at slot t with the prompt token at
     t+1), padded slots hidden as the target hides them, 1-D RoPE at the target's positions (each row's
     from its first real token, as LANTERN shifts the unconditional rows), vocabulary ids in, the target's
-    image-code logits out. Layouts with row-end tokens (Lumina-mGPT) are refused at loading."""
+    image-code logits out. With row-end tokens (Lumina-mGPT) its rows hold image codes only: those of a drafter
+    trained so (``train-drafter``, ``skips_row_ends``), where a row's first code follows its row end's state."""
 
     def replayed_prefix(self, target_session, rows: int, offset: int):
         return target_session.prefix_ids[:, 1:], target_session.valid[:, :-1]
 
-    def rope_for(self, target_session, offset: int, max_window: int):
-        cfg, shift = self.head.cfg, target_session.position_offset[:, None]
-        dtype = self.head.fc.weight.dtype
-        return lambda slots: rope_tables(slots - shift, cfg.head_dim, cfg.rope_theta, dtype)
+    def rope_for(self, shift, offset: int, max_window: int):
+        cfg, dtype = self.head.cfg, self.head.fc.weight.dtype
+        return lambda slots: rope_tables(slots - shift[:, None], cfg.head_dim, cfg.rope_theta, dtype)
 
     def token_ids(self, codes: torch.Tensor) -> torch.Tensor:
         return self.target.image_ids[codes]

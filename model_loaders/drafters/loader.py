@@ -20,7 +20,7 @@ from ..shared.checkpoint import AR_MODEL, FAMILY_KIND, FAMILY_WHAT, CheckpointIn
 from ..chameleon.model import ChameleonGPT
 from .eagle import EagleConfig, EagleDrafter, EagleHead, LayoutEagleDrafter
 from ..shared.building import build_and_load, weight_shape
-from ..shared.demo import DEMO_DRAFTER, DEMO_MAR_DRAFT
+from ..shared.demo import DEMO_DRAFTER, DEMO_MAR_DRAFT, DEMO_TEXT_DRAFTER
 from ..shared.joined import parted_state_dict
 from ..shared.quantized import quantize_weights, stored_format_loading
 from ..llamagen.model import LlamaGenGPT
@@ -51,7 +51,7 @@ def read_drafter(path, target, device, dtype, weights: str = "auto"):
     if target.kind == "masked-ar":
         return load_mar_draft(DEMO_MAR_DRAFT if path == "demo" else path, target, device=device, dtype=dtype,
                               weights=weights)
-    path = DEMO_DRAFTER if path == "demo" else path
+    path = (DEMO_TEXT_DRAFTER if isinstance(target, ChameleonGPT) else DEMO_DRAFTER) if path == "demo" else path
     sd, info = read_state_dict(path)
     device = target.device if device is None else device
     dtype = target.dtype if dtype is None else dtype
@@ -91,7 +91,7 @@ def check_eagle(cfg: EagleConfig, sd, target, source: str) -> None:
                           "drafter made for the target's family")
     vocab, width = weight_shape(sd, "embed_tokens.weight", source)
     if isinstance(target, ChameleonGPT):
-        check_layout_eagle(target, vocab, source)
+        check_layout_eagle(target, cfg, vocab, source)
         dim = target.cfg.hidden_size
     else:
         dim = target.cfg.dim
@@ -108,13 +108,14 @@ def check_eagle(cfg: EagleConfig, sd, target, source: str) -> None:
                           f"{grid_text(target.grid)}: load the target at the drafter's resolution, or {RETRAIN_HINT}")
 
 
-def check_layout_eagle(target: ChameleonGPT, vocab: int, source: str) -> None:
+def check_layout_eagle(target: ChameleonGPT, cfg: EagleConfig, vocab: int, source: str) -> None:
     if vocab != target.cfg.vocab_size:
         raise FastARError(f"{source} embeds a vocabulary of {vocab} tokens but {target.what} has "
                           f"{target.cfg.vocab_size}: pick the drafter released for this model")
-    if target.cfg.row_end is not None:
-        raise FastARError(f"{source}: EAGLE drafters for layouts with row-end tokens (Lumina-mGPT) are not "
-                          "supported yet; draft this model with sjd or gsd, or use the drafter with Anole")
+    if (target.cfg.row_end is not None) != cfg.skips_row_ends:
+        made_for = "a layout with row-end tokens (Lumina-mGPT)" if cfg.skips_row_ends else "a layout without row-end tokens"
+        raise FastARError(f"{source} was trained for {made_for}, and {target.what} "
+                          f"{'has' if target.cfg.row_end is not None else 'has no'} row-end tokens: {RETRAIN_HINT}")
 
 
 def check_ar_drafter(model: LlamaGenGPT, target, source: str) -> None:

@@ -17,6 +17,7 @@ DEMO_VAR_DD = DEMO_DIR / "demo_var_dd.safetensors"  # VAR-DD student of DEMO_VAR
 DEMO_DD = DEMO_DIR / "demo_dd.safetensors"  # Distilled Decoding student of DEMO_AR (python -m fastar distill-dd)
 DEMO_TEXT = DEMO_DIR / "demo_text"  # text-to-image demo: a Lumina-mGPT-format HF folder with its own tokenizer
 DEMO_VQGAN = DEMO_DIR / "demo_vqgan.safetensors"  # its image decoder: DEMO_VQ converted to Chameleon's VQGAN format
+DEMO_TEXT_DRAFTER = DEMO_DIR / "demo_text_drafter"  # EAGLE head for DEMO_TEXT (python -m fastar train-drafter)
 
 
 IMAGE_DECODERS = {DEMO_AR: DEMO_VQ, DEMO_DD: DEMO_VQ, DEMO_TEXT: DEMO_VQGAN, DEMO_MAR: DEMO_KL,
@@ -30,11 +31,17 @@ def demo_image_decoder(model_path) -> Path | None:
     return next((vq for model, vq in IMAGE_DECODERS.items() if model.resolve() == resolved), None)
 
 
-DRAFTERS = {DEMO_AR: DEMO_DRAFTER, DEMO_MAR: DEMO_MAR_DRAFT}
+DRAFTERS = {DEMO_AR: DEMO_DRAFTER, DEMO_TEXT: DEMO_TEXT_DRAFTER, DEMO_MAR: DEMO_MAR_DRAFT}
 
 
 def demo_drafter(model_path) -> Path | None:
-    """The bundled drafter of a bundled model (the EAGLE head of the class demo, the draft MAR of the MAR demo); None
-    for any other model."""
+    """The bundled drafter of a bundled model (the EAGLE heads of the class and text demos, the draft MAR of the MAR
+    demo) when it is there; None for any other model."""
+    drafter = demo_drafter_path(model_path)
+    return drafter if drafter is not None and drafter.exists() else None
+
+
+def demo_drafter_path(model_path) -> Path | None:
+    """Where a bundled model's drafter belongs (``train-drafter`` writes it there), whether or not it is there."""
     resolved = Path(model_path).resolve()
     return next((drafter for model, drafter in DRAFTERS.items() if model.resolve() == resolved), None)

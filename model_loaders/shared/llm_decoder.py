@@ -196,6 +196,25 @@ class Backbone(nn.Module):
         return self.norm(h)
 
 
+def teacher_forced_image(model, prefixes: list[list[int]], codes: torch.Tensor):
+    """Final-norm hidden states of whole images behind their prefixes, without a cache (training a drafter):
+    each row's prefix left-padded as a session pads it, then the image region (codes, row ends). Returns
+    (hidden [B, P + region, D], prefix ids [B, P], which prefix slots are real [B, P], each code's slot [N])."""
+    layout, device = model.layout, model.device
+    P = max(map(len, prefixes))
+    ids = torch.tensor([[layout.filler] * (P - len(p)) + list(p) for p in prefixes], device=device)
+    valid = torch.arange(P, device=device)[None] >= torch.tensor([P - len(p) for p in prefixes], device=device)[:, None]
+    positions = torch.arange(layout.num_tokens, device=device)
+    image_slots = P + positions + (positions // layout.grid[1] if layout.row_end is not None else 0)
+    embed = model.backbone.embed_tokens
+    region = embed(torch.full((len(prefixes), layout.region), layout.filler if layout.row_end is None else
+                              layout.row_end, device=device))
+    region = region.index_copy(1, image_slots - P, model.embed_images(codes.to(device)).to(region.dtype))
+    h = torch.cat([embed(ids), region], 1)
+    hidden = model.backbone.teacher_forced(h, torch.cat([valid, torch.ones_like(region[..., 0], dtype=torch.bool)], 1))
+    return hidden, ids, valid, image_slots
+
+
 def window_slots(layout: ImageLayout, max_window: int) -> int:
     """Sequence slots a window of ``max_window`` image tokens can take (row ends included)."""
     return max_window + (max_window // layout.grid[1] + 1 if layout.row_end is not None else 0)

@@ -76,6 +76,7 @@ def test_lantern_drafter_drafts_what_the_official_drafter_drafts():
 
     from fastar.model_loaders import load_ar_model
     from fastar.model_loaders.drafters.loader import load_drafter
+    from fastar.model_loaders.drafters.teacher import teacher_rows
     from fastar.model_loaders.shared.protocol import ClassConditioning
 
     folder, run = fixture(LANTERN), expected(LANTERN)["runs"][0]
@@ -85,10 +86,10 @@ def test_lantern_drafter_drafts_what_the_official_drafter_drafts():
     labels = torch.tensor([int(c) for c in run["args"][run["args"].index("--classes") + 1].split(",")])
     cfg = float(run["args"][run["args"].index("--cfg") + 1])
     with torch.no_grad():
-        conditioning = ClassConditioning(labels)
-        hidden = torch.cat([target.training_hidden(conditioning, codes),
-                            target.training_hidden(conditioning, codes, drop=torch.ones(len(labels), dtype=torch.bool))])
-        logits = drafter.logits(drafter.training_features(hidden, torch.cat([codes, codes])))
+        conditioning = ClassConditioning(torch.cat([labels, labels]))
+        drop = torch.arange(2 * len(labels)) >= len(labels)  # the cond rows, then the uncond rows
+        rows = teacher_rows(target, drafter.token_ids, conditioning, torch.cat([codes, codes]), drop)
+        logits = drafter.logits(drafter.training_features(rows))
     cond, uncond = logits.chunk(2)
     combined = uncond + (cond - uncond) * cfg
     assert combined.argmax(-1).tolist() == run["drafts"], "greedy drafts differ from the official drafter's"
