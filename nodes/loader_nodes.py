@@ -10,7 +10,7 @@ from comfy_api.latest import io
 
 from ..errors import FastARError
 from ..model_loaders.shared.compiled import SWITCH, compile_steps, switch_error
-from ..model_loaders.shared.demo import DEMO_DRAFTER, demo_drafter
+from ..model_loaders.shared.demo import DEMO_DRAFTER, DEMO_TEXT_DRAFTER, demo_drafter
 from ..model_loaders.shared.protocol import ClassConditioning, PromptConditioning
 from ..model_loaders.shared.quantized import WEIGHT_FORMATS
 from ..pipeline import DTYPES, check_class_index, conditioning_type
@@ -242,7 +242,7 @@ class LoadDrafter(CheckpointLoader):
             category="FastAR/loaders",
             description="Loads a drafter for speculative decoding, bound to the AR model it drafts for: a "
                         "LANTERN/EAGLE drafter folder (config.json + weights: LANTERN's llamagen_drafter for LlamaGen, "
-                        "anole_drafter for Anole) or a "
+                        "anole_drafter for Anole, one trained by python -m fastar train-drafter for Lumina-mGPT) or a "
                         "smaller LlamaGen model trained on the same VQ codes; for a MAR model, a smaller MAR on the "
                         "same autoencoder (MAR-B for MAR-L/H). A "
                         "drafter made for another model (other codebook, width or kind) is refused with the reason.",
@@ -254,7 +254,7 @@ class LoadDrafter(CheckpointLoader):
                                tooltip="Drafter folder (name ending in /) or file in models/fastar_drafters (or a "
                                        "fastar_drafters: path of extra_model_paths.yaml); EAGLE drafter folders in "
                                        f"models/fastar are listed too. {DEMO_DRAFTER_NAME} is the bundled drafter "
-                                       "of the demo model."),
+                                       f"of the demo model, {DEMO_TEXT_DRAFTER.name}/ the text demo's."),
                 io.Combo.Input("dtype", options=list(glue.DTYPE_CHOICES), default="auto",
                                tooltip="Drafter weights precision. auto: the AR model's precision. fp16/bf16 halve "
                                        "memory; fp32 is the reference."),

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from fastar import speed_dial
+from fastar.commands.bench.decoders import forward_width
 from fastar.errors import FastARError
 from fastar.model_loaders.shared.demo import DEMO_AR, DEMO_DD, DEMO_MAR, DEMO_VAR
 from fastar.model_loaders.shared.protocol import ClassConditioning
@@ -69,6 +70,7 @@ def test_a_relaxed_candidate_outside_the_bounds_is_never_picked():
 def test_every_candidate_builds_valid_settings():
     for candidate in TOKEN_CANDIDATES:
         speed_dial.Choice("fast", candidate, "").spec().validate()
+        assert candidate.width == forward_width(candidate, (16, 16)), candidate.label  # what the GPU pricing reads
     demo = MaskedSettings(num_iter=32, cfg_scale=3.0, diffusion_steps=50)
     for candidate in speed_dial.MAR_CANDIDATES:
         settings = speed_dial.Choice("fast", candidate, "").masked(demo).validate(64)

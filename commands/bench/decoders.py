@@ -23,6 +23,7 @@ from ...settings import sampling_from, spec_from
 from ...errors import FastARError
 from ...model_loaders.drafters.small_ar import SmallARDrafter
 from ...model_loaders.shared.compiled import compiled_mode
+from ...model_loaders.shared.demo import DEMO_AR, demo_drafter
 from ...model_loaders.shared.quantized import weight_format
 from ...model_loaders.shared.protocol import ClassConditioning, PromptConditioning
 from ...pipeline import class_conditioning, conditioning_type, load_models
@@ -293,7 +294,7 @@ def forward_width(candidate, grid: tuple[int, int]) -> int:
     if spec.decoder in ("zipar", "zipar-sjd"):
         return zipar_feeds(grid, spec.zipar_lead, spec.window if spec.decoder == "zipar-sjd" else 1)
     if candidate.drafter:
-        return spec.gamma + 1
+        return spec.tree_settings().width
     return spec.window if spec.decoder in ("sjd", "gsd", "lantern") else 1
 
 
@@ -307,7 +308,8 @@ def run_bench(args) -> dict:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    drafter_path = args.drafter or ("demo" if args.model is None else None)
+    bundled = demo_drafter(args.model or DEMO_AR)  # a bundled model drafts with its bundled drafter
+    drafter_path = args.drafter or (str(bundled) if bundled else None)
     models = load_models(args.model, args.vq, args.device, args.dtype, drafter_path=drafter_path,
                          image_size=args.image_size, compile_switch=args.compile, gpu_weights=args.gpu_weights,
                          weights=args.weights)

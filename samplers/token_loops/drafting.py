@@ -51,6 +51,13 @@ class TreeSettings:
                               f"(got {self.nodes})")
         return self
 
+    @property
+    def width(self) -> int:
+        """The tokens a target forward feeds per image: the drafts and the root."""
+        if self.kind == "static":
+            return sum(map(sum, STATIC_SHAPES[self.shape])) + 1
+        return (self.gamma if self.kind == "chain" else self.nodes) + 1
+
     def described(self) -> dict:
         """The settings a run's stats name."""
         if self.kind == "chain":
