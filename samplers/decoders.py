@@ -18,6 +18,7 @@ from ..errors import FastARError, FastARWarning, check_choice
 from ..model_loaders.shared.compiled import COMPILE_CLOCK
 from .token_loops.acceptance import ExactRule, GroupedRule, LanternRule
 from .token_loops.jacobi import ar_decode, jacobi_decode
+from .token_loops.proactive import PacSettings
 from .token_loops.latent_neighbours import latent_neighbours
 from .processing import SamplingSettings, finite_logits
 from .masked_loops.cspd import CSpDSettings, cspd_decode
@@ -48,6 +49,7 @@ class Decoder:
 DECODER_TABLE = (
     Decoder("ar", (TOKEN_AR, MASKED_AR, NEXT_SCALE), lossless=True, drafter="no"),
     Decoder("sjd", (TOKEN_AR,), lossless=True, drafter="no"),
+    Decoder("sjd-pac", (TOKEN_AR,), lossless=True, drafter="no"),
     Decoder("gsd", (TOKEN_AR,), lossless=False, drafter="optional"),
     Decoder("spec", (TOKEN_AR,), lossless=True, drafter="required"),
     Decoder("zipar", (TOKEN_AR,), lossless=False, drafter="no"),
@@ -116,9 +118,15 @@ class DecoderSpec:
     flow_steps: int = FlowMapSettings.steps  # fm: solver steps of the flow-matching map
     zipar_lead: int = 4  # ZipAR: tokens of the row above fixed before a row starts (>= the width: plain AR)
     zipar_attention: str = "masked"  # ZipAR: "masked" (what the schedule fixed) or "reference" (zero-filled slots)
+    pac_branches: int = PacSettings.branches  # SJD-PAC: candidates per node at the window's branched depths
+    pac_depth: int = PacSettings.depth  # SJD-PAC: the branched tree's levels, its root included
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def pac_settings(self) -> PacSettings:
+        """SJD-PAC's window tree."""
+        return PacSettings(self.window, self.pac_branches, self.pac_depth)
 
     def tree_settings(self) -> TreeSettings:
         """What a drafter drafts per target forward."""
@@ -146,6 +154,8 @@ class DecoderSpec:
         check_choice("ZipAR attention", self.zipar_attention, ZIPAR_ATTENTIONS)
         check_choice("drafts", self.drafts, DRAFTS)
         self.tree_settings().validate()
+        if self.decoder == "sjd-pac":
+            self.pac_settings().validate()
         if self.zipar_lead < 1:
             raise FastARError(f"ZipAR lead {self.zipar_lead} is too small: a row starts once the row above has at "
                               "least 1 token (the grid's width or more: plain AR)")
@@ -265,6 +275,7 @@ def run_decoder(model, conditioning, sampling, spec, generator, on_iteration, dr
     return jacobi_decode(
         model, conditioning, sampling, generator=generator, window=spec.window, init=spec.init,
         coupling=spec.coupling, rule=rule, name=spec.decoder, on_iteration=on_iteration, watch=watch,
+        pac=spec.pac_settings() if spec.decoder == "sjd-pac" else None,
     )
 
 

@@ -47,14 +47,31 @@ class DraftSource:
         come from (default: the generation's generator; a compiled loop step's draws)."""
         noise = self.gen if noise is None else noise
         if self.coupling == "gumbel":
-            return (p.log() + counter_gumbel(self.noise_key, positions, self.V)).argmax(-1)
+            return self._gumbel(p, positions)
         fresh = sample(p, noise)
         if self.coupling == "independent":
             return fresh
-        # maximal coupling: keep a draft with probability min(1, p/q), else draw from the residual
-        keep = uniform(x.shape, noise) < ExactRule().accept_probability(p[:, :-1], q, x)
-        redrawn = sample(positive_residual(p[:, :-1], q), noise)
-        return torch.cat([torch.where(keep, x, redrawn), fresh[:, -1:]], dim=1)
+        return torch.cat([self._kept_or_redrawn(p[:, :-1], x, q, noise), fresh[:, -1:]], dim=1)
+
+    def refine(self, p, x, q, has_draft, positions, noise=None) -> torch.Tensor:
+        """Drafts of law exactly ``p`` [B, S, V] for slots at ``positions`` [B, S], coupled to the drafts ``x`` [B, S]
+        (drawn from ``q`` [B, S, V]) where ``has_draft``, fresh elsewhere. ``noise``: as ``couple``'s."""
+        noise = self.gen if noise is None else noise
+        if self.coupling == "gumbel":
+            return self._gumbel(p, positions)
+        fresh = sample(p, noise)
+        if self.coupling == "independent":
+            return fresh
+        return torch.where(has_draft, self._kept_or_redrawn(p, x, q, noise), fresh)
+
+    def _gumbel(self, p, positions):
+        return (p.log() + counter_gumbel(self.noise_key, positions, self.V)).argmax(-1)
+
+    @staticmethod
+    def _kept_or_redrawn(p, x, q, noise):
+        """The maximal coupling: keep a draft with probability min(1, p/q), else draw from the residual."""
+        keep = uniform(x.shape, noise) < ExactRule().accept_probability(p, q, x)
+        return torch.where(keep, x, sample(positive_residual(p, q), noise))
 
     def initial(self, seq, start, carried, p_last, noise=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Drafts ``[B, L]`` and their q ``[B, L, V]`` for window slots at positions ``start + i``;

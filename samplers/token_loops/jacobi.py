@@ -15,11 +15,13 @@ from typing import Callable, Optional
 
 import torch
 
+from ...errors import FastARError
 from .acceptance import ExactRule
 from .drafts import DraftSource
 from .loop_step import LoopStep
 from ..processing import SamplingSettings, current_watch, probabilities, sample
 from ..stats import Stopwatch
+from .proactive import PacIteration, PacSettings, pac_shape
 from .trees import chain
 from .verifier import ProgressFn, RowProgress, TokenBuffer, WindowVerifier, begin, finish
 
@@ -72,34 +74,53 @@ def jacobi_decode(
     name: str = "sjd",
     on_iteration: Optional[ProgressFn] = None,
     watch: Optional[Stopwatch] = None,
+    pac: Optional[PacSettings] = None,
 ):
     """Speculative Jacobi decoding. ``window`` = tokens per forward (last fixed token + drafts), so at
-    most ``window`` tokens are fixed per iteration. Lossless with the exact rule."""
+    most ``window`` tokens are fixed per iteration. ``pac``: SJD-PAC's tree at the window's front (proactive.py; its
+    window is ``window``). Lossless with the exact rule."""
     rule = rule or ExactRule()
     h, w = model.grid
     N, V, B, dev = h * w, model.vocab_size, conditioning.batch, model.device
-    L = min(window - 1, N - 1)  # draft slots
+    shape = pac_shape(pac, N, dev) if pac else None
+    L = shape.main if pac else min(window - 1, N - 1)  # draft slots (along a tree's main chain)
+    tree = shape.tree if pac else chain(L, dev)
     watch = watch or Stopwatch(dev)
     settings = {"window": window, "init": init, "coupling": coupling, "rule": rule.name}
-    session, p0, stats = begin(model, conditioning, sampling, L + 1, name, settings)
+    if pac:
+        settings.update(pac_branches=pac.branches, pac_depth=pac.depth)
+    session, p0, stats = begin(model, conditioning, sampling, tree.nodes + 1, name, settings)
+    if pac and not hasattr(session, "forward_tree"):
+        raise FastARError(f"{getattr(model, 'what', 'this model')} cannot verify draft trees: use sjd")
     drafts = DraftSource(init, coupling, batch=B, drafts=L, grid=(h, w), vocab=V, generator=generator)
 
     buffer = TokenBuffer.empty(B, N, L, dev)
     buffer.seq[:, 0] = sample(p0, generator)
     n = torch.ones(B, dtype=torch.long, device=dev)
     drafts.record(torch.zeros(B, 1, dtype=torch.long, device=dev), p0.unsqueeze(1))
-    x, q = drafts.initial(buffer.seq, n, torch.zeros_like(n), p0)
     iteration = torch.zeros((), dtype=torch.long, device=dev)  # on the device: no copy from the host per iteration
-
-    after_forward = LoopStep(JacobiIteration(rule, sampling, buffer, current_watch(), chain(L, dev), drafts), session,
-                             generator)
+    if pac:
+        work = PacIteration(rule, sampling, buffer, current_watch(), tree, drafts, shape)
+        x, q = work.first_window(buffer.seq, n, p0, generator)
+    else:
+        work = JacobiIteration(rule, sampling, buffer, current_watch(), tree, drafts)
+        x, q = drafts.initial(buffer.seq, n, torch.zeros_like(n), p0)
+    after_forward = LoopStep(work, session, generator)
     rows, fixed_counts = RowProgress(buffer, on_iteration, dev), []
     while True:
         inputs = torch.cat([buffer.seq.gather(1, (n - 1).unsqueeze(1)), x], dim=1)
-        out = session.forward(inputs, n - 1, session.key_slots(rows.horizon(L + 1)))
+        keys = session.key_slots(rows.horizon(tree.nodes + 1))
+        if pac:
+            rooted = tree.rows(B)
+            out = session.forward_tree(inputs, n - 1, rooted.depth, rooted.ancestors, keys)
+        else:
+            out = session.forward(inputs, n - 1, keys)
         stats.target_forwards += 1
         watch.lap("forward")
-        x, q, n, count, iteration = after_forward(out.cond, out.uncond, x, q, n, iteration)
+        x, q, n_next, count, iteration, k, path = after_forward(out.cond, out.uncond, x, q, n, iteration)
+        if pac:  # the accepted path into its positions' cache slots
+            session.keep_path(n - 1, path, k)
+        n = n_next
         fixed_counts.append(count)
         watch.lap("verify")
 
@@ -118,7 +139,7 @@ class JacobiIteration(WindowVerifier):
 
     def body(self, noise, cond, uncond, x, q, n, iteration):
         iteration = iteration + 1
-        p, k, _, count = self.verify(noise, cond, uncond, q, x, n, iteration)
+        p, k, path, count = self.verify(noise, cond, uncond, q, x, n, iteration)
         B, L, V = *x.shape, p.shape[-1]
         slots = torch.arange(L + 1, device=p.device)
         positions = n.unsqueeze(1) + slots
@@ -134,4 +155,4 @@ class JacobiIteration(WindowVerifier):
         x_new, q_new = self.drafts.initial(seq, n, carried.sum(1), p[:, L], noise)
         x = torch.where(carried, x_next, x_new)
         q = torch.where(carried.unsqueeze(-1), q_next, q_new)
-        return x, q, n, count, iteration
+        return x, q, n, count, iteration, k, path
