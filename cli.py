@@ -85,6 +85,11 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-nodes", type=int, default=SPEC_DEFAULTS.tree_nodes,
                    help="--tree dynamic: drafts the target verifies per forward (the best by path probability), the root "
                    "not counted: LANTERN's total_token 59 is 58 here")
+    p.add_argument("--pac-branches", type=int, default=SPEC_DEFAULTS.pac_branches,
+                   help="sjd-pac: candidates per node at the window's first --pac-depth - 1 depths (1 = SJD on a chain)")
+    p.add_argument("--pac-depth", type=int, default=SPEC_DEFAULTS.pac_depth,
+                   help="sjd-pac: levels of the window's branched front, its root included (the rest of the window is a "
+                   "chain)")
     mar = p.add_argument_group("MAR models (ar and cspd)")
     mar.add_argument("--num-iter", type=int,
                      help="MAR steps: tokens are fixed in this many parallel steps (1 to the token count; default the "

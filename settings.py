@@ -29,7 +29,8 @@ def spec_from(args, decoder: str) -> DecoderSpec:
                        lantern_k=args.lantern_k, lantern_delta=args.lantern_delta, flow_steps=args.flow_steps,
                        zipar_lead=args.zipar_lead, zipar_attention=args.zipar_attention, drafts=args.drafts,
                        lantern_lambda=args.lantern_lambda, tree=args.tree, tree_shape=args.tree_shape,
-                       tree_depth=args.tree_depth, tree_topk=args.tree_topk, tree_nodes=args.tree_nodes)
+                       tree_depth=args.tree_depth, tree_topk=args.tree_topk, tree_nodes=args.tree_nodes,
+                       pac_branches=args.pac_branches, pac_depth=args.pac_depth)
 
 
 def masked_settings_from(args, model=None) -> MaskedSettings:

@@ -478,15 +478,29 @@ class SamplerSJD(SamplerBase):
     NODE_ID = "FastARSamplerSJD"
     DISPLAY = "FastAR Sampler (SJD, lossless)"
     DESCRIPTION = ("Speculative Jacobi Decoding: verifies a window of draft tokens per forward and keeps the "
-                   "accepted ones, so several tokens are fixed per forward. " + LOSSLESS_NOTE)
+                   "accepted ones, so several tokens are fixed per forward. With pac_branches above 1, SJD-PAC: the "
+                   "window's first depths branch into several candidates each. " + LOSSLESS_NOTE)
 
     @classmethod
     def decoder_inputs(cls) -> list:
-        return jacobi_inputs()
+        return [
+            *jacobi_inputs(),
+            io.Int.Input("pac_branches", default=1, min=1, max=8, optional=True,
+                         tooltip="SJD-PAC: candidates per draft at the window's first pac_depth - 1 depths (1 = plain "
+                                 "SJD). They take part of the window, and where the first candidate is rejected a "
+                                 "sibling may be kept; lossless. Pair it with maximal coupling, SJD-PAC's adaptive "
+                                 "continuation."),
+            io.Int.Input("pac_depth", default=SPEC.pac_depth, min=2, max=5, optional=True,
+                         tooltip="SJD-PAC: levels of the window's branched front, its root included (3: two "
+                                 "branched depths)."),
+        ]
 
     @classmethod
-    def spec(cls, window=SPEC.window, init=SPEC.init, coupling=SPEC.coupling, **more) -> DecoderSpec:
-        return DecoderSpec(decoder=cls.DECODER, window=window, init=init, coupling=coupling, **more)
+    def spec(cls, window=SPEC.window, init=SPEC.init, coupling=SPEC.coupling, pac_branches=1, pac_depth=SPEC.pac_depth,
+             **more) -> DecoderSpec:
+        proactive = {"decoder": "sjd-pac", "pac_branches": pac_branches, "pac_depth": pac_depth}
+        return DecoderSpec(**{"decoder": cls.DECODER, **(proactive if pac_branches > 1 else {})}, window=window,
+                           init=init, coupling=coupling, **more)
 
 
 class SamplerGSD(SamplerSJD):

@@ -291,6 +291,10 @@ def test_bench_sweeps_only_the_decoders_asked_for():
 
     assert series({"ar"}) == set() and series({"ar", "spec"}) == set()
     assert series({"ar", "sjd"}) == {"SJD independent (window)", "SJD maximal (window)"}
+    assert series({"sjd-pac"}) == {"SJD-PAC independent, 2 branches (window)", "SJD-PAC maximal, 2 branches (window)",
+                                   "SJD-PAC maximal, window 32 (branches)"}
+    for *_, spec, _ in bench.sweep_configs(DecoderSpec(), bench_entries("sjd-pac"), False):
+        spec.validate()  # every point's tree fits its window
     assert series({"gsd"}) == {"GSD (group size)"}
     assert series({"lantern"}) == {"LANTERN (delta)", "LANTERN (k, delta=0.2)"}
     configs = bench.sweep_configs(DecoderSpec(), bench_entries("lantern"), drafted=False)

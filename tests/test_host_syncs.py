@@ -36,7 +36,8 @@ def counted(run):
 @pytest.mark.parametrize("spec", [DecoderSpec("sjd", window=4), DecoderSpec("gsd", window=4, group=5),
                                   DecoderSpec("spec", gamma=3), DecoderSpec("lantern", gamma=3),
                                   DecoderSpec("spec", tree="static"), DecoderSpec("lantern", tree="dynamic", tree_nodes=20),
-                                  DecoderSpec("zipar", zipar_lead=1), DecoderSpec("zipar-sjd", zipar_lead=1, window=3)],
+                                  DecoderSpec("zipar", zipar_lead=1), DecoderSpec("zipar-sjd", zipar_lead=1, window=3),
+                                  DecoderSpec("sjd-pac", window=10, coupling="maximal")],
                          ids=lambda s: s.decoder + ("-tree" if s.tree != "chain" else ""))
 def test_token_decoders_sync_once_per_iteration(spec):
     model = tiny_model(seed=3)

@@ -23,6 +23,8 @@ VARIANTS = {  # each a loop step of its own: another rule, draft source or pipel
                          SamplingSettings(cfg_scale=1.0, temperature=1.3)),
     "greedy-lantern": (DecoderSpec("lantern", window=4, lantern_k=8, lantern_delta=0.2),
                        SamplingSettings(cfg_scale=3.0, temperature=0.0)),
+    "sjd-pac": (DecoderSpec("sjd-pac", window=10, pac_branches=2, pac_depth=3, coupling="maximal",
+                            init="sample-left"), SAMPLING),
 }
 
 

@@ -49,6 +49,9 @@ TOY_DELTAS = (0.0, 0.05, 0.1, 0.2, 0.4)
 
 SWEEP_LAMBDAS = (1.0, 1.5, 2.0, 3.0, 5.0)
 SWEEP_TREE_NODES = (8, 16, 32, 58)
+SWEEP_PAC_WINDOWS = (16, 32, 64)  # SJD-PAC's tree takes part of the window: the smallest hold it and little more
+SWEEP_PAC_BRANCHES = (1, 2, 3, 4)
+SWEEP_PAC_BRANCH_WINDOW = 32  # holds 4 branches 3 deep
 LANTERN_PP_LAMBDA = 2.0  # the lantern++ row's lambda when --lantern-lambda is not given
 MODIFIERS = ("jacobi", "drafter", "top", "tree")
 
@@ -215,8 +218,9 @@ def toy_total_variation(base: DecoderSpec, rows: int = 20000) -> dict:
 
 
 def sweep_configs(base: DecoderSpec, entries: dict[str, Entry], drafted: bool) -> list[tuple[str, str, DecoderSpec, bool]]:
-    """The slider sweeps of the benchmarked decoders: GSD's group size, SJD's window and coupling, LANTERN's
-    delta and k (with the drafter when there is one), LANTERN++'s lambda and a dynamic tree's size (with trees).
+    """The slider sweeps of the benchmarked decoders: GSD's group size, SJD's and SJD-PAC's window and coupling (and
+    SJD-PAC's branches), LANTERN's delta and k (with the drafter when there is one), LANTERN++'s lambda and a dynamic
+    tree's size (with trees).
     Each config names its series and slider."""
     configs, decoders = [], {entry.spec.decoder for entry in entries.values()}
     if "gsd" in decoders:
@@ -224,6 +228,14 @@ def sweep_configs(base: DecoderSpec, entries: dict[str, Entry], drafted: bool) -
     if "sjd" in decoders:
         configs += [(f"SJD {c} (window)", "window", replace(base, decoder="sjd", window=w, coupling=c), False)
                     for c in ("independent", "maximal") for w in SWEEP_WINDOWS]
+    if "sjd-pac" in decoders:
+        configs += [(f"SJD-PAC {c}, {base.pac_branches} branches (window)", "window",
+                     replace(base, decoder="sjd-pac", window=w, coupling=c), False)
+                    for c in ("independent", "maximal") for w in SWEEP_PAC_WINDOWS]
+        configs += [(f"SJD-PAC maximal, window {SWEEP_PAC_BRANCH_WINDOW} (branches)", "pac_branches",
+                     replace(base, decoder="sjd-pac", window=SWEEP_PAC_BRANCH_WINDOW, coupling="maximal",
+                             pac_branches=b), False)
+                    for b in SWEEP_PAC_BRANCHES]
     for name, series in (("zipar", "ZipAR (lead)"), ("zipar-sjd", f"ZipAR+SJD {base.window} (lead)")):
         if name in decoders:
             configs += [(series, "zipar_lead", replace(base, decoder=name, zipar_lead=lead), False) for lead in SWEEP_LEADS]
@@ -295,7 +307,7 @@ def forward_width(candidate, grid: tuple[int, int]) -> int:
         return zipar_feeds(grid, spec.zipar_lead, spec.window if spec.decoder == "zipar-sjd" else 1)
     if candidate.drafter:
         return spec.tree_settings().width
-    return spec.window if spec.decoder in ("sjd", "gsd", "lantern") else 1
+    return spec.window if spec.decoder in ("sjd", "sjd-pac", "gsd", "lantern") else 1
 
 
 def run_bench(args) -> dict:

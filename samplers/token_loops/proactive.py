@@ -35,7 +35,7 @@ class PacSettings:
     ways."""
 
     window: int = 32
-    branches: int = 3
+    branches: int = 2  # the demo's best (the paper's code: 3)
     depth: int = 3
 
     def validate(self) -> "PacSettings":
@@ -74,38 +74,51 @@ class PacShape:
     branches: int
 
 
+_BUILT: dict = {}
+
+
 def pac_shape(settings: PacSettings, tokens: int, device) -> PacShape:
-    """The tree of ``settings`` for an image of ``tokens`` tokens (a window never longer than the image)."""
+    """The tree of ``settings`` for an image of ``tokens`` tokens (a window never longer than the image), built once per
+    process and device on the host (a generation that asks for it again reads nothing back from the device)."""
     K, D = settings.branches, settings.depth
     main = min(settings.main_drafts, tokens - 1)
-    branched = min(D - 1, main)
+    key = (K, D, main, str(device))
+    if key not in _BUILT:
+        counts = child_counts(K, min(D - 1, main), main)
+        rank, follow = carrying_tables(_static(("pac", K, D, main), counts, "cpu"), main)
+        _BUILT[key] = PacShape(_static(("pac", K, D, main), counts, device), rank.to(device), follow.to(device), main,
+                               min(D - 1, main), K)
+    return _BUILT[key]
+
+
+def child_counts(branches: int, branched: int, main: int) -> list[tuple[int, ...]]:
+    """Per depth, the children of each node of the depth above: ``branches`` at the branched depths, then one under the
+    main node (the first of its depth) only."""
     counts, width = [], 1
     for d in range(1, main + 1):
-        if d <= branched:
-            counts.append((K,) * width)
-            width *= K
-        else:  # the chain goes on from the main node (the first of its depth) only
-            counts.append((1,) + (0,) * (width - 1))
-            width = 1
-    tree = _static(("pac", K, D, main), counts, device)
-    parent, depth = tree.parent[0].tolist(), tree.depth[0].tolist()
-    children = tree.children[0].tolist()
+        counts.append((branches,) * width if d <= branched else (1,) + (0,) * (width - 1))
+        width = width * branches if d <= branched else 1
+    return counts
+
+
+def carrying_tables(tree: DraftTree, main: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``PacShape``'s ``rank`` and ``follow`` of a tree on the host."""
+    depth, children = tree.depth[0].tolist(), tree.children[0].tolist()
     main_node = [0] + [tree.nodes_at(d)[0] for d in range(1, main + 1)]
-    rank = [0] * len(parent)
+    rank = [0] * len(depth)
     for node_children in children:
         for r, child in enumerate(c for c in node_children if c >= 0):
             rank[child] = r
     follow = []
-    for s in range(len(parent)):
+    for s in range(len(depth)):
         row, node = [s], s
         for _ in range(main + 1):
-            first = children[node][0] if node >= 0 and children[node][0] >= 0 else -1
-            d = depth[node] + 1 if node >= 0 else main + 1
-            node = first if first >= 0 else main_node[d] if d <= main else -1
+            first = children[node][0] if node >= 0 else -1
+            below = depth[node] + 1 if node >= 0 else main + 1
+            node = first if first >= 0 else main_node[below] if below <= main else -1
             row.append(node)
         follow.append(row)
-    as_tensor = lambda t: torch.tensor(t, device=device)  # noqa: E731
-    return PacShape(tree, as_tensor(rank), as_tensor(follow), main, branched, K)
+    return torch.tensor(rank), torch.tensor(follow)
 
 
 @dataclass(eq=False)
