@@ -74,3 +74,18 @@ def test_siblings_recorded_with_the_wrong_distribution_are_detected(monkeypatch)
     spec = DecoderSpec("sjd-pac", window=5, pac_branches=3, pac_depth=2, coupling="maximal")
     tokens, _ = decode(model, conditioning(rows=WIDE_ROWS), GUIDED, spec, seed=3)
     assert chi_square_p_value(tokens, exact_for(GUIDED, model=model), model) < ALPHA
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("init", ["random", "sample-above"])
+def test_sjd_pac_runs_in_half_precision_with_codes_in_range(dtype, init):
+    """A GPU's dtypes, emulated on the CPU: CFG, top-k, batch 2, each coupling."""
+    from fastar.samplers.processing import SamplingSettings
+    from tiny_llamagen import tiny_conditioning, tiny_model
+
+    target = tiny_model("c2i").to(dtype)
+    for coupling in COUPLINGS:
+        spec = DecoderSpec("sjd-pac", window=10, init=init, coupling=coupling)
+        codes, stats = decode(target, tiny_conditioning(target), SamplingSettings(cfg_scale=2.0, top_k=20), spec, seed=3)
+        assert codes.shape == (2, 16) and 0 <= codes.min() and codes.max() < target.vocab_size
+        assert stats.target_forwards < 15

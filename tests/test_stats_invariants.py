@@ -21,8 +21,8 @@ from fastar.samplers.masked_loops.masked import MaskedSettings
 from fastar.samplers.processing import SamplingSettings
 
 SAMPLING = SamplingSettings(cfg_scale=2.0, top_k=50)
-DRAFTING = {"sjd", "gsd", "spec", "lantern", "zipar-sjd", "cspd", "cspd-relaxed"}
-ONE_WINDOW_PER_IMAGE = {"sjd", "gsd", "spec", "lantern"}  # one verified window per image and forward
+DRAFTING = {"sjd", "sjd-pac", "gsd", "spec", "lantern", "zipar-sjd", "cspd", "cspd-relaxed"}
+ONE_WINDOW_PER_IMAGE = {"sjd", "sjd-pac", "gsd", "spec", "lantern"}  # one verified window per image and forward
 
 
 @pytest.fixture(scope="module")
@@ -64,13 +64,13 @@ def check_invariants(stats, decoder: str) -> None:
     assert (f"; {stats.baseline} takes {stats.baseline_forwards}: " in summary) == (stats.baseline_forwards != F)
 
 
-TOKEN_DECODERS = [("ar", False), ("sjd", False), ("gsd", False), ("spec", True), ("lantern", True),
+TOKEN_DECODERS = [("ar", False), ("sjd", False), ("sjd-pac", False), ("gsd", False), ("spec", True), ("lantern", True),
                   ("lantern", False), ("zipar", False), ("zipar-sjd", False), ("fm", False)]
 
 
 @pytest.mark.parametrize("decoder, drafted", TOKEN_DECODERS, ids=lambda v: str(v))
 def test_the_class_demos_decoders(class_demo, decoder, drafted):
-    spec = DecoderSpec(decoder, window=8, zipar_lead=4, coupling="maximal" if decoder == "sjd" else "independent")
+    spec = DecoderSpec(decoder, window=8, zipar_lead=4, coupling="maximal" if decoder.startswith("sjd") else "independent")
     _, stats = decode(class_demo.ar, ClassConditioning(torch.tensor([0, 5])), SAMPLING, spec, seed=1,
                       drafter=class_demo.drafter if drafted else None, codebook=class_demo.codebook())
     check_invariants(stats, decoder)
@@ -86,7 +86,7 @@ def test_the_class_demos_drafter_on_trees(class_demo, tree):
     assert stats.drafted_tokens > stats.accepted_tokens > stats.target_forwards  # siblings tried, several kept
 
 
-@pytest.mark.parametrize("decoder", ["ar", "sjd", "gsd", "zipar-sjd"])
+@pytest.mark.parametrize("decoder", ["ar", "sjd", "sjd-pac", "gsd", "zipar-sjd"])
 def test_the_text_demos_decoders(decoder):
     """Lumina-mGPT's layout: row-end tokens inside the windows are fed, never counted as image tokens."""
     models = load_models(str(DEMO_TEXT), None, "cpu")
@@ -96,13 +96,14 @@ def test_the_text_demos_decoders(decoder):
     check_invariants(stats, decoder)
 
 
-def test_janus_pro(tmp_path):
+@pytest.mark.parametrize("spec", [DecoderSpec("sjd", window=4), DecoderSpec("sjd-pac", window=8)],
+                         ids=lambda s: s.decoder)
+def test_janus_pro(tmp_path, spec):
     from tiny_janus import hf_model, write_converted
 
     model = load_ar_model(str(write_converted(tmp_path / "janus", hf_model())), device="cpu")
-    _, stats = decode(model, PromptConditioning(["a red ring", "a blue square"]), SAMPLING, DecoderSpec("sjd", window=4),
-                      seed=3)
-    check_invariants(stats, "sjd")
+    _, stats = decode(model, PromptConditioning(["a red ring", "a blue square"]), SAMPLING, spec, seed=3)
+    check_invariants(stats, spec.decoder)
 
 
 @pytest.fixture(scope="module")
