@@ -381,16 +381,21 @@ def run_bench(args) -> dict:
     configs = [] if args.no_pareto or args.dial else sweep_configs(row_spec(args, "sjd"), entries,
                                                                    models.drafter is not None)
     if configs:
+        write_report(report, out_dir, started)  # the rows kept should the sweeps be cut short
         sweep_labels = labels[: args.sweep_samples or max(num_classes, args.samples // 2)]
         print(f"[bench] slider sweeps for the Pareto plot: {len(configs)} points x {len(sweep_labels)} samples",
               flush=True)
         report["pareto"] = sweep(models, judge, sampling, configs, sweep_labels, args.seed, reference_feats)
         plot_pareto(report["pareto"], results, out_dir / "pareto.png")
+    write_report(report, out_dir, started)
+    print((out_dir / "bench.md").read_text())
+    return report
+
+
+def write_report(report: dict, out_dir: Path, started: float) -> None:
     report["bench_time_s"] = round(time.perf_counter() - started)
     (out_dir / "bench.json").write_text(json.dumps(report, indent=1))
     (out_dir / "bench.md").write_text(markdown(report))
-    print((out_dir / "bench.md").read_text())
-    return report
 
 
 def markdown(report: dict) -> str:
