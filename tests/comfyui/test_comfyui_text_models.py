@@ -72,7 +72,8 @@ def test_the_anole_drafter_on_lumina_mgpt_says_what_to_do(comfy, object_info):
     prompt = workflow_prompt("fastar_lantern_anole", object_info)
     node_of(prompt, "FastARLoadModel")["inputs"]["model_name"] = LUMINA_768
     error = harness.execution_error(comfy.run(prompt))
-    assert "row-end tokens (Lumina-mGPT) are not supported yet" in error["exception_message"]
+    message = error["exception_message"]
+    assert "trained for a layout without row-end tokens" in message and "python -m fastar train-drafter" in message
 
 
 def test_the_bundled_text_demo_workflow_follows_its_prompt(comfy, object_info):
