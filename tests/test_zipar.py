@@ -111,12 +111,12 @@ def test_a_wider_context_than_zipar_fixed_is_detected(monkeypatch):
 def test_untempered_draft_distributions_are_detected(monkeypatch):
     """Broken on purpose: carried drafts recorded with a q that is not the one they were drawn from."""
     model = TOYS[(3, 3)]
-    real = zipar.DraftSource.couple
+    real = zipar.DraftSource.refine
 
-    def biased(self, p, x, q, positions):
-        return real(self, (p ** 0.3) / (p ** 0.3).sum(-1, keepdim=True), x, q, positions)
+    def biased(self, p, x, q, positions, noise=None, has_draft=None):
+        return real(self, (p ** 0.3) / (p ** 0.3).sum(-1, keepdim=True), x, q, positions, noise, has_draft)
 
-    monkeypatch.setattr(zipar.DraftSource, "couple", biased)
+    monkeypatch.setattr(zipar.DraftSource, "refine", biased)
     tokens, _ = draw(model, GUIDED, lead=1, window=3)
     assert chi_square_p_value(tokens, exact_zipar(model, GUIDED, 1), model) < ALPHA
 

@@ -41,28 +41,21 @@ class DraftSource:
             idx = (positions % self.ring).unsqueeze(-1).expand_as(p)
             self.history.scatter_(1, idx, p)
 
-    def couple(self, p, x, q, positions, noise=None) -> torch.Tensor:
-        """Next drafts for every output slot ``[B, L+1]`` given outputs ``p`` [B, L+1, V] and the
-        current drafts ``x``, ``q``; each has law exactly ``p`` of its slot. ``noise``: where random numbers
-        come from (default: the generation's generator; a compiled loop step's draws)."""
+    def refine(self, p, x, q, positions, noise=None, has_draft=None) -> torch.Tensor:
+        """Next drafts of law exactly ``p`` [B, S, V] for slots at ``positions`` [B, S]: the first ``x.shape[1]`` slots
+        coupled to the drafts ``x`` (drawn from ``q``; only where ``has_draft``, if given), the rest fresh. ``noise``:
+        where random numbers come from (default: the generation's generator; a compiled loop step's draws)."""
         noise = self.gen if noise is None else noise
         if self.coupling == "gumbel":
             return self._gumbel(p, positions)
         fresh = sample(p, noise)
         if self.coupling == "independent":
             return fresh
-        return torch.cat([self._kept_or_redrawn(p[:, :-1], x, q, noise), fresh[:, -1:]], dim=1)
-
-    def refine(self, p, x, q, has_draft, positions, noise=None) -> torch.Tensor:
-        """Drafts of law exactly ``p`` [B, S, V] for slots at ``positions`` [B, S], coupled to the drafts ``x`` [B, S]
-        (drawn from ``q`` [B, S, V]) where ``has_draft``, fresh elsewhere. ``noise``: as ``couple``'s."""
-        noise = self.gen if noise is None else noise
-        if self.coupling == "gumbel":
-            return self._gumbel(p, positions)
-        fresh = sample(p, noise)
-        if self.coupling == "independent":
-            return fresh
-        return torch.where(has_draft, self._kept_or_redrawn(p, x, q, noise), fresh)
+        drafted = x.shape[1]
+        kept = self._kept_or_redrawn(p[:, :drafted], x, q, noise)
+        if has_draft is not None:
+            kept = torch.where(has_draft, kept, fresh[:, :drafted])
+        return torch.cat([kept, fresh[:, drafted:]], dim=1)
 
     def _gumbel(self, p, positions):
         return (p.log() + counter_gumbel(self.noise_key, positions, self.V)).argmax(-1)
@@ -77,7 +70,7 @@ class DraftSource:
         """Drafts ``[B, L]`` and their q ``[B, L, V]`` for window slots at positions ``start + i``;
         only slots ``i >= carried`` (the fresh ones) are meant to be used. ``seq`` holds the fixed tokens
         and the carried drafts, i.e. every position below ``start + carried``; ``p_last`` is the target
-        distribution of the last of them. ``noise``: as ``couple``'s."""
+        distribution of the last of them. ``noise``: as ``refine``'s."""
         noise = self.gen if noise is None else noise
         B, L, V = seq.shape[0], self.L, self.V
         known = (start + carried).unsqueeze(1)  # positions below this hold a token (fixed or a carried draft)

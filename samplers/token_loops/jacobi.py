@@ -144,7 +144,7 @@ class JacobiIteration(WindowVerifier):
         slots = torch.arange(L + 1, device=p.device)
         positions = n.unsqueeze(1) + slots
         self.drafts.record(positions, p)
-        proposals = self.drafts.couple(p, x, q, positions, noise)
+        proposals = self.drafts.refine(p, x, q, positions, noise)
         source = (k.unsqueeze(1) + 1 + slots[:L]).clamp(max=L)
         carried = (k.unsqueeze(1) + 1 + slots[:L]) <= L
         n = n + count

@@ -143,7 +143,7 @@ class PacIteration(WindowVerifier):
         target = p.gather(1, pred.clamp(min=0).unsqueeze(-1).expand(B, self.shape.main, V))
         carried_x = self.drafts.refine(target, x.gather(1, (child - 1).clamp(min=0)),
                                        q.gather(1, (child - 1).clamp(min=0).unsqueeze(-1).expand(B, self.shape.main, V)),
-                                       has_draft, positions, noise)
+                                       positions, noise, has_draft)
         seq = self.buffer.seq
         seq.scatter_(1, torch.where(has_pred, positions, self.buffer.scratch), carried_x)
         carried = has_pred.sum(1)

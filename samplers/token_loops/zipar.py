@@ -226,7 +226,7 @@ def zipar_decode(model, conditioning, sampling: SamplingSettings, *, generator, 
         seq[sb.unsqueeze(1), write] = run
         fixed_at[sb.unsqueeze(1), write] = torch.full_like(write, iteration)
         if L:  # the window's later outputs become the next drafts of the row
-            proposals = coupler.couple(p_stream, x, q, positions)
+            proposals = coupler.refine(p_stream, x, q, positions)
             keep = (count.unsqueeze(1) + slots[:L]).clamp(max=L)
             drafts[sb, sr] = proposals.gather(1, keep)
             q_drafts[sb, sr] = p_stream.gather(1, keep.unsqueeze(-1).expand(-1, -1, V))
