@@ -1,7 +1,11 @@
 """The convolutional image decoders' building blocks (LlamaGen's VQ, LDM's KL autoencoder, Chameleon's VQGAN,
-VAR's VQVAE): GroupNorm 32 at eps 1e-6, SiLU residual blocks, single-head attention, 2x resampling; LDM's encoder
-and decoder stacks (``KLConfig`` describes them, read off the weights) and the config of a VQ model on them
-(``VQGANConfig``: Chameleon's VQGAN, extended by VAR's VQVAE)."""
+VAR's VQVAE, Emu3's vision tokenizer): GroupNorm 32 at eps 1e-6, SiLU residual blocks, single-head attention, 2x
+resampling; LDM's encoder and decoder stacks (``KLConfig`` describes them, read off the weights) and the config of a
+VQ model on them (``VQGANConfig``: Chameleon's VQGAN, extended by VAR's VQVAE).
+
+The norm is a parameter (``norm(channels)`` makes one; GroupNorm by default): Emu3's decoder conditions every norm on
+the code vectors (a spatial norm), so the blocks pass what follows ``x`` in their ``forward`` (``*cond``) on to their
+norms, and a GroupNorm is given nothing there."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,19 +21,26 @@ def group_norm(channels: int) -> nn.GroupNorm:
     return nn.GroupNorm(32, channels, eps=1e-6, affine=True)
 
 
+def conv3x3(cin: int, cout: int) -> nn.Conv2d:
+    return nn.Conv2d(cin, cout, 3, padding=1)
+
+
 class ResnetBlock(nn.Module):
-    def __init__(self, cin: int, cout: int):
+    """``conv``: its two 3x3 convolutions, same-size (Emu3's temporal blocks, which keep their width, give causal 3-D
+    ones)."""
+
+    def __init__(self, cin: int, cout: int, norm=group_norm, conv=conv3x3):
         super().__init__()
-        self.norm1 = group_norm(cin)
-        self.conv1 = nn.Conv2d(cin, cout, 3, padding=1)
-        self.norm2 = group_norm(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1)
+        self.norm1 = norm(cin)
+        self.conv1 = conv(cin, cout)
+        self.norm2 = norm(cout)
+        self.conv2 = conv(cout, cout)
         if cin != cout:
             self.nin_shortcut = nn.Conv2d(cin, cout, 1)
 
-    def forward(self, x):
-        h = self.conv1(F.silu(self.norm1(x)))
-        h = self.conv2(F.silu(self.norm2(h)))
+    def forward(self, x, *cond):
+        h = self.conv1(F.silu(self.norm1(x, *cond)))
+        h = self.conv2(F.silu(self.norm2(h, *cond)))
         if hasattr(self, "nin_shortcut"):
             x = self.nin_shortcut(x)
         return x + h
@@ -38,15 +49,15 @@ class ResnetBlock(nn.Module):
 class AttnBlock(nn.Module):
     """Single-head attention over spatial positions."""
 
-    def __init__(self, channels: int):
+    def __init__(self, channels: int, norm=group_norm):
         super().__init__()
-        self.norm = group_norm(channels)
+        self.norm = norm(channels)
         self.q, self.k, self.v = (nn.Conv2d(channels, channels, 1) for _ in range(3))
         self.proj_out = nn.Conv2d(channels, channels, 1)
 
-    def forward(self, x):
+    def forward(self, x, *cond):
         b, c, h, w = x.shape
-        n = self.norm(x)
+        n = self.norm(x, *cond)
         q, k, v = (proj(n).reshape(b, c, h * w).transpose(1, 2) for proj in (self.q, self.k, self.v))
         out = F.scaled_dot_product_attention(q, k, v)
         return x + self.proj_out(out.transpose(1, 2).reshape(b, c, h, w))
@@ -113,20 +124,20 @@ class KLConfig:
 class Level(nn.Module):
     """One resolution of the LDM layout: ``block.{i}``, ``attn.{i}`` after each block, resampling."""
 
-    def __init__(self, cin: int, cout: int, blocks: int, attn: bool, resample: type | None):
+    def __init__(self, cin: int, cout: int, blocks: int, attn: bool, resample: type | None, norm=group_norm):
         super().__init__()
-        self.block = nn.ModuleList(ResnetBlock(cin if i == 0 else cout, cout) for i in range(blocks))
-        self.attn = nn.ModuleList(AttnBlock(cout) for _ in range(blocks if attn else 0))
+        self.block = nn.ModuleList(ResnetBlock(cin if i == 0 else cout, cout, norm) for i in range(blocks))
+        self.attn = nn.ModuleList(AttnBlock(cout, norm) for _ in range(blocks if attn else 0))
         if resample is Downsample:
             self.downsample = Downsample(cout)
         elif resample is Upsample:
             self.upsample = Upsample(cout)
 
-    def forward(self, x):
+    def forward(self, x, *cond):
         for i, block in enumerate(self.block):
-            x = block(x)
+            x = block(x, *cond)
             if len(self.attn):
-                x = self.attn[i](x)
+                x = self.attn[i](x, *cond)
         for name in ("downsample", "upsample"):
             if hasattr(self, name):
                 x = getattr(self, name)(x)
@@ -134,14 +145,14 @@ class Level(nn.Module):
 
 
 class Middle(nn.Module):
-    def __init__(self, channels: int):
+    def __init__(self, channels: int, norm=group_norm):
         super().__init__()
-        self.block_1 = ResnetBlock(channels, channels)
-        self.attn_1 = AttnBlock(channels)
-        self.block_2 = ResnetBlock(channels, channels)
+        self.block_1 = ResnetBlock(channels, channels, norm)
+        self.attn_1 = AttnBlock(channels, norm)
+        self.block_2 = ResnetBlock(channels, channels, norm)
 
-    def forward(self, x):
-        return self.block_2(self.attn_1(self.block_1(x)))
+    def forward(self, x, *cond):
+        return self.block_2(self.attn_1(self.block_1(x, *cond), *cond), *cond)
 
 
 class Encoder(nn.Module):
@@ -168,23 +179,23 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    def __init__(self, cfg: KLConfig):
+    def __init__(self, cfg: KLConfig, norm=group_norm):
         super().__init__()
         widths = [cfg.ch * m for m in cfg.ch_mult]
         self.conv_in = nn.Conv2d(cfg.embed_dim, widths[-1], 3, padding=1)
-        self.mid = Middle(widths[-1])
+        self.mid = Middle(widths[-1], norm)
         # up[i] works at level i's resolution; they run from the lowest resolution (the last) to up[0]
         self.up = nn.ModuleList(
             Level(widths[min(i + 1, len(widths) - 1)], widths[i], cfg.num_res_blocks + 1, i in cfg.decoder_attn_levels,
-                  Upsample if i != 0 else None) for i in range(len(widths)))
-        self.norm_out = group_norm(widths[0])
+                  Upsample if i != 0 else None, norm) for i in range(len(widths)))
+        self.norm_out = norm(widths[0])
         self.conv_out = nn.Conv2d(widths[0], 3, 3, padding=1)
 
-    def forward(self, z):
-        x = self.mid(self.conv_in(z))
+    def forward(self, z, *cond):
+        x = self.mid(self.conv_in(z), *cond)
         for level in reversed(self.up):
-            x = level(x)
-        return self.conv_out(F.silu(self.norm_out(x)))
+            x = level(x, *cond)
+        return self.conv_out(F.silu(self.norm_out(x, *cond)))
 
 
 @dataclass
