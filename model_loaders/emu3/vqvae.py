@@ -36,7 +36,7 @@ from torch import nn
 
 from ...errors import FastARError
 from ..shared.checkpoint import CheckpointInfo, load_weights, read_json, sample_keys
-from ..shared.ldm_blocks import Decoder, KLConfig, ResnetBlock, group_norm
+from ..shared.ldm_blocks import Decoder, ResnetBlock, VQGANConfig, group_norm
 
 RELEASED_MEAN = RELEASED_STD = (0.5, 0.5, 0.5)  # BAAI/Emu3-VisionTokenizer's preprocessor_config.json
 VQ_PREFIXES = ("model.vqmodel.", "vqmodel.")  # transformers' module path, and its saved Emu3 folders
@@ -53,36 +53,28 @@ LINEAR_ATTENTION = re.compile(r"\.(q_proj|k_proj|v_proj|out_proj)\.weight$")  # 
 
 
 @dataclass
-class Emu3VQConfig:
-    """The decoder's sizes (the release's by default) and the pixel normalisation of its folder."""
+class Emu3VQConfig(VQGANConfig):
+    """The VQGAN's layout (the release's sizes by default; no encoder) plus the frames and the folder's pixel
+    normalisation."""
 
     codebook_size: int = 32768
     embed_dim: int = 4  # code width
     z_channels: int = 4  # the decoder's latent width
     ch: int = 256
     ch_mult: tuple[int, ...] = (1, 2, 2, 4)
-    num_res_blocks: int = 2
-    attn_levels: tuple[int, ...] = (3,)
+    decoder_attn_levels: tuple[int, ...] = (3,)
+    with_encoder: bool = False
     temporal_downsample_factor: int = 4  # frames per latent frame
     image_mean: tuple[float, ...] = RELEASED_MEAN
     image_std: tuple[float, ...] = RELEASED_STD
 
     def __post_init__(self):
-        for name in ("ch_mult", "attn_levels", "image_mean", "image_std"):
-            setattr(self, name, tuple(getattr(self, name)))
-
-    @property
-    def downsample(self) -> int:
-        return 2 ** (len(self.ch_mult) - 1)
+        super().__post_init__()
+        self.image_mean, self.image_std = tuple(self.image_mean), tuple(self.image_std)
 
     @property
     def frames(self) -> int:
         return self.temporal_downsample_factor
-
-    def blocks(self) -> KLConfig:
-        """The 2-D decoder in LDM's terms."""
-        return KLConfig(embed_dim=self.z_channels, ch=self.ch, ch_mult=self.ch_mult, num_res_blocks=self.num_res_blocks,
-                        encoder_attn_levels=(), decoder_attn_levels=self.attn_levels, with_encoder=False)
 
     @classmethod
     def from_config(cls, config: dict, source: str, preprocessor: dict | None = None) -> "Emu3VQConfig":
@@ -106,7 +98,7 @@ class Emu3VQConfig:
         return cls(codebook_size=vq.get("codebook_size", defaults.codebook_size),
                    embed_dim=vq.get("embed_dim", defaults.embed_dim),
                    num_res_blocks=vq.get("num_res_blocks", defaults.num_res_blocks),
-                   attn_levels=vq.get("attn_resolutions", defaults.attn_levels),
+                   decoder_attn_levels=vq.get("attn_resolutions", defaults.decoder_attn_levels),
                    temporal_downsample_factor=vq.get("temporal_downsample_factor", defaults.frames),
                    image_mean=mean, image_std=std, **values)
 

@@ -28,7 +28,8 @@ own class).
 
 Departures from the release, each forced by a tiny CPU fixture or made so that the test can fail: tiny sizes; the
 weights re-initialised where the classes start them at a fixed point (BatchNorm's weight, bias and running
-statistics, GroupNorm's weight and bias), the last convolution scaled so that the images fill the pixel range without
+statistics, GroupNorm's weight and bias), the attention's query and key projections scaled up (a random start attends
+almost uniformly, which would hide attention faults), the last convolution scaled so that the images fill the pixel range without
 saturating; stored in fp16 (the official decodes run in fp32 on the fp16-rounded weights); a mean and std in
 preprocessor_config.json unlike the release's 0.5 and 0.5 (and unlike each other per channel) so that a decoder
 which ignores them or swaps them fails.
@@ -103,6 +104,9 @@ def randomise(vq) -> None:
         if isinstance(module, torch.nn.BatchNorm3d):
             module.running_mean.copy_(noise(module.running_mean, 0.5))
             module.running_var.copy_(torch.rand(module.running_var.shape, generator=g) * 1.5 + 0.3)
+        if hasattr(module, "q_proj"):  # sharper attention than the near-uniform of a random start
+            module.q_proj.weight.mul_(4)
+            module.k_proj.weight.mul_(4)
     codes = torch.randint(0, CODES, (4, *GRIDS[0]), generator=g)
     spread = vq.decode(codes).std()
     vq.decoder.conv_out.weight.mul_(0.5 / spread)
