@@ -86,6 +86,9 @@ def test_a_folder_without_the_vq_model_or_its_config_says_what_to_pick(tmp_path)
     info.config = config
     with pytest.raises(FastARError, match="one attention head"):
         load_emu3_vq(sd, info=info)
+    config["vq_config"].update(num_attention_heads=1, embed_dim=8)
+    with pytest.raises(FastARError, match="must be equal"):
+        load_emu3_vq(sd, info=info)
 
 
 def test_mean_and_std_come_from_the_folder_else_the_release(tmp_path):

@@ -91,12 +91,16 @@ class Emu3VQConfig(VQGANConfig):
         if vq.get("out_channels", 3) != 3 or heads != 1:
             raise FastARError(f"{source}: its VQ config (out_channels {vq.get('out_channels')}, num_attention_heads "
                               f"{heads}) is not Emu3's vision tokenizer, which draws 3 channels with one attention head")
+        width = vq.get("embed_dim", defaults.embed_dim)
+        if width != values["z_channels"]:
+            raise FastARError(f"{source}: its VQ config has codes {width} wide and a latent {values['z_channels']} wide; "
+                              "Emu3's decoder runs both through one temporal stack, so they must be equal")
         mean, std = RELEASED_MEAN, RELEASED_STD
         if preprocessor is not None:
             mean, std = (per_channel(preprocessor.get(key, default), key, source)
                          for key, default in (("image_mean", RELEASED_MEAN), ("image_std", RELEASED_STD)))
         return cls(codebook_size=vq.get("codebook_size", defaults.codebook_size),
-                   embed_dim=vq.get("embed_dim", defaults.embed_dim),
+                   embed_dim=width,
                    num_res_blocks=vq.get("num_res_blocks", defaults.num_res_blocks),
                    decoder_attn_levels=vq.get("attn_resolutions", defaults.decoder_attn_levels),
                    temporal_downsample_factor=vq.get("temporal_downsample_factor", defaults.frames),

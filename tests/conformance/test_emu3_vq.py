@@ -6,17 +6,21 @@ code, against the official decodes of the same codes (two batches of two images,
 - Emu3-VisionTokenizer/: BAAI's Emu3VisionVQModel folder, official: its ``decode`` and
   ``Emu3VisionVQImageProcessor.postprocess``.
 Both carry the encoder, which FastAR leaves out, and a preprocessor_config.json whose mean and std are not the
-release's, so the images also prove they are read. Rebuild with tests/conformance/build/emu3_vq.py.
+release's, so the images also prove they are read. The images are compared as the pipeline makes them, and as
+``python -m fastar decode --tokens-in`` writes them. Rebuild with tests/conformance/build/emu3_vq.py.
 """
+import json
+
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+from fastar import model_loaders
 from fastar.model_loaders.emu3.vqvae import load_emu3_vq
 from fastar.model_loaders.shared.checkpoint import read_state_dict
 from fastar.pipeline import decode_images
-from fastar.tests.conformance.common import assert_image_close, expected, fixture
+from fastar.tests.conformance.common import assert_image_close, expected, fastar, fixture
 
 CASE = "emu3_vq"
 RUNS = expected(CASE)["runs"]
@@ -50,3 +54,17 @@ def test_both_layouts_load_the_same_decoder():
     hf_state, baai_state = hf.state_dict(), baai.state_dict()
     assert hf_state.keys() == baai_state.keys()
     assert all(torch.equal(hf_state[k], baai_state[k]) for k in hf_state)
+
+
+@pytest.mark.skipif("emu3-vq" not in model_loaders.LOADERS, reason="Emu3's family is not registered yet")
+@pytest.mark.parametrize("layout", ["Emu3-Gen-hf", "Emu3-VisionTokenizer"])
+def test_the_command_line_decodes_the_official_images(layout, tmp_path):
+    """``python -m fastar decode --tokens-in --vq FOLDER``, as a user decodes saved codes."""
+    for run in (r for r in RUNS if r["layout"] == layout):
+        tokens = tmp_path / f"{run['name']}.json"
+        tokens.write_text(json.dumps({"tokens": [sum(image, []) for image in run["codes"]], "grid": run["grid"]}))
+        r = fastar("decode", "--tokens-in", tokens, "--vq", fixture(CASE) / layout, "--out", tmp_path / "decoded.png",
+                   cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        for i, image in enumerate(run["images"]):
+            assert_image_close(tmp_path / f"decoded_{i}.png", fixture(CASE) / image)
