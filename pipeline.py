@@ -206,14 +206,14 @@ class LoadedModels:
 
 def load_models(model_path: str | None, vq_path: str | None, device: str = "auto", dtype: str = "auto",
                 drafter_path: str | None = None, image_size: int | None = None, compile_switch: str = "off",
-                gpu_weights: float | None = None, weights: str = "auto") -> LoadedModels:
+                gpu_weights: float | None = None, weights: str = "auto", aspect_ratio: str | None = None) -> LoadedModels:
     """The AR model, image decoder and optional drafter; the model defaults to the bundled demo model, the image
     decoder of a bundled model to its bundled one, ``drafter_path="demo"`` is the bundled demo drafter. ``image_size`` (pixels) overrides the model's.
     ``compile_switch`` (on, auto, off): the token model's decoding steps through torch.compile
     (model_loaders/shared/compiled.py). ``gpu_weights``: GB of the model's weights kept on the GPU, the rest streamed
     from host memory at every step (model_loaders/shared/streaming.py); None: all of them. ``weights``: the
     model's and the drafter's blocks in 8 bits (int8, fp8; model_loaders/shared/quantized.py) or as the checkpoint
-    has them (auto)."""
+    has them (auto). ``aspect_ratio`` ("W:H"): for the families that draw other shapes than squares (Emu3)."""
     from .model_loaders import load_ar_model, load_image_decoder
     from .model_loaders.shared.compiled import compile_steps
     from .model_loaders.shared.demo import DEMO_AR, demo_image_decoder
@@ -225,8 +225,9 @@ def load_models(model_path: str | None, vq_path: str | None, device: str = "auto
     warn_if_emulated(dt, dev)
     check_gpu_weights(gpu_weights, dev)
     try:
+        shape = {"aspect_ratio": aspect_ratio} if aspect_ratio is not None else {}
         ar = load_ar_model(model_path or DEMO_AR, weights, device=dev if gpu_weights is None else "cpu", dtype=dt,
-                           image_size=image_size)
+                           image_size=image_size, **shape)
         streamed = 0 if gpu_weights is None else place(ar, dev, int(gpu_weights * GB))
     except torch.OutOfMemoryError as error:
         free, total = torch.cuda.mem_get_info(dev)
@@ -262,8 +263,10 @@ def check_gpu_weights(gpu_weights: float | None, device: torch.device) -> None:
 
 
 def conditioning_for(model, *, classes: list[str] | None = None, batch: int = 1,
-                     prompts: list[str] | None = None, t5_folder: str | None = None):
-    """Conditioning rows for a class-conditional (``classes``) or text-conditional (``prompts``) model."""
+                     prompts: list[str] | None = None, t5_folder: str | None = None,
+                     negative_prompts: list[str] | None = None):
+    """Conditioning rows for a class-conditional (``classes``) or text-conditional (``prompts``) model;
+    ``negative_prompts`` for the models that take them (Emu3)."""
     if batch < 1:
         raise FastARError(f"batch {batch} must be at least 1")
     kind = getattr(model, "conditioning_kind", "class")
@@ -273,7 +276,12 @@ def conditioning_for(model, *, classes: list[str] | None = None, batch: int = 1,
                               "for the whole batch)")
         if classes:
             raise FastARError(f"this is {model.what}, a text-to-image model: give --prompt, not --class")
-        return PromptConditioning(prompts * batch if len(prompts) == 1 else prompts)
+        if negative_prompts and not getattr(model, "takes_negative_prompt", False):
+            raise FastARError(f"this is {model.what}, whose release guides CFG without a negative prompt: leave "
+                              "--negative-prompt out")
+        return PromptConditioning(prompts * batch if len(prompts) == 1 else prompts, negative_prompts or None)
+    if negative_prompts:
+        raise FastARError(f"--negative-prompt is for Emu3 models; this is {model.what}: leave it out")
     if kind == "caption":
         if not prompts or not t5_folder:
             raise FastARError("this is a text-to-image model: give --prompt and --t5 (a local FLAN-T5 folder)")

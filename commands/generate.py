@@ -100,13 +100,13 @@ def command_generate(args) -> int:
     make_output_folders(args)
     models = load_models(args.model, args.vq, args.device, args.dtype, drafter_path=drafter_choice(args, args.decoder),
                          image_size=args.image_size, compile_switch=args.compile, gpu_weights=args.gpu_weights,
-                         weights=args.weights)
+                         weights=args.weights, aspect_ratio=args.aspect_ratio)
     if args.reuse and models.ar.kind != "masked-ar":
         raise FastARError(f"--reuse reuses a MAR model's features between its steps; {args.model or 'the demo model'} "
                           f"is {models.ar.what}: leave --reuse out")
     classes = args.classes.split(",") if args.classes else [args.class_] if args.class_ else None
     conditioning = conditioning_for(models.ar, classes=classes, batch=args.batch, prompts=args.prompt,
-                                    t5_folder=args.t5)
+                                    t5_folder=args.t5, negative_prompts=args.negative_prompt)
     if args.reuse and args.decoder in (None, "auto"):  # --reuse is a pick: MAR's sampler with feature reuse
         args.decoder = "ar"
     choice = dial(args, models) if args.decoder in (None, "auto") else None

@@ -2,8 +2,11 @@
 from ..errors import FastARError
 from ..torch_version import check_torch_version
 from .chameleon.loader import load_chameleon, load_vqgan
-from .shared.checkpoint import AR_MODEL, IMAGE_DECODER, detect_family, read_state_dict, require_family
+from .shared.checkpoint import (AR_MODEL, FAMILY_WHAT, IMAGE_DECODER, detect_family, read_state_dict, require_family,
+                                select)
 from .dd.loader import load_dd_student
+from .emu3.loader import load_emu3
+from .emu3.vqvae import load_emu3_vq
 from .janus.loader import load_janus, vq_of_janus
 from .llamagen.loader import load_llamagen, load_vq
 from .mar.loader import load_kl_vae, load_mar
@@ -12,9 +15,9 @@ from .shared.streaming import make_streamable
 from .var.loader import load_var, load_var_dd, load_var_vqvae
 
 LOADERS = {"llamagen-dd": load_dd_student, "llamagen-gpt": load_llamagen, "llamagen-gpt-hf": load_llamagen,
-           "mar": load_mar, "chameleon": load_chameleon, "janus": load_janus, "var": load_var,
+           "mar": load_mar, "chameleon": load_chameleon, "janus": load_janus, "emu3": load_emu3, "var": load_var,
            "var-dd": load_var_dd, "var-vqvae": load_var_vqvae,
-           "llamagen-vq": load_vq, "kl-vae": load_kl_vae, "chameleon-vqgan": load_vqgan}
+           "llamagen-vq": load_vq, "kl-vae": load_kl_vae, "chameleon-vqgan": load_vqgan, "emu3-vq": load_emu3_vq}
 
 
 def load_ar_model(path, weights: str = "auto", **kw):
@@ -36,23 +39,24 @@ def load_ar_model(path, weights: str = "auto", **kw):
 
 def load_image_decoder(path, **kw):
     """The image decoder (VQ tokenizer, KL autoencoder, VQGAN) in a checkpoint file or folder; a model folder
-    whose weights include its VQ model (``model.vqmodel.*``) gives that."""
+    whose weights include its VQ model (``model.vqmodel.*``, Emu3's ``vqmodel.*``) gives that."""
     sd, info = read_state_dict(path)
     sd = embedded_image_decoder(sd, info)
     return LOADERS[require_family(sd, info.source, IMAGE_DECODER)](sd, info=info, **kw)
 
 
-EMBEDDED_VQ = "model.vqmodel."
+EMBEDDED_VQ = ("model.vqmodel.", "vqmodel.")  # transformers' module path; its saved Emu3 folders
 
 
 def embedded_image_decoder(sd: dict, info) -> dict:
-    """The VQ model inside a model folder (Janus's ``gen_vision_model.*``, converted ``model.vqmodel.*``),
-    renamed as a VQ file has it; other state dicts as they are."""
+    """The VQ model inside a model folder (Janus's ``gen_vision_model.*``, converted ``model.vqmodel.*``, Emu3's
+    ``vqmodel.*``), renamed as a VQ file has it; other state dicts as they are."""
     if detect_family(sd) == "janus":
-        return vq_of_janus(sd, converted=EMBEDDED_VQ + "decoder.conv_in.weight" in sd)
-    inner = {k[len(EMBEDDED_VQ):]: v for k, v in sd.items() if k.startswith(EMBEDDED_VQ)}
-    if not inner:
+        return vq_of_janus(sd, converted=EMBEDDED_VQ[0] + "decoder.conv_in.weight" in sd)
+    prefix = next((p for p in EMBEDDED_VQ if any(k.startswith(p) for k in sd)), None)
+    if prefix is None:
         return sd
+    inner = select(sd, {k[len(prefix):]: k for k in sd if k.startswith(prefix)})
     if not any(k.startswith("decoder.") for k in inner):
         raise FastARError(f"{info.source} carries its VQ model without the decoder (transformers' Chameleon conversion "
                           "keeps only the encoder): load Meta's vqgan.ckpt (Chameleon's release, with vqgan.yaml) "
@@ -60,5 +64,13 @@ def embedded_image_decoder(sd: dict, info) -> dict:
     return inner
 
 
+SHAPED = ("emu3",)  # the families that draw other shapes than squares (an aspect ratio)
+
+
 def load_family(sd, info, kind: str, kw: dict):
-    return LOADERS[require_family(sd, info.source, kind)](sd, info=info, **kw)
+    family = require_family(sd, info.source, kind)
+    if family not in SHAPED and kw.get("aspect_ratio") is not None:
+        raise FastARError(f"{info.source} is {FAMILY_WHAT[family]}, which draws square images: leave the aspect ratio "
+                          "out (Emu3 models take one)")
+    kw = kw if family in SHAPED else {k: v for k, v in kw.items() if k != "aspect_ratio"}
+    return LOADERS[family](sd, info=info, **kw)

@@ -464,7 +464,7 @@ def test_empty_state_dict(tmp_path):
 def test_unrecognised_keys_are_named_with_the_supported_families(tmp_path):
     save_file({"encoder.conv.weight": torch.zeros(2), "head.bias": torch.zeros(2)}, str(tmp_path / "x.safetensors"))
     with pytest.raises(FastARError, match=r"encoder.conv.weight, head.bias.*var, llamagen-dd, llamagen-gpt, llamagen-gpt-hf, "
-                                          r"janus, chameleon, mar, var-vqvae, llamagen-vq"):
+                                          r"janus, emu3, chameleon, mar, var-vqvae, llamagen-vq"):
         load_ar_model(tmp_path / "x.safetensors")
 
 

@@ -14,11 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-from ..shared.llm_decoder import Backbone, DecoderConfig, ImageLayout, LayoutSession, cache_slots
+from ..shared.llm_decoder import DecoderConfig, ImageLayout, VocabularyImageGPT
 
 
 @dataclass
@@ -61,93 +57,23 @@ class ChameleonConfig:
         return [self.boi, *self.size_ids]
 
     @property
+    def image_suffix(self) -> list[int]:
+        """What the model writes after the image."""
+        return [self.eoi]
+
+    @property
     def uncond_prefix(self) -> list[int]:
         """What CFG's unconditional rows see before the image: the image prefix, after bos for Anole."""
         return ([self.bos] if self.uncond_bos and self.bos is not None else []) + self.image_prefix
 
 
-class ChameleonGPT(nn.Module):
+class ChameleonGPT(VocabularyImageGPT):
     """A Chameleon-family model behind the token-AR protocol (image codes in, image-code logits out)."""
 
-    kind = "token-ar"
-    conditioning_kind = "prompt"  # it tokenises prompts with its own tokenizer
-
     def __init__(self, cfg: ChameleonConfig, prompts=None, what: str = "a Chameleon-family model"):
-        super().__init__()
-        self.cfg, self.what = cfg, what
-        self.prompts = prompts  # turns PromptConditioning into token ids (the model's own tokenizer)
-        self.decoder_cfg, self.layout = cfg.decoder, ImageLayout(cfg.grid, cfg.row_end, cfg.eoi)
-        self.model = Backbone(self.decoder_cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.register_buffer("image_ids", torch.tensor(cfg.image_ids, dtype=torch.long), persistent=False)
-        self.image_rows_only = False  # lm_head keeps only the image codes' rows (keep_image_rows)
-
-    # -- protocol -----------------------------------------------------------------------------
-    @property
-    def vocab_size(self) -> int:
-        return len(self.cfg.image_ids)
-
-    @property
-    def grid(self) -> tuple[int, int]:
-        return self.cfg.grid
-
-    @property
-    def device(self) -> torch.device:
-        return self.lm_head.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
-
-    def decoder_input(self, codes: torch.Tensor) -> torch.Tensor:
-        return codes.view(-1, *self.grid)
-
-    def code_embeddings(self) -> torch.Tensor:
-        return self.model.embed_tokens.weight[self.image_ids]
-
-    def image_sequence(self, codes: torch.Tensor) -> list[int]:
-        """The vocabulary ids of one image as the model writes it: boi, size tokens, the rows (each ended by
-        the row-end token where the layout has one), eoi."""
-        ids = self.image_ids[codes.to(self.image_ids.device)].view(self.grid).tolist()
-        ends = [self.cfg.row_end] if self.cfg.row_end is not None else []
-        return [*self.cfg.image_prefix, *(t for row in ids for t in row + ends), self.cfg.eoi]
-
-    @property
-    def backbone(self) -> Backbone:
-        return self.model
-
-    def embed_images(self, codes: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_tokens(self.image_ids[codes])
-
-    def image_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits over image codes only (the image tokens' rows of the output head), fp32."""
-        weight = self.lm_head.weight if self.image_rows_only else self.lm_head.weight[self.image_ids]
-        return F.linear(hidden, weight).float()
-
-    def keep_image_rows(self) -> None:
-        """Drop the output head's text rows, once (the loader does): only image codes are ever predicted, and
-        gathering their rows at every forward copied 64 MB per step at 7B; the text rows are 0.45 GB of memory."""
-        self.lm_head.weight = nn.Parameter(self.lm_head.weight[self.image_ids], requires_grad=False)
-        self.image_rows_only = True
-
-    @torch.no_grad()
-    def start(self, conditioning, *, cfg: bool, max_window: int, hidden: bool = False) -> LayoutSession:
-        if self.prompts is None:
-            raise TypeError("this model was built without a tokenizer: start a session with start_ids")
-        cond = self.prompts.encode(conditioning)
-        return self.start_ids(cond, cfg=cfg, max_window=max_window, hidden=hidden)
-
-    def start_ids(self, prompts: list[list[int]], *, cfg: bool, max_window: int, hidden: bool = False):
-        """A session for rows whose prompts are ``prompts`` (token ids, without the image prefix)."""
-        return LayoutSession(self, self.prefixes(prompts, cfg), len(prompts), cfg=cfg, max_window=max_window,
-                             hidden=hidden)
+        super().__init__(cfg, cfg.decoder, ImageLayout(cfg.grid, cfg.row_end, cfg.eoi), prompts, what)
 
     def prefixes(self, prompts: list[list[int]], cfg: bool) -> list[list[int]]:
         """Each row's tokens before its image: cond rows, then CFG's uncond rows (``uncond_prefix``)."""
         rows = [p + self.cfg.image_prefix for p in prompts]
         return rows + [self.cfg.uncond_prefix] * len(prompts) if cfg else rows
-
-    def cache_slots(self, conditioning, max_window: int) -> int:
-        """The KV cache length a session for ``conditioning`` allocates (for memory estimates)."""
-        longest = max(len(p) for p in self.prefixes(self.prompts.encode(conditioning), cfg=False))
-        return cache_slots(self.layout, longest, max_window)

@@ -15,7 +15,7 @@ import torch
 
 from ...errors import FastARError
 from ..shared.tokenizing import load_tokenizer, token_id
-from ..shared.checkpoint import CheckpointInfo, load_weights, read_json, select, shape_of
+from ..shared.checkpoint import CheckpointInfo, load_weights, read_json, renamed, select, shape_of
 from .model import JanusConfig, JanusGPT
 from ..shared.llm_decoder import DecoderConfig
 from ..shared.protocol import PromptConditioning
@@ -45,19 +45,6 @@ CONVERTED_NAMES = (
 
 def is_converted(sd) -> bool:
     return any(k.startswith("model.generation_head.") for k in sd)
-
-
-def renamed(sd, rules):
-    """``sd`` with the first matching rule applied to each key; a rule to None drops the key (shards are
-    not read: see ``checkpoint.select``)."""
-    names = {}
-    for key in sd:
-        rule = next(((pattern, new) for pattern, new in rules if pattern.search(key)), None)
-        if rule is None:
-            names[key] = key
-        elif rule[1] is not None:
-            names[rule[0].sub(rule[1], key, count=1)] = key
-    return select(sd, names)
 
 
 def internal_names(sd: dict) -> dict:

@@ -354,6 +354,8 @@ FAMILIES = (
            lambda sd: "model.embed_tokens.weight" in sd and has_prefix(sd, "model.cls_embedding.")),
     Family("janus", AR_MODEL, "a Janus-Pro model",
            lambda sd: "gen_head.vision_head.weight" in sd or "model.generation_head.vision_head.weight" in sd),
+    Family("emu3", AR_MODEL, "an Emu3 model",
+           lambda sd: "text_model.model.embed_tokens.weight" in sd or "model.text_model.embed_tokens.weight" in sd),
     Family("chameleon", AR_MODEL, "a Chameleon-family model (Lumina-mGPT, Anole)",
            lambda sd: "model.embed_tokens.weight" in sd and has_suffix(sd, ".self_attn.q_norm.weight")),
     Family("mar", AR_MODEL, "a MAR model",
@@ -362,6 +364,8 @@ FAMILIES = (
            lambda sd: "quantize.embedding.weight" in sd and has_prefix(sd, "quantize.quant_resi.")),
     Family("llamagen-vq", IMAGE_DECODER, "a VQ tokenizer",
            lambda sd: "quantize.embedding.weight" in sd and has_prefix(sd, "decoder.conv_blocks.")),
+    Family("emu3-vq", IMAGE_DECODER, "Emu3's vision tokenizer",
+           lambda sd: "quantize.embedding.weight" in sd and has_prefix(sd, "decoder.time_res_stack.")),
     Family("chameleon-vqgan", IMAGE_DECODER, "a Chameleon VQGAN",
            lambda sd: "quantize.embedding.weight" in sd and has_prefix(sd, "decoder.up.")),
     Family("kl-vae", IMAGE_DECODER, "a KL autoencoder",
@@ -403,6 +407,19 @@ def sample_keys(keys, n: int = 4) -> str:
 def select(sd: Mapping, names: dict[str, str]) -> Mapping:
     """``sd`` with the keys of ``names`` (``{new name: name in sd}``), without reading shards."""
     return sd.select(names) if isinstance(sd, ShardedWeights) else {new: sd[old] for new, old in names.items()}
+
+
+def renamed(sd: Mapping, rules) -> Mapping:
+    """``sd`` with the first matching rule (``(compiled pattern, replacement)``) applied to each key; a rule to None
+    drops the key; keys no rule matches stay as they are (shards are not read: see ``select``)."""
+    names = {}
+    for key in sd:
+        rule = next(((pattern, new) for pattern, new in rules if pattern.search(key)), None)
+        if rule is None:
+            names[key] = key
+        elif rule[1] is not None:
+            names[rule[0].sub(rule[1], key, count=1)] = key
+    return select(sd, names)
 
 
 def shape_of(sd: Mapping, key: str) -> tuple[int, ...]:

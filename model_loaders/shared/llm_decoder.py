@@ -196,6 +196,104 @@ class Backbone(nn.Module):
         return self.norm(h)
 
 
+class VocabularyImageGPT(nn.Module):
+    """A LLaMA-family model whose image codes are entries of its own vocabulary (the Chameleon family, Emu3), behind
+    the token-AR protocol: image codes in, logits over image codes out (the image tokens' rows of ``lm_head``, in code
+    order: ``image_ids``), layout tokens fed by the session. ``cfg`` gives ``image_ids``, ``grid``, ``image_prefix``
+    (what follows each row's prompt) and ``image_suffix`` (what the model writes after the image); a subclass says
+    how each row's prefix is made (``prefixes``)."""
+
+    kind = "token-ar"
+    conditioning_kind = "prompt"  # it tokenises prompts with its own tokenizer
+
+    def __init__(self, cfg, decoder_cfg: DecoderConfig, layout: ImageLayout, prompts, what: str):
+        super().__init__()
+        self.cfg, self.what = cfg, what
+        self.prompts = prompts  # turns PromptConditioning into token ids (the model's own tokenizer)
+        self.decoder_cfg, self.layout = decoder_cfg, layout
+        self.model = Backbone(decoder_cfg)
+        self.lm_head = nn.Linear(decoder_cfg.hidden_size, decoder_cfg.vocab_size, bias=False)
+        self.register_buffer("image_ids", torch.tensor(cfg.image_ids, dtype=torch.long), persistent=False)
+        self.image_rows_only = False  # lm_head keeps only the image codes' rows (keep_image_rows)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.cfg.image_ids)
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self.cfg.grid
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
+    def backbone(self) -> Backbone:
+        return self.model
+
+    def decoder_input(self, codes: torch.Tensor) -> torch.Tensor:
+        return codes.view(-1, *self.grid)
+
+    def code_embeddings(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight[self.image_ids]
+
+    def embed_images(self, codes: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(self.image_ids[codes])
+
+    def image_sequence(self, codes: torch.Tensor) -> list[int]:
+        """The vocabulary ids of one image as the model writes it: the image prefix, the rows (each ended by the
+        row-end token where the layout has one), the image suffix."""
+        ids = self.image_ids[codes.to(self.image_ids.device)].view(self.grid).tolist()
+        ends = [self.layout.row_end] if self.layout.row_end is not None else []
+        return [*self.cfg.image_prefix, *(t for row in ids for t in row + ends), *self.cfg.image_suffix]
+
+    def image_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over image codes only (the image tokens' rows of the output head), fp32."""
+        weight = self.lm_head.weight if self.image_rows_only else self.lm_head.weight[self.image_ids]
+        return F.linear(hidden, weight).float()
+
+    def keep_image_rows(self) -> None:
+        """Drop the output head's text rows, once (the loaders do): only image codes are ever predicted, and
+        gathering their rows at every forward copied 64 MB per step at 7B; the text rows are 0.45 GB of memory."""
+        self.lm_head.weight = nn.Parameter(self.lm_head.weight[self.image_ids], requires_grad=False)
+        self.image_rows_only = True
+
+    def encoded(self, conditioning) -> list[list[int]]:
+        if self.prompts is None:
+            raise TypeError("this model was built without a tokenizer: start a session with start_ids")
+        return self.prompts.encode(conditioning)
+
+    def uncond_of(self, conditioning) -> dict:
+        """What ``prefixes`` takes from ``conditioning`` for the unconditional rows besides the prompts (Emu3: the
+        negative prompts); nothing here."""
+        return {}
+
+    @torch.no_grad()
+    def start(self, conditioning, *, cfg: bool, max_window: int, hidden: bool = False) -> LayoutSession:
+        return self.start_ids(self.encoded(conditioning), cfg=cfg, max_window=max_window, hidden=hidden,
+                              **(self.uncond_of(conditioning) if cfg else {}))
+
+    def start_ids(self, prompts: list[list[int]], *, cfg: bool, max_window: int, hidden: bool = False, **uncond):
+        """A session for rows whose prompts are ``prompts`` (token ids, without the image prefix); ``uncond`` goes to
+        ``prefixes`` (what a family's unconditional rows are made of, where the caller chooses it)."""
+        return LayoutSession(self, self.prefixes(prompts, cfg, **uncond), len(prompts), cfg=cfg, max_window=max_window,
+                             hidden=hidden)
+
+    def prefixes(self, prompts: list[list[int]], cfg: bool) -> list[list[int]]:
+        """Each row's tokens before its image: cond rows, then CFG's uncond rows."""
+        raise NotImplementedError
+
+    def cache_slots(self, conditioning, max_window: int) -> int:
+        """The KV cache length a session for ``conditioning`` allocates (for memory estimates)."""
+        prefixes = self.prefixes(self.encoded(conditioning), cfg=True, **self.uncond_of(conditioning))
+        return cache_slots(self.layout, max(map(len, prefixes)), max_window)
+
+
 def teacher_forced_image(model, prefixes: list[list[int]], codes: torch.Tensor):
     """Final-norm hidden states of whole images behind their prefixes, without a cache (training a drafter):
     each row's prefix left-padded as a session pads it, then the image region (codes, row ends). Returns

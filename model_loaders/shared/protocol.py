@@ -67,9 +67,12 @@ class CaptionConditioning:
 @dataclass
 class PromptConditioning:
     """Text-to-image generation from prompt text, for models that tokenise it themselves (Lumina-mGPT,
-    Anole, Janus): one prompt per row."""
+    Anole, Janus, Emu3): one prompt per row. ``negative_prompts`` (one per row, or one for every row) is what CFG
+    guides away from, for the models whose release guides against a negative prompt (Emu3); None: the model's own
+    default."""
 
     prompts: list[str]
+    negative_prompts: Optional[list[str]] = None
 
     @property
     def batch(self) -> int:
