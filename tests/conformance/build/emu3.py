@@ -174,6 +174,7 @@ def build_transformers(out: Path, seed: int) -> None:
         run = {"name": name, "args": [a for p in PROMPTS for a in ("--prompt", p)] + args + [
                    "--cfg", str(CFG), "--top-k", "1", "--image-size", str(SIZE), "--aspect-ratio", RATIO],
                "prompt_ids": inputs["input_ids"].tolist(), "negative_ids": negatives["input_ids"].tolist(),
+               "rows": unpadded(inputs) + unpadded(negatives),
                "sequences": generated.tolist(), "codes": codes.tolist(), "greedy_margin": margin, "images": []}
         for i, picture in enumerate(processor.postprocess(list(pixels.float()), return_tensors="PIL.Image.Image")
                                     ["pixel_values"]):
@@ -200,6 +201,11 @@ def build_transformers(out: Path, seed: int) -> None:
                            "FastAR uses when none is given) and one given with --negative-prompt"}
     write_expected(folder, source, runs)
     print(folder, sum(f.stat().st_size for f in folder.iterdir()), "bytes")
+
+
+def unpadded(batch) -> list[list[int]]:
+    """Each row's tokens without its left padding."""
+    return [ids[mask.bool()].tolist() for ids, mask in zip(batch["input_ids"], batch["attention_mask"])]
 
 
 def check(codes: torch.Tensor, generated: torch.Tensor, tokenizer, height: int, width: int) -> None:
