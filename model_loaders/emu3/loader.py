@@ -1,10 +1,20 @@
-"""Loading Emu3 (BAAI's Emu3-Gen) from its folder, with its tokenizer, image layout and negative prompt.
+"""Loading Emu3 (BAAI's Emu3-Gen) from its folder, in either release layout, with its tokenizer, image layout and
+negative prompt.
 
 transformers' layout (``BAAI/Emu3-Gen-hf``; ``Emu3ForConditionalGeneration.save_pretrained``): config.json with
 ``text_config`` and ``vq_config`` and the ``vocabulary_map`` (token name -> id), ``tokenizer.json``, the weights
 ``text_model.model.*``, ``text_model.lm_head.weight`` and ``vqmodel.*`` as save_pretrained writes them (transformers
 5 renames them to ``model.text_model.*``, ``lm_head.weight``, ``model.vqmodel.*`` in memory; both are read). The
 text model is LLaMA's: q, k, v, o projections without biases (GQA), SwiGLU, RMSNorm, 1-D RoPE (base 1e6).
+
+BAAI's layout (``BAAI/Emu3-Gen``, read without running its code): config.json at the top level (``model_type``
+``Emu3``, ``image_area``, the special tokens' ids), the weights ``model.*`` and ``lm_head.weight`` (LLaMA's names),
+and its tiktoken tokenizer: ``emu3.tiktoken`` (Qwen's 151,643 ranked byte sequences, split by Qwen's pattern, after
+NFC) and ``emu3_vision_tokens.txt`` (``<|image token|>``, ``<|image start|>``, ``<|image end|>``, the visual tokens),
+special tokens numbered on from the last rank: ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``, ``<|extra_0|>`` ..
+``<|extra_204|>``, then the file's (BAAI's ``Emu3Tokenizer`` starts them at 151,643, which its own check makes the
+number of ranks). FastAR makes the equivalent ``tokenizers`` BPE (shared/tokenizing.py); the ids config.json names
+must be the tokenizer's.
 
 - Image code k is the vocabulary entry named ``<|visual token {k:06d}|>`` (read from the map, never assumed to be
   an offset).
@@ -28,7 +38,7 @@ from ...errors import FastARError
 from ..shared.checkpoint import CheckpointInfo, load_weights, read_json, renamed, shape_of
 from ..shared.llm_decoder import DecoderConfig
 from ..shared.protocol import PromptConditioning
-from ..shared.tokenizing import encode_text, load_tokenizer, token_id
+from ..shared.tokenizing import encode_text, load_tokenizer, read_tiktoken_ranks, tiktoken_tokenizer, token_id
 from .model import Emu3Config, Emu3GPT
 
 # BAAI's image_generation.py
@@ -41,6 +51,14 @@ BOS, EOS = "<|extra_203|>", "<|extra_204|>"
 BOI, IMAGE_TOKEN, EOI = "<|image start|>", "<|image token|>", "<|image end|>"
 ROW_END, EOF = "<|extra_200|>", "<|extra_201|>"
 VISUAL = re.compile(r"^<\|visual token (\d{6})\|>$")
+
+# BAAI's tokenizer files (tokenization_emu3.py)
+TIKTOKEN_FILE, VISION_TOKENS_FILE = "emu3.tiktoken", "emu3_vision_tokens.txt"
+SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+         r"\s+(?!\S)|\s+")
+BAAI_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", *(f"<|extra_{i}|>" for i in range(205)))
+CONFIG_IDS = (("bos_token_id", BOS), ("eos_token_id", EOS), ("boi_token_id", BOI), ("img_token_id", IMAGE_TOKEN),
+              ("eoi_token_id", EOI), ("eol_token_id", ROW_END), ("eof_token_id", EOF))  # BAAI's config.json
 
 DEFAULT_AREA = 720 * 720  # the release's image_area (BAAI's config.json; both processors' default 518400)
 TOKEN = 8  # pixels per image token side (transformers' processor: downsample_ratio 8; the VisionTokenizer's factor)
@@ -141,6 +159,33 @@ class Emu3Prompts:
         return [self.bos, *encode_text(self.tokenizer, text)]
 
 
+def emu3_tokenizer(folder, source: str):
+    """The folder's tokenizer: ``tokenizer.json`` (transformers' layout), else BAAI's tiktoken files."""
+    if (folder / "tokenizer.json").is_file() or not (folder / TIKTOKEN_FILE).is_file():
+        return load_tokenizer(folder, source)
+    if not (folder / VISION_TOKENS_FILE).is_file():
+        raise FastARError(f"{source} has {TIKTOKEN_FILE} without {VISION_TOKENS_FILE}: copy every tokenizer file of "
+                          "the release (emu3.tiktoken, emu3_vision_tokens.txt, tokenizer_config.json) into the folder")
+    ranks = read_tiktoken_ranks(folder / TIKTOKEN_FILE, source)
+    lines = (folder / VISION_TOKENS_FILE).read_text(encoding="utf-8").splitlines()
+    names = [*BAAI_SPECIALS, *(line.strip() for line in lines if line.strip())]
+    return tiktoken_tokenizer(ranks, SPLIT, {name: len(ranks) + i for i, name in enumerate(names)})
+
+
+def is_emu3(config: dict) -> bool:
+    return (config.get("model_type") or "").lower() in ("emu3", "emu3_text_model") or any(
+        "Emu3" in a for a in config.get("architectures") or [])
+
+
+def check_config_ids(config: dict, token: dict, source: str) -> None:
+    """The special tokens' ids config.json names (BAAI's layout) must be the tokenizer's."""
+    wrong = [f"{key} {config[key]} (the tokenizer's {name} is {token[name]})" for key, name in CONFIG_IDS
+             if isinstance(config.get(key), int) and config[key] != token[name]]
+    if wrong:
+        raise FastARError(f"{source}: config.json and the tokenizer files disagree: {', '.join(wrong)}; they belong "
+                          "to different models (re-download the release's files)")
+
+
 def text_settings(config: dict) -> dict:
     """The text model's config: ``text_config`` (transformers) or the top level (BAAI's)."""
     return config.get("text_config") or config
@@ -158,6 +203,10 @@ def load_emu3(sd, *, info: CheckpointInfo, image_size: int | None = None, aspect
     if folder is None or not config:
         raise FastARError(f"{info.source}: an Emu3 model is read from its folder (config.json, weights, tokenizer "
                           "files): pick the folder, not a single file (FastAR's docs/models.md)")
+    if not is_emu3(config):
+        raise FastARError(f"{info.source} has a LLaMA-style model's weights, but its config.json does not say Emu3 "
+                          f"(model_type {config.get('model_type')!r}): FastAR loads no plain LLaMA models; pick an "
+                          "Emu3 folder (or copy the release's config.json into it)")
     weights = text_weights(sd)
     with torch.device("meta"):
         model = build_emu3(folder, config, weights, info.source, image_size, aspect_ratio)
@@ -170,7 +219,7 @@ def load_emu3(sd, *, info: CheckpointInfo, image_size: int | None = None, aspect
 def build_emu3(folder, config: dict, weights, source: str, image_size: int | None = None,
                aspect_ratio: str | None = None) -> Emu3GPT:
     """The model a folder describes (its config.json, tokenizer and the shapes of ``weights``), freshly initialised."""
-    tokenizer = load_tokenizer(folder, source)
+    tokenizer = emu3_tokenizer(folder, source)
     settings = text_settings(config)
     heads = settings.get("num_attention_heads")
     if heads is None:
@@ -187,6 +236,7 @@ def build_emu3(folder, config: dict, weights, source: str, image_size: int | Non
     token = {name: token_id(tokenizer, named_token(folder, key, name), source) for key, name in (
         ("bos_token", BOS), ("eos_token", EOS), ("boi_token", BOI), ("image_wrapper_token", IMAGE_TOKEN),
         ("eoi_token", EOI), ("eof_token", EOF), ("eol_token", ROW_END))}
+    check_config_ids(config, token, source)
     vocabulary = config.get("vocabulary_map") or tokenizer.get_vocab(with_added_tokens=True)
     image_ids = image_codes(vocabulary, source)
     if max(image_ids + list(token.values())) >= vocab:

@@ -340,6 +340,8 @@ def has_prefix(sd, prefix: str) -> bool:
     return any(k.startswith(prefix) for k in sd)
 
 
+LLAMA_KEYS = {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", "model.norm.weight", "lm_head.weight"}
+
 # First match wins: put more specific families above the ones they resemble.
 FAMILIES = (
     Family("var-dd", AR_MODEL, "a Distilled Decoding student (VAR-DD)",
@@ -355,7 +357,9 @@ FAMILIES = (
     Family("janus", AR_MODEL, "a Janus-Pro model",
            lambda sd: "gen_head.vision_head.weight" in sd or "model.generation_head.vision_head.weight" in sd),
     Family("emu3", AR_MODEL, "an Emu3 model",
-           lambda sd: "text_model.model.embed_tokens.weight" in sd or "model.text_model.embed_tokens.weight" in sd),
+           lambda sd: "text_model.model.embed_tokens.weight" in sd or "model.text_model.embed_tokens.weight" in sd
+           or (LLAMA_KEYS <= set(sd) and not has_suffix(sd, ".self_attn.q_norm.weight")
+               and not has_prefix(sd, "model.cls_embedding."))),  # BAAI's layout: LLaMA's names (its loader checks)
     Family("chameleon", AR_MODEL, "a Chameleon-family model (Lumina-mGPT, Anole)",
            lambda sd: "model.embed_tokens.weight" in sd and has_suffix(sd, ".self_attn.q_norm.weight")),
     Family("mar", AR_MODEL, "a MAR model",

@@ -1,6 +1,6 @@
-"""A text model's own tokenizer: read from its folder (``tokenizer.json``), a named token's id, and prompt text ->
-token ids, saying which words it does not know (a word-level tokenizer, like the text demo's, reads them as its
-unknown token: they do not steer the image)."""
+"""A text model's own tokenizer: read from its folder (``tokenizer.json``, or a tiktoken rank file made into an
+equivalent ``tokenizers`` BPE), a named token's id, and prompt text -> token ids, saying which words it does not know
+(a word-level tokenizer, like the text demo's, reads them as its unknown token: they do not steer the image)."""
 from __future__ import annotations
 
 import warnings
@@ -44,3 +44,59 @@ def token_id(tokenizer, name: str, source: str) -> int:
         raise FastARError(f"{source}: its tokenizer has no {name} token, which the image layout needs: this "
                           "tokenizer belongs to another model")
     return found
+
+
+def byte_level_names() -> dict[int, str]:
+    """The character a byte-level BPE (GPT-2's, the ``tokenizers`` ByteLevel pre-tokenizer's) writes for each byte:
+    printable Latin-1 bytes stand for themselves, every other byte for the next code point from 256 on."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    names, extra = {b: chr(b) for b in kept}, 0
+    for b in range(256):
+        if b not in names:
+            names[b] = chr(256 + extra)
+            extra += 1
+    return names
+
+
+def read_tiktoken_ranks(path: Path, source: str) -> dict[bytes, int]:
+    """A tiktoken rank file (each line: a token's bytes in base64, its rank), which must rank 0..N-1."""
+    import base64
+    import binascii
+
+    ranks = {}
+    try:
+        for number, line in enumerate(path.read_bytes().splitlines(), start=1):
+            if line.strip():
+                token, rank = line.split()
+                ranks[base64.b64decode(token, validate=True)] = int(rank)
+    except (ValueError, binascii.Error) as e:
+        raise FastARError(f"{source}/{path.name} line {number} is not a token and its rank ({e}): re-download it") from e
+    if sorted(ranks.values()) != list(range(len(ranks))):
+        raise FastARError(f"{source}/{path.name} does not rank its tokens 0..{len(ranks) - 1}: re-download it")
+    return ranks
+
+
+def tiktoken_tokenizer(ranks: dict[bytes, int], pattern: str, specials: dict[str, int]):
+    """A ``tokenizers.Tokenizer`` that encodes as tiktoken does with these ranks, split pattern and special tokens
+    (recognised anywhere in the text), after NFC normalisation: tiktoken merges the adjacent pair whose joined bytes
+    rank lowest, which is byte-level BPE with one merge per way of splitting each token into two ranked tokens, in the
+    order of the joined token's rank; a piece that is a token as a whole is taken as it is (``ignore_merges``)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    names = byte_level_names()
+
+    def text(token: bytes) -> str:
+        return "".join(names[b] for b in token)
+
+    merges = sorted(((rank, ranks[token[:i]], ranks[token[i:]], text(token[:i]), text(token[i:]))
+                     for token, rank in ranks.items() for i in range(1, len(token))
+                     if token[:i] in ranks and token[i:] in ranks))
+    vocab = {text(token): rank for token, rank in ranks.items()} | specials
+    tokenizer = Tokenizer(models.BPE(vocab, [(a, b) for *_, a, b in merges], ignore_merges=True))
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken(name, special=True, normalized=False) for name in specials])
+    return tokenizer

@@ -1,11 +1,15 @@
-"""Emu3 conformance: FastAR's command line on a tiny folder saved by the official code, against the official sampler's
-greedy codes (CFG 3 against a negative prompt carrying the image header, two prompts of different lengths in one
-batch, a 4 x 5 grid from an image area and a 5:4 ratio) and the official decoder's images.
+"""Emu3 conformance: FastAR's command line on tiny folders saved by the official code, against the official sampler's
+greedy codes (CFG 3 against a negative prompt carrying the image header) and the official decoder's images.
 
 - emu3_hf: transformers' Emu3ForConditionalGeneration + Emu3Processor (save_pretrained), codes from its ``generate``
-  (``guidance_scale`` with ``negative_prompt_ids``, the row-end layout through ``prefix_allowed_tokens_fn``), with
-  BAAI's published negative prompt (FastAR's default) and with one given by ``--negative-prompt``; images from its
+  (``guidance_scale`` with ``negative_prompt_ids``, the row-end layout through ``prefix_allowed_tokens_fn``), two
+  prompts of different lengths in one batch on a 4 x 5 grid (an image area and a 5:4 ratio), with BAAI's published
+  negative prompt (FastAR's default) and with one given by ``--negative-prompt``; images from its
   ``decode_image_tokens`` and the processor's ``postprocess``.
+- emu3_baai: baaivision/Emu3's Emu3ForCausalLM and its tiktoken Emu3Tokenizer (save_pretrained; read by FastAR without
+  their code), with a tiny Emu3VisionVQModel in VisionTokenizer/; codes and images from BAAI's image_generation.py run
+  as it stands (its prompts with the quality suffix, ratios 1:1 and 16:9 in one batch, the area from config.json,
+  greedy); FastAR draws each row in a run of its own.
 Rebuild with tests/conformance/build/emu3.py.
 """
 import pytest
@@ -15,33 +19,27 @@ from fastar.model_loaders import load_ar_model
 from fastar.model_loaders.shared.protocol import PromptConditioning
 from fastar.tests.conformance.common import assert_image_close, expected, fastar, fixture, generated_codes
 
-CASES = ["emu3_hf"]
+CASES = ["emu3_hf", "emu3_baai"]
 
 
-def image_decoder_ready() -> bool:
-    """The Emu3 image decoder is written beside this model (model_loaders/emu3/vqvae.py); until it loads the folder's
-    VQ model, the codes alone are compared."""
-    try:
-        from fastar.model_loaders.emu3 import vqvae  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def image_decoder(folder):
+    """Where the case's image decoder is: transformers' folder holds it, BAAI's comes as its own folder."""
+    return folder / "VisionTokenizer" if (folder / "VisionTokenizer").is_dir() else folder
 
 
 @pytest.mark.parametrize("decoder", ["ar", "sjd"])
 @pytest.mark.parametrize("case", CASES)
 def test_greedy_codes_and_images_are_the_official_ones(case, decoder, tmp_path):
     folder = fixture(case)
-    decode = image_decoder_ready()
     for run in expected(case)["runs"]:
         tokens, out = tmp_path / f"{run['name']}.json", tmp_path / f"{run['name']}.png"
-        images = ["--vq", folder, "--out", out] if decode else []
-        r = fastar("generate", "--model", folder, "--decoder", decoder, *run["args"], "--quiet", "--tokens-out", tokens,
-                   *images, cwd=tmp_path)
+        r = fastar("generate", "--model", folder, "--vq", image_decoder(folder), "--decoder", decoder, *run["args"],
+                   "--quiet", "--tokens-out", tokens, "--out", out, cwd=tmp_path)
         assert r.returncode == 0, r.stderr
         assert generated_codes(tokens) == run["codes"], f"{case} {run['name']} {decoder}: not the official codes"
-        for i, image in enumerate(run["images"] if decode else []):
-            assert_image_close(tmp_path / f"{run['name']}_{i}.png", folder / image)
+        for i, image in enumerate(run["images"]):
+            produced = out if len(run["images"]) == 1 else tmp_path / f"{run['name']}_{i}.png"
+            assert_image_close(produced, folder / image)
 
 
 def flag_values(args: list, flag: str) -> list:
@@ -56,10 +54,19 @@ def test_rows_and_image_sequences_are_the_official_ones(case):
     ``<|image end|>``, eos), which the codes alone do not show (the last row end and the closing tokens are never fed)."""
     for run in expected(case)["runs"]:
         args = run["args"]
-        model = load_ar_model(fixture(case), image_size=int(flag_values(args, "--image-size")[0]),
+        size = flag_values(args, "--image-size")
+        model = load_ar_model(fixture(case), image_size=int(size[0]) if size else None,
                               aspect_ratio=flag_values(args, "--aspect-ratio")[0])
         conditioning = PromptConditioning(flag_values(args, "--prompt"), flag_values(args, "--negative-prompt") or None)
         rows = model.prefixes(model.prompts.encode(conditioning), cfg=True, **model.uncond_of(conditioning))
         assert rows == run["rows"], f"{run['name']}: the prefixes differ from the official rows"
         for codes, sequence in zip(run["codes"], run["sequences"]):
             assert model.image_sequence(torch.tensor(codes)) == rows[0][-len(model.cfg.image_prefix):] + sequence
+
+
+def test_baai_tiktoken_files_read_as_their_tokenizer_reads_them():
+    """BAAI's tokenizer (tiktoken over emu3.tiktoken, NFC, Qwen's split pattern, special tokens anywhere in the text),
+    made by FastAR into a ``tokenizers`` BPE without running BAAI's code, gives its ids to every recorded text."""
+    model = load_ar_model(fixture("emu3_baai"))
+    for text, ids in expected("emu3_baai")["source"]["tokenizer_samples"].items():
+        assert model.prompts.tokenizer.encode(text, add_special_tokens=False).ids == ids, repr(text)

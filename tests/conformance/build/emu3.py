@@ -10,11 +10,24 @@ the codes come from ``model.generate`` with transformers' own CFG (``guidance_sc
 ``prefix_allowed_tokens_fn`` (the layout: a row end after every row, then ``<|extra_201|>``, ``<|image end|>``, eos),
 greedy; the images from ``model.decode_image_tokens`` and the processor's ``postprocess``.
 
+``--layout baai --official CHECKOUT`` (run with transformers 4.44 and tiktoken, as BAAI's requirements.txt pins
+them, e.g. ``pip install --target SITE --no-deps transformers==4.44.0 tokenizers==0.19.1 huggingface_hub==0.24.7
+tiktoken requests urllib3 idna certifi charset_normalizer regex`` and ``PYTHONPATH=SITE`` with FastAR's venv for torch):
+a tiny random ``Emu3ForCausalLM`` (baaivision/Emu3's emu3/mllm) saved by ``save_pretrained`` with its
+``Emu3Tokenizer`` (a tiny tiktoken rank file, the vision tokens file: ``save_pretrained``) and, in ``VisionTokenizer/``,
+a tiny ``Emu3VisionVQModel`` with its ``Emu3VisionVQImageProcessor``; then BAAI's ``image_generation.py`` itself is
+run (its prompts with the quality suffix, ratios 1:1 and 16:9 in one batch, CFG 3 against its negative prompt,
+``UnbatchedClassifierFreeGuidanceLogitsProcessor`` then ``PrefixConstrainedLogitsProcessor``, top-k 2048), with its
+hub loaders returning the tiny models (fp32), "cuda:0" read as "cpu" and ``torch.multinomial`` as argmax (greedy;
+top-k 2048 keeps all 64 codes); its ``processor.decode`` writes the images.
+
     python tests/conformance/build/emu3.py --layout transformers
+    PYTHONPATH=SITE python tests/conformance/build/emu3.py --layout baai --official /path/to/Emu3
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import sys
 from pathlib import Path
@@ -24,8 +37,8 @@ import torch
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE.parent / "fixtures"
 sys.path.insert(0, str(HERE.parent))
-from provenance import packages, write_expected  # noqa: E402
-from janus import randomise  # noqa: E402 - build/janus.py: every weight away from its neutral init
+from provenance import COMMITS, commit_of, packages, write_expected  # noqa: E402
+from janus import greedy_on_cpu, randomise  # noqa: E402 - build/janus.py: argmax sampling; weights off their init
 
 PROMPTS = ["a red ring on a blue background", "a dog"]  # different lengths: left padding in one batch
 NEGATIVE = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, cropped, worst "
@@ -218,14 +231,187 @@ def check(codes: torch.Tensor, generated: torch.Tensor, tokenizer, height: int, 
     assert not torch.equal(codes[0], codes[1]), "both prompts gave the same codes"
 
 
+# ---------------------------------------------------------------- BAAI's layout
+
+BAAI_PROMPTS = ["a portrait of young girl.", "a shiba inu"]  # image_generation.py's, with its POSITIVE_PROMPT
+BAAI_SUFFIX = " masterpiece, film grained, best quality."
+BAAI_RATIOS = ["1:1", "16:9"]  # its ratios: 4 x 4 (round(4.5) is 4) and 3 x 6 tokens at an area of 36 x 36 px
+BAAI_VISION = ["<|image token|>", "<|image start|>", "<|image end|>"]  # the vision tokens file's first lines
+TOKENIZER_SAMPLES = ["a portrait of young girl. masterpiece, film grained, best quality.", "It's 12345 dogs!\n\n  ok",
+                     "caf\u00e9 cafe\u0301 \u4e2d\u6587 \U0001F600", "x<|image start|>4*4<|image token|>y",
+                     "  a   b\t\tc \r\n", "we'LL SEE: don't-stop", "\u00c5ngstr\u00f6m \u212b"]
+
+
+def tiktoken_ranks(seed: int) -> dict[bytes, int]:
+    """A tiny tiktoken rank table: the 256 bytes (ranked in a shuffled order, so that a byte's id is not its value)
+    and the merges a byte-level BPE learns from the corpus, each ranked after its parts."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    learner = Tokenizer(models.BPE())
+    learner.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    learner.train_from_iterator(CORPUS * 4, trainers.BpeTrainer(
+        vocab_size=380, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    to_byte = {c: b for b, c in byte_chars().items()}
+    ranks = {bytes([b]): r for b, r in enumerate(torch.randperm(256, generator=torch.Generator().manual_seed(seed)).tolist())}
+    for a, b in (m.split(" ") if isinstance(m, str) else m for m in json_merges(learner)):
+        token = bytes(to_byte[c] for c in a + b)
+        ranks.setdefault(token, len(ranks))
+    return ranks
+
+
+def byte_chars() -> dict[int, str]:
+    from fastar.model_loaders.shared.tokenizing import byte_level_names  # the same table as GPT-2's
+
+    return byte_level_names()
+
+
+def json_merges(tokenizer) -> list:
+    import json
+
+    return json.loads(tokenizer.to_str())["model"]["merges"]
+
+
+def build_baai(out: Path, seed: int, official: Path) -> None:
+    import base64
+    import contextlib
+    import os
+    import tempfile
+
+    import types
+
+    import transformers
+
+    package = types.ModuleType("emu3")  # the checkout's emu3/ (no __init__.py): this builder's own name shadows it
+    package.__path__ = [str(official / "emu3")]
+    sys.modules["emu3"] = package
+    from emu3.mllm import tokenization_emu3
+    from emu3.mllm.configuration_emu3 import Emu3Config as BaaiConfig
+    from emu3.mllm.modeling_emu3 import Emu3ForCausalLM
+    from emu3.tokenizer.configuration_emu3visionvq import Emu3VisionVQConfig
+    from emu3.tokenizer.image_processing_emu3visionvq import Emu3VisionVQImageProcessor
+    from emu3.tokenizer.modeling_emu3visionvq import Emu3VisionVQModel
+
+    folder = out / "emu3_baai"
+    shutil.rmtree(folder, ignore_errors=True)
+    scratch = Path(tempfile.mkdtemp())
+    ranks = tiktoken_ranks(seed)
+    (scratch / "emu3.tiktoken").write_text("".join(f"{base64.b64encode(t).decode()} {r}\n" for t, r in ranks.items()))
+    (scratch / "emu3_vision_tokens.txt").write_text("\n".join(BAAI_VISION + [visual(k) for k in range(CODES)]) + "\n")
+    # the one departure a tiny vocabulary forces: BAAI's tokenizer numbers its special tokens from 151643, the size of
+    # Qwen's rank file, which its own check (ranks + special tokens = vocabulary) makes the number of ranks
+    tokenization_emu3.SPECIAL_START_ID = len(ranks)
+    tokenizer = tokenization_emu3.Emu3Tokenizer(str(scratch / "emu3.tiktoken"), str(scratch / "emu3_vision_tokens.txt"))
+    tokenizer.save_pretrained(folder)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in (PAD, BOS, EOS, ROW_END, EOF, *BAAI_VISION)}
+    config = BaaiConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, pad_token_id=ids[PAD], bos_token_id=ids[BOS],
+        eos_token_id=ids[EOS], img_token_id=ids[IMAGE_WRAPPER], boi_token_id=ids[BOI], eoi_token_id=ids[EOI],
+        eol_token_id=ids[ROW_END], eof_token_id=ids[EOF], image_area=SIZE * SIZE, architectures=["Emu3ForCausalLM"],
+        attn_implementation="sdpa")
+    torch.manual_seed(seed)
+    model = Emu3ForCausalLM(config).eval()
+    randomise(model, seed)
+    model.save_pretrained(folder)
+    vq_config = Emu3VisionVQConfig(codebook_size=CODES, embed_dim=4, z_channels=4, ch=32, ch_mult=[1, 1, 1, 1],
+                                   num_res_blocks=1, attn_resolutions=[3], temporal_downsample_factor=4)
+    vq = Emu3VisionVQModel(vq_config).eval()
+    randomise(vq, seed + 2)
+    randomise_statistics(vq, seed + 2)
+    vq.save_pretrained(folder / "VisionTokenizer")
+    Emu3VisionVQImageProcessor(image_mean=MEAN, image_std=STD).save_pretrained(folder / "VisionTokenizer")
+
+    # BAAI's image_generation.py as it stands, its hub loads answered by the tiny models from the saved folders
+    loads = {
+        (transformers.AutoModelForCausalLM, "BAAI/Emu3-Gen"): lambda: Emu3ForCausalLM.from_pretrained(
+            folder, attn_implementation="sdpa").eval(),
+        (transformers.AutoTokenizer, "BAAI/Emu3-Gen"): lambda: tokenization_emu3.Emu3Tokenizer.from_pretrained(
+            folder, padding_side="left"),
+        (transformers.AutoImageProcessor, "BAAI/Emu3-VisionTokenizer"):
+            lambda: Emu3VisionVQImageProcessor.from_pretrained(folder / "VisionTokenizer"),
+        (transformers.AutoModel, "BAAI/Emu3-VisionTokenizer"):
+            lambda: Emu3VisionVQModel.from_pretrained(folder / "VisionTokenizer").eval(),
+    }
+    script = (official / "image_generation.py").read_text().replace('"cuda:0"', '"cpu"')
+    namespace = {"__name__": "image_generation"}
+    with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as run_dir, contextlib.chdir(run_dir):
+        for (cls, hub), load in loads.items():
+            stack.enter_context(replaced(cls, hub, load))
+        stack.enter_context(greedy_on_cpu())
+        exec(compile(script, str(official / "image_generation.py"), "exec"), namespace)
+        outputs, pos, neg = namespace["outputs"], namespace["pos_inputs"], namespace["neg_inputs"]
+        for i in range(len(BAAI_PROMPTS)):  # result_{row}_{chunk}.png: the decoded text's image chunk
+            image, = Path(run_dir).glob(f"result_{i}_*.png")
+            shutil.copy(image, folder / f"image_generation_{i}.png")
+    first_visual = tokenizer.convert_tokens_to_ids(visual(0))
+    prompt_len = pos.input_ids.shape[1]
+    runs = []
+    for i, (prompt, ratio) in enumerate(zip(BAAI_PROMPTS, BAAI_RATIOS)):
+        h, w = (int(v) for v in pos.image_size[i])
+        generated = outputs[i, prompt_len:].tolist()[: h * (w + 1) + 3]
+        codes = [t - first_visual for t in generated if first_visual <= t < first_visual + CODES]
+        assert len(codes) == h * w and generated[-3:] == [ids[EOF], ids[EOI], ids[EOS]], (h, w, generated)
+        assert len(set(codes)) >= 6, f"the greedy codes use only {len(set(codes))} values: pick another seed"
+        rows = [batch.input_ids[i][batch.attention_mask[i].bool()].tolist() for batch in (pos, neg)]
+        runs.append({"name": f"image_generation_{i}", "grid": [h, w],
+                     "args": ["--prompt", prompt + BAAI_SUFFIX, "--cfg", "3.0", "--top-k", "1", "--aspect-ratio", ratio],
+                     "rows": rows, "sequences": [generated], "codes": [codes],
+                     "images": [f"image_generation_{i}.png"]})
+    samples = {text: tokenizer.encode(text) for text in [*TOKENIZER_SAMPLES, *CORPUS]}
+    source = {"repository": "baaivision/Emu3", "commit": commit_of(official),
+              "packages": packages("torch", "transformers", "tokenizers", "tiktoken"),
+              "builder": "tests/conformance/build/emu3.py --layout baai",
+              "tokenizer_samples": samples,
+              "made_with": "emu3.mllm Emu3ForCausalLM(Emu3Config, image_area 36*36) random (weights at unit gain, norms "
+                           "randomised), save_pretrained; Emu3Tokenizer over a tiny tiktoken rank file (256 bytes "
+                           "ranked in a shuffled order, then a byte-level BPE's merges learnt from a small corpus) and "
+                           "the vision tokens file (<|image token|>, <|image start|>, <|image end|>, 64 visual "
+                           "tokens), save_pretrained, with tokenization_emu3.SPECIAL_START_ID set to the number of "
+                           "ranks (151643 in the release: the ranks of Qwen's file); VisionTokenizer/: "
+                           "emu3.tokenizer Emu3VisionVQModel (ch 32, ch_mult [1, 1, 1, 1], 64 codes) random with "
+                           "BatchNorm statistics randomised, save_pretrained, and Emu3VisionVQImageProcessor(mean, "
+                           "std not the release's).save_pretrained; then image_generation.py executed as it stands "
+                           "(its two prompts + POSITIVE_PROMPT, ratios 1:1 and 16:9 in one left-padded batch, "
+                           "image_area from config.json, CFG 3 against NEGATIVE_PROMPT carrying the same image "
+                           "header, UnbatchedClassifierFreeGuidanceLogitsProcessor then PrefixConstrainedLogitsProcessor, "
+                           "top-k 2048) with its from_pretrained calls answered by these folders (fp32, sdpa, no "
+                           "flash-attn), \"cuda:0\" read as \"cpu\" and torch.multinomial as argmax; its "
+                           "processor.decode wrote the images. FastAR draws each row in a run of its own (its grid is "
+                           "one per model); tokenizer_samples: texts and the ids Emu3Tokenizer (tiktoken) gives them"}
+    write_expected(folder, source, runs)
+    print(folder, sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()), "bytes")
+
+
+@contextlib.contextmanager
+def replaced(cls, hub: str, load):
+    """``cls.from_pretrained(hub, ...)`` answered by ``load()`` while the official script runs."""
+    original = cls.from_pretrained
+
+    def from_pretrained(name, *args, **kwargs):
+        return load() if name == hub else original(name, *args, **kwargs)
+
+    cls.from_pretrained = from_pretrained
+    try:
+        yield
+    finally:
+        cls.from_pretrained = original
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layout", choices=["transformers"], required=True)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--layout", choices=["transformers", "baai"], required=True)
+    parser.add_argument("--official", help="baai: a checkout of baaivision/Emu3")
+    parser.add_argument("--commit", help="baai: the checkout's commit, where it has no .git")
+    parser.add_argument("--seed", type=int, help="default: 0 (transformers), 1 (baai: seed 0 gives a 2-code image)")
     parser.add_argument("--out", type=Path, default=FIXTURES)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    build_transformers(args.out, args.seed)
+    if args.layout == "transformers":
+        build_transformers(args.out, 0 if args.seed is None else args.seed)
+    else:
+        if args.commit:
+            COMMITS[Path(args.official).resolve()] = args.commit
+        build_baai(args.out, 1 if args.seed is None else args.seed, Path(args.official))
 
 
 if __name__ == "__main__":
