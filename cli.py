@@ -90,6 +90,9 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pac-depth", type=int, default=SPEC_DEFAULTS.pac_depth,
                    help="sjd-pac: levels of the window's branched front, its root included (the rest of the window is a "
                    "chain)")
+    p.add_argument("--entropy-strength", type=float, default=SPEC_DEFAULTS.entropy_strength,
+                   help="sjd-entropy: how far a confident target relaxes a draft's acceptance (0 = exact SJD, 1 = the "
+                   "entropy-aware rule of Ma et al. 2025; relaxed)")
     mar = p.add_argument_group("MAR models (ar and cspd)")
     mar.add_argument("--num-iter", type=int,
                      help="MAR steps: tokens are fixed in this many parallel steps (1 to the token count; default the "

@@ -30,7 +30,7 @@ def spec_from(args, decoder: str) -> DecoderSpec:
                        zipar_lead=args.zipar_lead, zipar_attention=args.zipar_attention, drafts=args.drafts,
                        lantern_lambda=args.lantern_lambda, tree=args.tree, tree_shape=args.tree_shape,
                        tree_depth=args.tree_depth, tree_topk=args.tree_topk, tree_nodes=args.tree_nodes,
-                       pac_branches=args.pac_branches, pac_depth=args.pac_depth)
+                       pac_branches=args.pac_branches, pac_depth=args.pac_depth, entropy_strength=args.entropy_strength)
 
 
 def masked_settings_from(args, model=None) -> MaskedSettings:

@@ -22,7 +22,8 @@ import torch
 
 from .errors import FastARError, check_choice
 from .model_loaders.shared.compiled import compiled_mode
-from .samplers.decoders import DECODER_BY_NAME, FEW_STEP, LOSSLESS, MASKED_AR, NEXT_SCALE, TOKEN_AR, DecoderSpec
+from .samplers.decoders import (DECODER_BY_NAME, FEW_STEP, LOSSLESS, MASKED_AR, NEXT_SCALE, TOKEN_AR, WINDOWED,
+                                DecoderSpec)
 from .samplers.masked_loops.feature_reuse import FeatureReuse
 
 SPEEDS = ("lossless", "balanced", "fast")
@@ -297,7 +298,7 @@ def window_costs(model, rows, widths, repeats: int = 3, cfg: bool = True) -> dic
 def window_note(model, spec: DecoderSpec, stats, rows) -> str | None:
     """For a Jacobi-window decoder picked by hand on a device where windows are not flat: one line on what a window
     costs here, and so what its fewer steps are worth."""
-    if spec.decoder not in ("sjd", "gsd", "lantern") or stats.drafter_forwards or device_pricing(model.device).flat:
+    if spec.decoder not in WINDOWED or stats.drafter_forwards or device_pricing(model.device).flat:
         return None
     pricing = measured_pricing(model, rows)  # one window per image: what it costs here, measured
     cost = pricing.of(spec.window)

@@ -16,13 +16,14 @@ from .sampler_nodes import (
     SamplerLazyMAR,
     SamplerLantern,
     SamplerSJD,
+    SamplerSJDEntropy,
     SamplerSpeculative,
     SamplerZipAR,
 )
 
 NODES = [LoadARModel, LoadVQ, LoadDrafter, ClassLabel, TextConditioning, SamplerDial, SamplerAR, SamplerSJD, SamplerGSD,
-         SamplerSpeculative, SamplerLantern, SamplerZipAR, SamplerCSpD, SamplerLazyMAR, SamplerDD, VQDecode,
-         AcceptanceMap, Stats]
+         SamplerSJDEntropy, SamplerSpeculative, SamplerLantern, SamplerZipAR, SamplerCSpD, SamplerLazyMAR, SamplerDD,
+         VQDecode, AcceptanceMap, Stats]
 
 
 class FastARExtension(ComfyExtension):

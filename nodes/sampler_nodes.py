@@ -503,6 +503,28 @@ class SamplerSJD(SamplerBase):
                            init=init, coupling=coupling, **more)
 
 
+class SamplerSJDEntropy(SamplerBase):
+    DECODER = "sjd-entropy"
+    NODE_ID = "FastARSamplerSJDEntropy"
+    DISPLAY = "FastAR Sampler (SJD entropy-aware, relaxed)"
+    DESCRIPTION = ("SJD with entropy-aware acceptance (Ma et al. 2025): where the model is confident, a draft is "
+                   "accepted more easily, so a few more tokens are fixed per forward than with SJD. " + RELAXED_NOTE)
+
+    @classmethod
+    def decoder_inputs(cls) -> list:
+        return [
+            *jacobi_inputs(),
+            slider("strength", SPEC.entropy_strength, 0.0, 1.0, 0.05,
+                   "The speed/quality slider: 0 = exactly SJD (lossless), 1 = the paper's rule (a draft under a "
+                   "confident model is accepted with up to 20 times its SJD odds)."),
+        ]
+
+    @classmethod
+    def spec(cls, window=SPEC.window, init=SPEC.init, coupling=SPEC.coupling,
+             strength=SPEC.entropy_strength) -> DecoderSpec:
+        return DecoderSpec(decoder=cls.DECODER, window=window, init=init, coupling=coupling, entropy_strength=strength)
+
+
 class SamplerGSD(SamplerSJD):
     DECODER = "gsd"
     NODE_ID = "FastARSamplerGSD"

@@ -16,7 +16,7 @@ import torch
 
 from ..errors import FastARError, FastARWarning, check_choice
 from ..model_loaders.shared.compiled import COMPILE_CLOCK
-from .token_loops.acceptance import ExactRule, GroupedRule, LanternRule
+from .token_loops.acceptance import EntropyRule, ExactRule, GroupedRule, LanternRule
 from .token_loops.jacobi import ar_decode, jacobi_decode
 from .token_loops.proactive import PacSettings
 from .token_loops.latent_neighbours import latent_neighbours
@@ -44,17 +44,20 @@ class Decoder:
     lossless: bool
     drafter: str  # "no", "optional", "preferred" (runs without one, at a cost in quality) or "required"
     codebook: str = ""  # why it needs the image decoder's code vectors ("" = it does not)
+    windows: bool = False  # without a drafter, it verifies Jacobi windows of ``window`` tokens
 
 
 DECODER_TABLE = (
     Decoder("ar", (TOKEN_AR, MASKED_AR, NEXT_SCALE), lossless=True, drafter="no"),
-    Decoder("sjd", (TOKEN_AR,), lossless=True, drafter="no"),
-    Decoder("sjd-pac", (TOKEN_AR,), lossless=True, drafter="no"),
-    Decoder("gsd", (TOKEN_AR,), lossless=False, drafter="optional"),
+    Decoder("sjd", (TOKEN_AR,), lossless=True, drafter="no", windows=True),
+    Decoder("sjd-pac", (TOKEN_AR,), lossless=True, drafter="no", windows=True),
+    Decoder("sjd-entropy", (TOKEN_AR,), lossless=False, drafter="no", windows=True),
+    Decoder("gsd", (TOKEN_AR,), lossless=False, drafter="optional", windows=True),
     Decoder("spec", (TOKEN_AR,), lossless=True, drafter="required"),
     Decoder("zipar", (TOKEN_AR,), lossless=False, drafter="no"),
     Decoder("zipar-sjd", (TOKEN_AR,), lossless=False, drafter="no"),
-    Decoder("lantern", (TOKEN_AR,), lossless=False, drafter="preferred", codebook="to find latent neighbours"),
+    Decoder("lantern", (TOKEN_AR,), lossless=False, drafter="preferred", codebook="to find latent neighbours",
+            windows=True),
     Decoder("cspd", (MASKED_AR,), lossless=True, drafter="required"),
     Decoder("cspd-relaxed", (MASKED_AR,), lossless=False, drafter="required"),
     Decoder("fm", (TOKEN_AR, NEXT_SCALE), lossless=True, drafter="no", codebook="to map noise to codes"),
@@ -65,6 +68,7 @@ DECODERS = tuple(DECODER_BY_NAME)
 LOSSLESS = {d.name: d.lossless for d in DECODER_TABLE}
 WITH_DRAFTER = tuple(d.name for d in DECODER_TABLE if d.drafter != "no")  # decoders that verify a drafter's drafts
 NEEDS_DRAFTER = tuple(d.name for d in DECODER_TABLE if d.drafter == "required")
+WINDOWED = tuple(d.name for d in DECODER_TABLE if d.windows)
 DRAFTED_BY_DEFAULT = tuple(d.name for d in DECODER_TABLE if d.drafter in ("required", "preferred"))  # a bundled
 # model's bundled drafter is taken for these when none is given
 
@@ -120,6 +124,7 @@ class DecoderSpec:
     zipar_attention: str = "masked"  # ZipAR: "masked" (what the schedule fixed) or "reference" (zero-filled slots)
     pac_branches: int = PacSettings.branches  # SJD-PAC: candidates per node at the window's branched depths
     pac_depth: int = PacSettings.depth  # SJD-PAC: the branched tree's levels, its root included
+    entropy_strength: float = 1.0  # sjd-entropy: 0 = exact SJD, 1 = the paper's entropy-aware acceptance
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -156,6 +161,9 @@ class DecoderSpec:
         self.tree_settings().validate()
         if self.decoder == "sjd-pac":
             self.pac_settings().validate()
+        if not 0.0 <= self.entropy_strength <= 1.0:
+            raise FastARError(f"entropy strength {self.entropy_strength} is out of range: use 0..1 (0 = exact SJD, "
+                              "1 = the paper's entropy-aware acceptance)")
         if self.zipar_lead < 1:
             raise FastARError(f"ZipAR lead {self.zipar_lead} is too small: a row starts once the row above has at "
                               "least 1 token (the grid's width or more: plain AR)")
@@ -174,6 +182,8 @@ def make_rule(spec: DecoderSpec, model, sampling: SamplingSettings, codebook):
     if spec.decoder == "lantern":
         table = latent_neighbours(codebook.to(model.device), spec.lantern_k)
         return LanternRule(table, spec.lantern_delta, greedy=sampling.temperature == 0.0, lam=spec.lantern_lambda)
+    if spec.decoder == "sjd-entropy":
+        return EntropyRule(spec.entropy_strength)
     return ExactRule()
 
 
@@ -233,6 +243,7 @@ LOW_ACCEPTANCE = 0.05  # below it, drafting costs more than it saves
 INSTEAD = {  # what to use when a decoder's drafts are nearly all rejected
     "sjd": "plain ar: on this model the window's drafts are nearly never the model's own picks",
     "gsd": "plain ar, or a larger group size",
+    "sjd-entropy": "plain ar: on this model the window's drafts are nearly never the model's own picks",
     "spec": "sjd (no drafter), or a drafter trained on this model's own samples (python -m fastar train-drafter)",
     "lantern": "sjd (no drafter), or a drafter trained on this model's own samples (python -m fastar train-drafter)",
     "zipar-sjd": "plain zipar (row_window 1): the drafts inside its rows do not pay here",

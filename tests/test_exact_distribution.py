@@ -289,9 +289,26 @@ def test_greedy_decoders_reproduce_plain_greedy_decoding():
         assert torch.equal(tokens, ar_tokens)
 
 
+def test_entropy_aware_acceptance_at_strength_zero_is_sjd_and_at_one_is_relaxed():
+    """sjd-entropy's strength 0 is SJD draw for draw (so exact); at the paper's strength 1 a confident target keeps
+    drafts it should have rejected, which the test must see (the wide grid: windows reach past the row)."""
+    model, settings = WIDE[(2, 3)], GUIDED
+    exact = DecoderSpec("sjd-entropy", window=3, init="random", entropy_strength=0.0)
+    sjd = DecoderSpec("sjd", window=3, init="random")
+    same_seed_sjd, _ = decode(model, conditioning(rows=64), settings, sjd, seed=4)
+    same_seed_entropy, _ = decode(model, conditioning(rows=64), settings, exact, seed=4)
+    assert torch.equal(same_seed_sjd, same_seed_entropy)
+    relaxed = DecoderSpec("sjd-entropy", window=3, init="random", entropy_strength=1.0)
+    tokens, stats = decode(model, conditioning(rows=WIDE_ROWS), settings, relaxed, seed=5)
+    assert chi_square_p_value(tokens, exact_for(settings, model=model), model) < ALPHA
+    _, sjd_stats = decode(model, conditioning(rows=WIDE_ROWS), settings, sjd, seed=5)
+    assert stats.tokens_per_forward > sjd_stats.tokens_per_forward + 0.05
+
+
 @pytest.mark.filterwarnings("ignore:LANTERN without a drafter")  # deliberately on Jacobi drafts here
-@pytest.mark.parametrize("decoder,drafted", [("lantern", True), ("lantern", False), ("gsd", True), ("gsd", False)],
-                         ids=["lantern-drafter", "lantern-jacobi", "gsd-drafter", "gsd-jacobi"])
+@pytest.mark.parametrize("decoder,drafted", [("lantern", True), ("lantern", False), ("gsd", True), ("gsd", False),
+                                             ("sjd-entropy", False)],
+                         ids=["lantern-drafter", "lantern-jacobi", "gsd-drafter", "gsd-jacobi", "sjd-entropy"])
 def test_relaxed_decoders_never_emit_codes_that_top_k_removed(decoder, drafted):
     """Relaxed decoders may shift probability, but never onto codes outside the target's support."""
     toy = ToyModel(vocab=6, grid=(1, 3), num_classes=1, scale=1.5, seed=0)

@@ -37,7 +37,8 @@ def counted(run):
                                   DecoderSpec("spec", gamma=3), DecoderSpec("lantern", gamma=3),
                                   DecoderSpec("spec", tree="static"), DecoderSpec("lantern", tree="dynamic", tree_nodes=20),
                                   DecoderSpec("zipar", zipar_lead=1), DecoderSpec("zipar-sjd", zipar_lead=1, window=3),
-                                  DecoderSpec("sjd-pac", window=10, coupling="maximal")],
+                                  DecoderSpec("sjd-pac", window=10, coupling="maximal"),
+                                  DecoderSpec("sjd-entropy", window=4)],
                          ids=lambda s: s.decoder + ("-tree" if s.tree != "chain" else ""))
 def test_token_decoders_sync_once_per_iteration(spec):
     model = tiny_model(seed=3)

@@ -25,6 +25,7 @@ VARIANTS = {  # each a loop step of its own: another rule, draft source or pipel
                        SamplingSettings(cfg_scale=3.0, temperature=0.0)),
     "sjd-pac": (DecoderSpec("sjd-pac", window=10, pac_branches=2, pac_depth=3, coupling="maximal",
                             init="sample-left"), SAMPLING),
+    "sjd-entropy": (DecoderSpec("sjd-entropy", window=5, entropy_strength=0.7), SAMPLING),
 }
 
 

@@ -1,10 +1,12 @@
 """Unit behaviour of the processing pipeline, the acceptance rules and the decoding loops."""
+import math
+
 import pytest
 import torch
 
 from fastar.errors import FastARError
 from fastar.model_loaders.shared.protocol import ModelOutput
-from fastar.samplers.token_loops.acceptance import ExactRule, GroupedRule, positive_residual
+from fastar.samplers.token_loops.acceptance import EntropyRule, ExactRule, GroupedRule, positive_residual
 from fastar.samplers.decoders import DecoderSpec, decode
 from fastar.samplers.processing import SamplingSettings, probabilities
 from tiny_llamagen import tiny_conditioning, tiny_model
@@ -109,11 +111,26 @@ def test_group_filters_by_probability_gap_distance_and_support():
     assert grouped(50, prob_threshold=1.0, distance_threshold=1.0).accept_probability(p_cut, q_cut, torch.tensor([[0]])) == 0
 
 
+def test_entropy_rule_shrinks_the_draw_by_the_targets_normalised_entropy():
+    p = torch.tensor([[[0.7, 0.1, 0.1, 0.1], [0.25, 0.25, 0.25, 0.25], [1.0, 0.0, 0.0, 0.0]]])
+    q = torch.tensor([[[0.1, 0.9, 0.0, 0.0], [0.0, 0.0, 0.5, 0.5], [0.0, 1.0, 0.0, 0.0]]])
+    x = torch.tensor([[1, 2, 1]])
+    entropy = -(p[0, 0] * p[0, 0].log()).sum()
+    scale = entropy / math.log(4) + 0.05  # 0.73: the first slot's draft is accepted with 0.1 / (0.9 * 0.73)
+    rule = EntropyRule(1.0).accept_probability(p, q, x)
+    assert torch.allclose(rule, torch.tensor([[0.1 / (0.9 * scale), 0.25 / 0.5, 0.0]]))  # uniform: s = 1; p(x) = 0: 0
+    half = EntropyRule(0.5).accept_probability(p, q, x)
+    assert torch.allclose(half[0, 0], torch.tensor(0.1 / (0.9 * (1 - 0.5 * (1 - scale)))))
+    assert torch.equal(EntropyRule(0.0).accept_probability(p, q, x), ExactRule().accept_probability(p, q, x))
+    assert torch.equal(EntropyRule(1.0).residual(p, q, x), positive_residual(p, q))  # the reference's residual
+
+
 @pytest.mark.parametrize("changes, message", [
     (dict(distance_threshold=1.5), "GSD thresholds"), (dict(prob_threshold=-0.1), "GSD thresholds"),
     (dict(group=0), "GSD group size 0"),
     (dict(window=1), "Jacobi window 1"), (dict(gamma=0), "gamma 0"), (dict(lantern_k=0), "LANTERN k 0"),
-    (dict(lantern_delta=-0.5), "LANTERN delta"), (dict(flow_steps=1), "flow-map steps 1")])
+    (dict(lantern_delta=-0.5), "LANTERN delta"), (dict(flow_steps=1), "flow-map steps 1"),
+    (dict(entropy_strength=1.5), "entropy strength 1.5")])
 def test_settings_out_of_range_are_refused_by_the_spec_and_by_decode(changes, message):
     spec = DecoderSpec("gsd", **changes)
     with pytest.raises(FastARError, match=message):

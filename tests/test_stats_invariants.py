@@ -21,8 +21,8 @@ from fastar.samplers.masked_loops.masked import MaskedSettings
 from fastar.samplers.processing import SamplingSettings
 
 SAMPLING = SamplingSettings(cfg_scale=2.0, top_k=50)
-DRAFTING = {"sjd", "sjd-pac", "gsd", "spec", "lantern", "zipar-sjd", "cspd", "cspd-relaxed"}
-ONE_WINDOW_PER_IMAGE = {"sjd", "sjd-pac", "gsd", "spec", "lantern"}  # one verified window per image and forward
+DRAFTING = {"sjd", "sjd-pac", "sjd-entropy", "gsd", "spec", "lantern", "zipar-sjd", "cspd", "cspd-relaxed"}
+ONE_WINDOW_PER_IMAGE = {"sjd", "sjd-pac", "sjd-entropy", "gsd", "spec", "lantern"}  # one verified window per image and forward
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +64,9 @@ def check_invariants(stats, decoder: str) -> None:
     assert (f"; {stats.baseline} takes {stats.baseline_forwards}: " in summary) == (stats.baseline_forwards != F)
 
 
-TOKEN_DECODERS = [("ar", False), ("sjd", False), ("sjd-pac", False), ("gsd", False), ("spec", True), ("lantern", True),
-                  ("lantern", False), ("zipar", False), ("zipar-sjd", False), ("fm", False)]
+TOKEN_DECODERS = [("ar", False), ("sjd", False), ("sjd-pac", False), ("sjd-entropy", False), ("gsd", False),
+                  ("spec", True), ("lantern", True), ("lantern", False), ("zipar", False), ("zipar-sjd", False),
+                  ("fm", False)]
 
 
 @pytest.mark.parametrize("decoder, drafted", TOKEN_DECODERS, ids=lambda v: str(v))

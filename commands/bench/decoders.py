@@ -27,7 +27,7 @@ from ...model_loaders.shared.demo import DEMO_AR, demo_drafter
 from ...model_loaders.shared.quantized import weight_format
 from ...model_loaders.shared.protocol import ClassConditioning, PromptConditioning
 from ...pipeline import class_conditioning, conditioning_type, load_models
-from ...samplers.decoders import DECODERS, DRAFTED_BY_DEFAULT, LOSSLESS, WITH_DRAFTER, DecoderSpec, decode
+from ...samplers.decoders import DECODERS, DRAFTED_BY_DEFAULT, LOSSLESS, WINDOWED, WITH_DRAFTER, DecoderSpec, decode
 from ...samplers.processing import SamplingSettings
 from ...samplers.token_loops.zipar import zipar_feeds
 from ...speed_dial import (FLAT_COST, GPU_PRICING, SPEEDS, TOKEN_CANDIDATES, Choice, WindowPricing, pick,
@@ -45,12 +45,14 @@ SWEEP_LEADS = (1, 2, 4, 8)
 ROW_PARALLEL = ("zipar", "zipar-sjd")  # several rows per iteration: "kept its first draft" means nothing there
 RELAXED = tuple(d for d in DECODERS if not LOSSLESS[d])  # their distance to the exact target is measured on the toy
 TOY_DELTAS = (0.0, 0.05, 0.1, 0.2, 0.4)
+TOY_STRENGTHS = (0.0, 0.5, 1.0)
 
 
 SWEEP_LAMBDAS = (1.0, 1.5, 2.0, 3.0, 5.0)
 SWEEP_TREE_NODES = (8, 16, 32, 58)
 SWEEP_PAC_WINDOWS = (16, 32, 64)  # SJD-PAC's tree takes part of the window: the smallest hold it and little more
 SWEEP_PAC_BRANCHES = (1, 2, 3, 4)
+SWEEP_ENTROPY_STRENGTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 SWEEP_PAC_BRANCH_WINDOW = 32  # holds 4 branches 3 deep
 LANTERN_PP_LAMBDA = 2.0  # the lantern++ row's lambda when --lantern-lambda is not given
 MODIFIERS = ("jacobi", "drafter", "top", "tree")
@@ -186,9 +188,10 @@ def bench_window_costs(model, cfg: bool, repeats: int = 20) -> dict:
 
 
 def toy_total_variation(base: DecoderSpec, rows: int = 20000) -> dict:
-    """Measured TV distance to the exact target on enumerable toys for GSD per group size and LANTERN per delta,
-    with a drafter toy and on Jacobi drafts (6 codes, 3 tokens), and for ZipAR per lead (4 codes, 2 rows of 3: a lead
-    of 3 is plain AR). The exact settings' TV (G=1, delta=0, lead 3) is the sampling-noise floor."""
+    """Measured TV distance to the exact target on enumerable toys for GSD per group size, LANTERN per delta (with a
+    drafter toy and on Jacobi drafts) and SJD's entropy-aware acceptance per strength (6 codes, 3 tokens), and for
+    ZipAR per lead (4 codes, 2 rows of 3: a lead of 3 is plain AR). The exact settings' TV (G=1, delta=0, strength 0,
+    lead 3) is the sampling-noise floor."""
     from .toy_model import ToyModel
 
     toy = ToyModel(vocab=6, grid=(1, 3), num_classes=1, scale=1.5, seed=0)
@@ -211,6 +214,8 @@ def toy_total_variation(base: DecoderSpec, rows: int = 20000) -> dict:
         "gsd_by_group": {str(g): tv(replace(jacobi, decoder="gsd", group=g), seed=g) for g in (1, 3, 5)},
         "lantern_drafter_by_delta": {str(d): tv(replace(lantern, lantern_delta=d), True, seed=10) for d in TOY_DELTAS},
         "lantern_jacobi_by_delta": {str(d): tv(replace(lantern, lantern_delta=d), seed=20) for d in TOY_DELTAS},
+        "sjd_entropy_by_strength": {str(s): tv(replace(jacobi, decoder="sjd-entropy", entropy_strength=s), seed=40)
+                                    for s in TOY_STRENGTHS},
         "zipar_by_lead": {str(lead): tv(replace(jacobi, decoder="zipar", zipar_lead=lead), seed=30 + lead, model=rows_toy)
                           for lead in (1, 2, 3)},
     }
@@ -219,7 +224,7 @@ def toy_total_variation(base: DecoderSpec, rows: int = 20000) -> dict:
 
 def sweep_configs(base: DecoderSpec, entries: dict[str, Entry], drafted: bool) -> list[tuple[str, str, DecoderSpec, bool]]:
     """The slider sweeps of the benchmarked decoders: GSD's group size, SJD's and SJD-PAC's window and coupling (and
-    SJD-PAC's branches), LANTERN's delta and k (with the drafter when there is one), LANTERN++'s lambda and a dynamic
+    SJD-PAC's branches), the entropy-aware acceptance's strength, LANTERN's delta and k (with the drafter when there is one), LANTERN++'s lambda and a dynamic
     tree's size (with trees).
     Each config names its series and slider."""
     configs, decoders = [], {entry.spec.decoder for entry in entries.values()}
@@ -236,6 +241,9 @@ def sweep_configs(base: DecoderSpec, entries: dict[str, Entry], drafted: bool) -
                      replace(base, decoder="sjd-pac", window=SWEEP_PAC_BRANCH_WINDOW, coupling="maximal",
                              pac_branches=b), False)
                     for b in SWEEP_PAC_BRANCHES]
+    if "sjd-entropy" in decoders:
+        configs += [(f"SJD entropy-aware, {base.coupling}, window {base.window} (strength)", "entropy_strength",
+                     replace(base, decoder="sjd-entropy", entropy_strength=s), False) for s in SWEEP_ENTROPY_STRENGTHS]
     for name, series in (("zipar", "ZipAR (lead)"), ("zipar-sjd", f"ZipAR+SJD {base.window} (lead)")):
         if name in decoders:
             configs += [(series, "zipar_lead", replace(base, decoder=name, zipar_lead=lead), False) for lead in SWEEP_LEADS]
@@ -307,7 +315,7 @@ def forward_width(candidate, grid: tuple[int, int]) -> int:
         return zipar_feeds(grid, spec.zipar_lead, spec.window if spec.decoder == "zipar-sjd" else 1)
     if candidate.drafter:
         return spec.tree_settings().width
-    return spec.window if spec.decoder in ("sjd", "sjd-pac", "gsd", "lantern") else 1
+    return spec.window if spec.decoder in WINDOWED else 1
 
 
 def run_bench(args) -> dict:
@@ -428,10 +436,11 @@ def markdown(report: dict) -> str:
     if "toy_tv" in report:
         tv = report["toy_tv"]
         lines += ["", f"Total-variation distance to the exact target on the enumerable toys ({tv['rows']} rows; the "
-                      "exact settings G=1, delta=0 and lead 3 show the sampling-noise floor):", ""]
+                      "exact settings G=1, delta=0, strength 0 and lead 3 show the sampling-noise floor):", ""]
         for key, title in (("gsd_by_group", "GSD, group G"),
                            ("lantern_drafter_by_delta", "LANTERN with a drafter, delta"),
                            ("lantern_jacobi_by_delta", "LANTERN on Jacobi drafts, delta"),
+                           ("sjd_entropy_by_strength", "SJD with entropy-aware acceptance, strength"),
                            ("zipar_by_lead", "ZipAR (2 rows of 3), lead")):
             lines.append(f"- {title}: " + ", ".join(f"{k}: {v:.4f}" for k, v in tv[key].items()))
     if "dial" in report:

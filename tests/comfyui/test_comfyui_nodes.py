@@ -20,6 +20,8 @@ NODES = {
                          "window", "init", "coupling"],
     "FastARSamplerGSD": ["model", "conditioning", "seed", "cfg", "temperature", "top_k", "top_p", "batch",
                          "window", "init", "coupling", "group", "prob_threshold", "distance_threshold"],
+    "FastARSamplerSJDEntropy": ["model", "conditioning", "seed", "cfg", "temperature", "top_k", "top_p", "batch",
+                                "window", "init", "coupling", "strength"],
     "FastARSamplerSpeculative": ["model", "conditioning", "drafter", "seed", "cfg", "temperature", "top_k", "top_p",
                                  "batch", "gamma"],
     "FastARSamplerLANTERN": ["model", "conditioning", "vq", "seed", "cfg", "temperature", "top_k", "top_p", "batch",
@@ -42,6 +44,7 @@ OUTPUTS = {
     "FastARTextConditioning": ["FASTAR_CONDITIONING"], "FastARSamplerAR": ["FASTAR_TOKENS", "FASTAR_STATS"],
     "FastARSampler": ["FASTAR_TOKENS", "FASTAR_STATS"],
     "FastARSamplerSJD": ["FASTAR_TOKENS", "FASTAR_STATS"], "FastARSamplerGSD": ["FASTAR_TOKENS", "FASTAR_STATS"],
+    "FastARSamplerSJDEntropy": ["FASTAR_TOKENS", "FASTAR_STATS"],
     "FastARSamplerSpeculative": ["FASTAR_TOKENS", "FASTAR_STATS"], "FastARSamplerLANTERN": ["FASTAR_TOKENS", "FASTAR_STATS"],
     "FastARSamplerZipAR": ["FASTAR_TOKENS", "FASTAR_STATS"],
     "FastARSamplerCSpD": ["FASTAR_TOKENS", "FASTAR_STATS"], "FastARSamplerDD": ["FASTAR_TOKENS", "FASTAR_STATS"],
@@ -90,6 +93,8 @@ def test_tooltips_say_which_decoders_are_lossless(object_info):
     assert "Lossless" in sjd and "different image" in sjd
     assert "Relaxed" in gsd and "trades fidelity for speed" in gsd
     assert "lossless" in inputs_of(object_info["FastARSamplerGSD"])["group"][1]["tooltip"]
+    entropy = object_info["FastARSamplerSJDEntropy"]
+    assert "Relaxed" in entropy["description"] and "lossless" in inputs_of(entropy)["strength"][1]["tooltip"]
 
 
 def test_model_lists_come_from_the_fastar_folders(object_info):
