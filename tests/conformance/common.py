@@ -57,6 +57,21 @@ def assert_image_close(produced: Path, official: Path, tolerance: int = IMAGE_TO
     assert worst <= tolerance, f"{produced.name} differs from the official decoder's image by up to {worst}/255"
 
 
+def assert_generate_runs(case: str, vq: Path, decoder: str, tmp_path: Path) -> None:
+    """``generate`` with each of the case's runs (its arguments, ``--vq vq``, ``--decoder decoder``) gives the official
+    codes exactly and the official images within the tolerance."""
+    folder = fixture(case)
+    for run in expected(case)["runs"]:
+        tokens, out = tmp_path / f"{run['name']}.json", tmp_path / f"{run['name']}.png"
+        r = fastar("generate", "--model", folder, "--vq", vq, "--decoder", decoder, *run["args"], "--quiet",
+                   "--tokens-out", tokens, "--out", out, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert generated_codes(tokens) == run["codes"], f"{case} {run['name']} {decoder}: not the official codes"
+        for i, image in enumerate(run["images"]):
+            produced = out if len(run["images"]) == 1 else tmp_path / f"{run['name']}_{i}.png"
+            assert_image_close(produced, folder / image)
+
+
 def save_image(pixels, path: Path) -> None:
     """An official decoder's output (float ``[3, H, W]`` or ``[H, W, 3]`` in -1..1) as the PNG the tests compare
     with: mapped to 0..255 as FastAR maps its own decoder's output."""

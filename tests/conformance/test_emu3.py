@@ -17,7 +17,7 @@ import torch
 
 from fastar.model_loaders import load_ar_model
 from fastar.model_loaders.shared.protocol import PromptConditioning
-from fastar.tests.conformance.common import assert_image_close, expected, fastar, fixture, generated_codes
+from fastar.tests.conformance.common import assert_generate_runs, expected, fixture
 
 CASES = ["emu3_hf", "emu3_baai"]
 
@@ -30,16 +30,7 @@ def image_decoder(folder):
 @pytest.mark.parametrize("decoder", ["ar", "sjd"])
 @pytest.mark.parametrize("case", CASES)
 def test_greedy_codes_and_images_are_the_official_ones(case, decoder, tmp_path):
-    folder = fixture(case)
-    for run in expected(case)["runs"]:
-        tokens, out = tmp_path / f"{run['name']}.json", tmp_path / f"{run['name']}.png"
-        r = fastar("generate", "--model", folder, "--vq", image_decoder(folder), "--decoder", decoder, *run["args"],
-                   "--quiet", "--tokens-out", tokens, "--out", out, cwd=tmp_path)
-        assert r.returncode == 0, r.stderr
-        assert generated_codes(tokens) == run["codes"], f"{case} {run['name']} {decoder}: not the official codes"
-        for i, image in enumerate(run["images"]):
-            produced = out if len(run["images"]) == 1 else tmp_path / f"{run['name']}_{i}.png"
-            assert_image_close(produced, folder / image)
+    assert_generate_runs(case, image_decoder(fixture(case)), decoder, tmp_path)
 
 
 def flag_values(args: list, flag: str) -> list:
