@@ -96,7 +96,7 @@ def tiktoken_tokenizer(ranks: dict[bytes, int], pattern: str, specials: dict[str
     tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens([AddedToken(name, special=True, normalized=False) for name in specials])
     return tokenizer
