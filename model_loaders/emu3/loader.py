@@ -108,15 +108,15 @@ def emu3_grid(area: int, ratio: str | None) -> tuple[int, int]:
     return int(round(height * scale / TOKEN)), int(round(width * scale / TOKEN))
 
 
-def check_grid(grid: tuple[int, int], size: int, ratio: str | None) -> None:
+def check_grid(grid: tuple[int, int], size: int, ratio: str | None, positions: int = MAX_POSITIONS) -> None:
     rows, columns = grid
     if rows < 1 or columns < 1:
         raise FastARError(f"image size {size} at {ratio or '1:1'} gives a grid of {rows} x {columns} tokens: Emu3 draws "
                           f"{TOKEN} px per token, pick a larger size (the release's is 720)")
-    if rows * (columns + 1) + 3 > MAX_POSITIONS:
-        raise FastARError(f"image size {size} at {ratio or '1:1'} gives {rows} x {columns} tokens, more than Emu3's "
-                          f"{MAX_POSITIONS} positions hold with their row ends: pick a size of at most 720 (its "
-                          "training size)")
+    if rows * (columns + 1) + 3 > positions:
+        raise FastARError(f"image size {size} at {ratio or '1:1'} gives {rows} x {columns} tokens, more than the "
+                          f"model's {positions} positions hold with their row ends: pick a smaller size (the "
+                          "release's is 720)")
 
 
 def named_token(folder, name: str, default: str) -> str:
@@ -232,7 +232,8 @@ def build_emu3(folder, config: dict, weights, source: str, image_size: int | Non
     vocab, hidden = shape_of(weights, "model.embed_tokens.weight")
     area = image_size ** 2 if image_size else int(config.get("image_area") or DEFAULT_AREA)
     grid = emu3_grid(area, aspect_ratio)
-    check_grid(grid, image_size or round(area ** 0.5), aspect_ratio)
+    check_grid(grid, image_size or round(area ** 0.5), aspect_ratio,
+               settings.get("max_position_embeddings") or MAX_POSITIONS)
     token = {name: token_id(tokenizer, named_token(folder, key, name), source) for key, name in (
         ("bos_token", BOS), ("eos_token", EOS), ("boi_token", BOI), ("image_wrapper_token", IMAGE_TOKEN),
         ("eoi_token", EOI), ("eof_token", EOF), ("eol_token", ROW_END))}
