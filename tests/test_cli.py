@@ -296,6 +296,7 @@ def test_bench_sweeps_only_the_decoders_asked_for():
     for *_, spec, _ in bench.sweep_configs(DecoderSpec(), bench_entries("sjd-pac"), False):
         spec.validate()  # every point's tree fits its window
     assert series({"gsd"}) == {"GSD (group size)"}
+    assert series({"sjd-entropy"}) == {"SJD entropy-aware, independent, window 16 (strength)"}
     assert series({"lantern"}) == {"LANTERN (delta)", "LANTERN (k, delta=0.2)"}
     configs = bench.sweep_configs(DecoderSpec(), bench_entries("lantern"), drafted=False)
     assert not any(with_drafter for *_, with_drafter in configs)
@@ -437,7 +438,7 @@ def test_bench_rows_name_trees_and_lantern_plus_plus():
     assert (rows["spec-tree"].spec.tree, rows["spec-tree"].spec.drafts) == ("static", "sampled")
     assert (rows["spec-top-tree"].spec.tree, rows["spec-top-tree"].spec.drafts) == ("static", "top")
     assert rows["lantern-top-tree"].drafted and rows["lantern-top-tree"].spec.decoder == "lantern"
-    assert (rows["lantern++"].spec.tree, rows["lantern++"].spec.lantern_lambda) == ("static", 2.0)
+    assert (rows["lantern++"].spec.tree, rows["lantern++"].spec.lantern_lambda) == ("static", 3.0)
     from fastar.errors import FastARError
 
     with pytest.raises(FastARError, match="spec-top-tree"):

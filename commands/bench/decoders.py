@@ -54,7 +54,7 @@ SWEEP_PAC_WINDOWS = (16, 32, 64)  # SJD-PAC's tree takes part of the window: the
 SWEEP_PAC_BRANCHES = (1, 2, 3, 4)
 SWEEP_ENTROPY_STRENGTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 SWEEP_PAC_BRANCH_WINDOW = 32  # holds 4 branches 3 deep
-LANTERN_PP_LAMBDA = 2.0  # the lantern++ row's lambda when --lantern-lambda is not given
+LANTERN_PP_LAMBDA = 3.0  # the lantern++ row's lambda without --lantern-lambda (the demo's sweep: benchmark.md)
 MODIFIERS = ("jacobi", "drafter", "top", "tree")
 
 
