@@ -18,6 +18,7 @@ from .. import LOADERS
 from .small_ar import SmallARDrafter
 from ..shared.checkpoint import AR_MODEL, FAMILY_KIND, FAMILY_WHAT, CheckpointInfo, detect_family, read_json, read_state_dict, sample_keys
 from ..chameleon.model import ChameleonGPT
+from ..emu3.model import Emu3GPT
 from .eagle import EagleConfig, EagleDrafter, EagleHead, LayoutEagleDrafter
 from ..shared.building import build_and_load, weight_shape
 from ..shared.demo import DEMO_DRAFTER, DEMO_MAR_DRAFT, DEMO_TEXT_DRAFTER
@@ -29,6 +30,8 @@ from ..mar.loader import load_mar_draft
 RETRAIN_HINT = "use a drafter trained for this target model (python -m fastar train-drafter makes one)"
 KIND_NAMES = {"c2i": "class-to-image", "t2i": "text-to-image"}
 SMALL_AR_FAMILIES = ("llamagen-gpt", "llamagen-gpt-hf")  # the checkpoints a small-model drafter can be
+SAME_FAMILY = {Emu3GPT: "emu3"}  # targets whose codes are vocabulary entries, drafted by a smaller model of their family
+PROBE = "a photo of a cat, 16:9; lowres"  # a drafter's tokenizer must encode prompts as the target's does
 
 
 def load_drafter(path, target: LlamaGenGPT, *, device=None, dtype=None, weights: str = "auto"):
@@ -63,6 +66,8 @@ def read_drafter(path, target, device, dtype, weights: str = "auto"):
         raise FastARError(f"{info.source} is {what}, not a drafter: pick an EAGLE drafter folder (config.json + "
                           "fc/embed_tokens weights) or a smaller LlamaGen GPT trained on the target's VQ codes "
                           "(FastAR's docs/models.md lists the drafters of each model)")
+    if type(target) in SAME_FAMILY:
+        return same_family_drafter(sd, info, family, target, device, dtype, weights)
     if not isinstance(target, LlamaGenGPT):
         raise FastARError(f"{info.source} is {FAMILY_WHAT[family]}: small-model drafters serve LlamaGen targets; "
                           f"for {target.what} pick its EAGLE drafter (LANTERN's release), or decode with sjd or gsd")
@@ -73,6 +78,32 @@ def read_drafter(path, target, device, dtype, weights: str = "auto"):
         model = LOADERS[family](sd, info=info, device=device, dtype=dtype)
     check_ar_drafter(model, target, info.source)
     return SmallARDrafter(model)
+
+
+def same_family_drafter(sd, info: CheckpointInfo, family: str, target, device, dtype, weights: str) -> SmallARDrafter:
+    """A smaller model of the target's own family (Emu3), loaded at the target's grid, as a chain or tree drafter."""
+    if family != SAME_FAMILY[type(target)]:
+        raise FastARError(f"{info.source} is {FAMILY_WHAT[family]}, and the target is {target.what}: its drafter is a "
+                          "smaller model of the same family with the same tokenizer (its vocabulary and visual tokens)")
+    with stored_format_loading(info.metadata, weights, info.source, dtype):
+        model = LOADERS[family](sd, info=info, device=device, dtype=dtype, grid=target.grid)
+    check_vocabulary_drafter(model, target, info.source)
+    return SmallARDrafter(model)
+
+
+def check_vocabulary_drafter(model, target, source: str) -> None:
+    """A drafter whose image codes are vocabulary entries writes the target's: the same code ids, layout tokens,
+    negative prompt and prompt tokens."""
+    d, t = model.cfg, target.cfg
+    if d.image_ids != t.image_ids:
+        raise FastARError(f"{source} names its {len(d.image_ids)} image codes by other vocabulary entries than the "
+                          f"target's {len(t.image_ids)}: a drafter must share the target's tokenizer and vision "
+                          "tokenizer; pick a smaller model of the same release")
+    layout = (d.image_prefix, d.image_suffix, d.bos, model.layout.row_end, d.negative_ids)
+    if layout != (t.image_prefix, t.image_suffix, t.bos, target.layout.row_end, t.negative_ids) or \
+            model.prompts.text(PROBE) != target.prompts.text(PROBE):
+        raise FastARError(f"{source} tokenizes prompts or lays out images with other tokens than the target: a "
+                          "drafter must share the target's tokenizer files; pick a smaller model of the same release")
 
 
 def load_eagle(sd, info: CheckpointInfo, path: Path, target, device, dtype) -> EagleDrafter:
@@ -86,6 +117,10 @@ def load_eagle(sd, info: CheckpointInfo, path: Path, target, device, dtype) -> E
 def check_eagle(cfg: EagleConfig, sd, target, source: str) -> None:
     serves = {"llama": (LlamaGenGPT, "LlamaGen models"), "chameleon": (ChameleonGPT, "Chameleon-family models (Anole)")}
     model_class, models = serves[cfg.family]
+    if isinstance(target, Emu3GPT):
+        raise FastARError(f"{source} is an EAGLE drafter for {models}; no EAGLE drafter serves {target.what}: draft "
+                          "with a smaller Emu3 model of the same tokenizer (--drafter, for spec and its trees), or "
+                          "decode without a drafter (sjd, sjd-pac, zipar-sjd)")
     if not isinstance(target, model_class):
         raise FastARError(f"{source} is an EAGLE drafter for {models}; the target is {target.what}: pick a "
                           "drafter made for the target's family")

@@ -196,9 +196,10 @@ def rope_theta(settings: dict) -> float:
 
 
 def load_emu3(sd, *, info: CheckpointInfo, image_size: int | None = None, aspect_ratio: str | None = None,
-              device="cpu", dtype=torch.float32) -> Emu3GPT:
+              device="cpu", dtype=torch.float32, grid: tuple[int, int] | None = None) -> Emu3GPT:
     """An Emu3 model from its folder, with its tokenizer; the grid from ``image_size`` (the side of a square of the
-    same area, default 720) and ``aspect_ratio`` ("W:H", default 1:1)."""
+    same area, default 720) and ``aspect_ratio`` ("W:H", default 1:1), or ``grid`` (rows, columns) itself (a drafter
+    takes its target's)."""
     folder, config = info.folder, info.config or {}
     if folder is None or not config:
         raise FastARError(f"{info.source}: an Emu3 model is read from its folder (config.json, weights, tokenizer "
@@ -209,7 +210,7 @@ def load_emu3(sd, *, info: CheckpointInfo, image_size: int | None = None, aspect
                           "Emu3 folder (or copy the release's config.json into it)")
     weights = text_weights(sd)
     with torch.device("meta"):
-        model = build_emu3(folder, config, weights, info.source, image_size, aspect_ratio)
+        model = build_emu3(folder, config, weights, info.source, image_size, aspect_ratio, grid)
     load_weights(model, weights, info.source, device, dtype)
     model.image_ids = torch.tensor(model.cfg.image_ids, dtype=torch.long, device=device)  # built on meta above
     model.keep_image_rows()
@@ -217,7 +218,7 @@ def load_emu3(sd, *, info: CheckpointInfo, image_size: int | None = None, aspect
 
 
 def build_emu3(folder, config: dict, weights, source: str, image_size: int | None = None,
-               aspect_ratio: str | None = None) -> Emu3GPT:
+               aspect_ratio: str | None = None, grid: tuple[int, int] | None = None) -> Emu3GPT:
     """The model a folder describes (its config.json, tokenizer and the shapes of ``weights``), freshly initialised."""
     tokenizer = emu3_tokenizer(folder, source)
     settings = text_settings(config)
@@ -231,7 +232,7 @@ def build_emu3(folder, config: dict, weights, source: str, image_size: int | Non
                               "is incomplete (every shard of the model is needed), or this is not an Emu3 model")
     vocab, hidden = shape_of(weights, "model.embed_tokens.weight")
     area = image_size ** 2 if image_size else int(config.get("image_area") or DEFAULT_AREA)
-    grid = emu3_grid(area, aspect_ratio)
+    grid = tuple(grid) if grid is not None else emu3_grid(area, aspect_ratio)
     check_grid(grid, image_size or round(area ** 0.5), aspect_ratio,
                settings.get("max_position_embeddings") or MAX_POSITIONS)
     token = {name: token_id(tokenizer, named_token(folder, key, name), source) for key, name in (
