@@ -7,8 +7,9 @@ layer's weight as its codes beside ``<key>_scale`` (fp32, one per output row), e
 checkpoint stores it, and ``fastar_weights`` in the metadata. Codes are quantised from the stored precision, so
 they are those of quantising at load in fp32 (or in the stored dtype). A file gets its loader's config as
 ``fastar_config`` (so its image size and head count no longer depend on its name or its training args); a model
-folder (Chameleon family, Janus) becomes a folder: its config and tokenizer files copied, the weights in one
-``model.safetensors`` (a Janus folder's VQ decoder with them, under the original layout's names).
+folder (Chameleon family, Janus, Emu3) becomes a folder: its config and tokenizer files copied, the weights in one
+``model.safetensors`` (a Janus folder's VQ decoder with them, under the original layout's names; an Emu3 folder's in
+transformers' layout under ``vqmodel.*``).
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def default_out(source: Path, fmt: str) -> Path:
 def quantised_tensors(source: Path, fmt: str, image_size: int | None):
     """The family and model loaded from ``source`` in ``fmt`` (int8 or fp8), the tensors to write and the
     checkpoint's info."""
-    from ..model_loaders import LOADERS
+    from ..model_loaders import EMBEDDED_VQ, LOADERS, embedded_image_decoder
     from ..model_loaders.janus.loader import is_converted, vq_of_janus
     from ..model_loaders.shared.checkpoint import AR_MODEL, read_state_dict, recording_weights, require_family
     from ..model_loaders.shared.joined import joined_parts, parted
@@ -51,6 +52,8 @@ def quantised_tensors(source: Path, fmt: str, image_size: int | None):
     tensors = parted(state, joined_parts(model))
     if family == "janus":  # the folder's VQ decoder, which load_image_decoder finds under the original names
         tensors |= {f"gen_vision_model.{k}": v for k, v in vq_of_janus(sd, is_converted(sd)).items()}
+    if family == "emu3" and any(k.startswith(EMBEDDED_VQ) for k in sd):  # transformers' layout: its VQ model too
+        tensors |= {f"vqmodel.{k}": v for k, v in embedded_image_decoder(sd, info).items()}
     return family, model, {k: v.contiguous() for k, v in tensors.items()}, info
 
 

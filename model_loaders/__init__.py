@@ -33,7 +33,8 @@ def load_ar_model(path, weights: str = "auto", **kw):
         with quantised_loading(weights, kw.get("dtype")):
             model = load_family(sd, info, AR_MODEL, kw | {"device": "cpu"})  # streamable too
         model = model.to(kw["device"]) if kw.get("device") is not None else model
-    model.defaults = info.fastar_defaults()  # what the front ends take where the user gives no value
+    # what the front ends take where the user gives no value: the file's own (FastAR's models), else the release's
+    model.defaults = {**getattr(model, "release_defaults", {}), **info.fastar_defaults()}
     return model
 
 

@@ -21,9 +21,11 @@ from fastar.model_loaders.shared.streaming import (StreamedLinear, make_streamab
                                             stream_buffer_bytes, streamable_layers, streamed_bytes, streamed_layers)
 from fastar.samplers.decoders import DecoderSpec, decode
 from fastar.samplers.processing import SamplingSettings
+from fastar.tests.conformance.common import fixture
 from tiny_janus import hf_model as janus_hf_model, write_converted
 from tiny_llamagen import tiny_conditioning, tiny_model
 
+EMU3 = fixture("emu3_hf")  # transformers' layout: its VQ model in the folder
 COPIES = {"count": 0}
 ALLOWED = {"numel", "element_size", "__get__", "size", "dim", "is_pinned", "data_ptr", "is_floating_point"}
 
@@ -124,13 +126,15 @@ def family_runs(janus_folder):
     return {"llamagen": ["--model", DEMO_AR, "--vq", DEMO_VQ, "--class", "3", "--decoder", "sjd"],
             "lumina-mgpt": ["--model", DEMO_TEXT, "--vq", DEMO_VQGAN, "--prompt", "a red circle", "--decoder", "sjd"],
             "janus": ["--model", janus_folder, "--vq", janus_folder, "--prompt", "a cat", "--decoder", "sjd"],
+            "emu3": ["--model", EMU3, "--vq", EMU3, "--prompt", "a cat", "--negative-prompt", "blurry", "--decoder",
+                     "sjd", "--image-size", "40", "--aspect-ratio", "5:4"],
             "mar": ["--model", DEMO_MAR, "--vq", DEMO_KL, "--class", "3", "--num-iter", "4", "--diffusion-steps", "5"],
             "var": ["--model", DEMO_VAR, "--vq", DEMO_VAR_VQVAE, "--class", "3"],
             "dd": ["--model", DEMO_DD, "--vq", DEMO_VQ, "--class", "3"],
             "var-dd": ["--model", DEMO_VAR_DD, "--vq", DEMO_VAR_VQVAE, "--class", "3"]}
 
 
-@pytest.mark.parametrize("family", ["llamagen", "lumina-mgpt", "janus", "mar", "var", "dd", "var-dd"])
+@pytest.mark.parametrize("family", ["llamagen", "lumina-mgpt", "janus", "emu3", "mar", "var", "dd", "var-dd"])
 def test_every_family_generates_the_same_with_its_blocks_streamed(family, janus_folder, tmp_path, monkeypatch):
     """The CLI's --gpu-weights path on the CPU (its GPU-only check lifted), every block streamed; with full and with
     8-bit weights (--weights int8: a quarter of fp32's bytes cross)."""

@@ -49,6 +49,9 @@ class Emu3GPT(VocabularyImageGPT):
     """Emu3 behind the token-AR protocol (image codes in, image-code logits out)."""
 
     takes_negative_prompt = True
+    # the release's sampling (BAAI's image_generation.py; the SJD reference's test_emu3.py): what the front ends take
+    # where the user gives no value (settings.sampling_from reads them from ``defaults``)
+    release_defaults = {"cfg": 3.0, "top_k": 2048}
 
     def __init__(self, cfg: Emu3Config, prompts=None, what: str = "an Emu3 model"):
         super().__init__(cfg, cfg.decoder, ImageLayout(cfg.grid, cfg.row_end, cfg.eos), prompts, what)

@@ -272,6 +272,17 @@ def vq_weights(sd, source: str) -> dict[str, torch.Tensor]:
     return weights
 
 
+def image_processor_settings(folder) -> dict | None:
+    """The image processor's settings (its mean and std): preprocessor_config.json (the releases', an image processor's
+    save_pretrained), else the ``image_processor`` inside processor_config.json (transformers 5's
+    ``ProcessorMixin.save_pretrained`` writes them there); None: neither file (the released values)."""
+    preprocessor = read_json(folder / "preprocessor_config.json")
+    if preprocessor is not None:
+        return preprocessor
+    inside = (read_json(folder / "processor_config.json") or {}).get("image_processor")
+    return inside if isinstance(inside, dict) else None
+
+
 def load_emu3_vq(sd, *, info: CheckpointInfo, device="cpu", dtype=torch.float32) -> Emu3VQDecoder:
     """Emu3's image decoder in eval mode, from BAAI's Emu3-VisionTokenizer folder or an Emu3 model folder in
     transformers' layout: sizes from config.json, mean and std from preprocessor_config.json."""
@@ -279,8 +290,7 @@ def load_emu3_vq(sd, *, info: CheckpointInfo, device="cpu", dtype=torch.float32)
         raise FastARError(f"{info.source}: Emu3's vision tokenizer is read from its folder (config.json, "
                           "model.safetensors, preprocessor_config.json): pick BAAI's Emu3-VisionTokenizer folder or "
                           "the Emu3 model folder, not a single file")
-    preprocessor = read_json(info.folder / "preprocessor_config.json")
-    cfg = Emu3VQConfig.from_config(info.config, info.source, preprocessor)
+    cfg = Emu3VQConfig.from_config(info.config, info.source, image_processor_settings(info.folder))
     weights = vq_weights(sd, info.source)
     with torch.device("meta"):
         model = Emu3VQDecoder(cfg)
