@@ -4,6 +4,7 @@ their definitions. Drafters that cannot serve Emu3 (EAGLE heads, another tokeniz
 what to use instead."""
 import json
 import shutil
+from dataclasses import replace
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from safetensors.torch import load_file, save_file
 from fastar.errors import FastARError
 from fastar.model_loaders.drafters.loader import load_drafter
 from fastar.model_loaders.shared.demo import DEMO_AR, DEMO_TEXT_DRAFTER
+from fastar.model_loaders.shared.quantized import weight_format
 from fastar.pipeline import conditioning_for, load_models
 from fastar.samplers.decoders import DecoderSpec, decode
 from fastar.samplers.processing import SamplingSettings
@@ -71,6 +73,13 @@ def test_sampled_spec_keeps_the_statistics(emu3, tree):
     _, stats = run(emu3, SPECS[tree], SAMPLED)
     check_invariants(stats, "spec")
     assert stats.drafter_forwards > 0
+
+
+def test_the_drafter_loads_in_8_bits_and_drafts(emu3, tmp_path):
+    drafter = load_drafter(smaller_emu3(tmp_path / "small"), emu3.ar, weights="int8")
+    assert weight_format(drafter.model) == "int8"
+    _, stats = run(replace(emu3, drafter=drafter), SPECS["chain"], SAMPLED)
+    check_invariants(stats, "spec")
 
 
 def test_an_eagle_drafter_is_refused_with_what_to_use(emu3):
