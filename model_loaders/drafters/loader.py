@@ -1,8 +1,9 @@
 """Loading drafters for speculative decoding, checked against the target they will serve.
 
 For token models, two kinds: an EAGLE head (LANTERN's format: config.json + ``fc``/``embed_tokens``
-weights) that reads the target's hidden states, or a smaller LlamaGen GPT that shares the target's VQ
-codes (any file ``load_ar_model`` reads). For a MAR target: a smaller MAR on the same latents (CSpD).
+weights) that reads the target's hidden states, or a smaller model that shares the target's codes: a LlamaGen GPT
+on the same VQ codes (any file ``load_ar_model`` reads), or for Emu3 a smaller Emu3 of the same tokenizer, loaded
+at its target's grid (no EAGLE head serves Emu3). For a MAR target: a smaller MAR on the same latents (CSpD).
 ``"demo"`` names the bundled demo drafter of the target's kind.
 """
 from __future__ import annotations
