@@ -39,13 +39,14 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                    "it or to run at another size (default: from its training args, config or file name, e.g. 384 for "
                    "c2i_L_384.pt)")
     p.add_argument("--cfg", type=float, help="classifier-free guidance. Token models and MAR: 1 = off, default "
-                   f"{SAMPLING_DEFAULTS.cfg_scale} (the bundled MAR demo's own: 3); VAR: ramped from none at the first "
+                   f"{SAMPLING_DEFAULTS.cfg_scale} (the bundled MAR demo's own: 3; Emu3: the release's 3); VAR: ramped "
+                   "from none at the first "
                    f"scale to --cfg at the last (1 still guides), 0 = off, default the release's "
                    f"{VAR_SAMPLING.cfg_scale}; a DD student has none (1)")
     p.add_argument("--temperature", type=float, help=f"0 = greedy (default {SAMPLING_DEFAULTS.temperature:g}, or the "
                    "model's own)")
     p.add_argument("--top-k", type=int, help=f"0 = off; default off ({SAMPLING_DEFAULTS.top_k}), for VAR the "
-                   f"release's {VAR_SAMPLING.top_k} (give 0 to turn it off)")
+                   f"release's {VAR_SAMPLING.top_k}, for Emu3 the release's 2048 (give 0 to turn it off)")
     p.add_argument("--top-p", type=float, help=f"1 = off; default off ({SAMPLING_DEFAULTS.top_p:g}), for VAR the "
                    f"release's {VAR_SAMPLING.top_p:g} (the bundled VAR demo's own: 0.7; give 1 to turn it off)")
     p.add_argument("--window", type=int, default=SPEC_DEFAULTS.window,
