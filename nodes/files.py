@@ -106,10 +106,17 @@ def read_json(path: Path) -> dict | None:
         return None
 
 
+IMAGE_DECODER_FOLDERS = ("Emu3VisionVQ",)  # config.json model_type of image decoder folders (BAAI's VisionTokenizer)
+DECODER_CARRIERS = ("janus", "multi_modality", "emu3")  # model_type of model folders that hold their image decoder
+
+
 def folder_kind(folder: Path) -> str | None:
     """AR for a model folder (config.json/index + weights of any supported suffix), T5 for a T5 encoder folder, DRAFTER for an
-    EAGLE drafter folder (LANTERN's format keeps the base model's config.json with one layer), else None."""
+    EAGLE drafter folder (LANTERN's format keeps the base model's config.json with one layer), VQ for an image
+    decoder folder (Emu3's VisionTokenizer), else None."""
     config = read_json(folder / "config.json") if (folder / "config.json").is_file() else None
+    if config is not None and config.get("model_type") in IMAGE_DECODER_FOLDERS:
+        return VQ
     if config is not None and (config.get("model_type") == "t5" or "T5" in " ".join((config.get("architectures") or []))):
         return T5
     if (folder / "spiece.model").is_file():
@@ -124,9 +131,10 @@ def folder_kind(folder: Path) -> str | None:
 
 
 def holds_image_decoder(folder: Path) -> bool:
-    """A model folder that carries its own image decoder (Janus: the VQ-16 inside the checkpoint)."""
+    """A model folder that carries its own image decoder (Janus: the VQ-16 inside the checkpoint; transformers'
+    Emu3: its VQ model beside the text model; BAAI's Emu3-Gen keeps it in another folder, model_type "Emu3")."""
     config = read_json(folder / "config.json") if (folder / "config.json").is_file() else None
-    return config is not None and (config.get("model_type") in ("janus", "multi_modality")
+    return config is not None and (config.get("model_type") in DECODER_CARRIERS
                                    or "MultiModalityCausalLM" in (config.get("architectures") or []))
 
 
@@ -159,7 +167,7 @@ def entries(folder: str, file_kinds: tuple, folder_kinds: tuple) -> list[str]:
     """Files of ``file_kinds`` ("?" = pickles, which cannot be told apart without loading), then HF-style
     folders of ``folder_kinds``, in one registered model folder. Files inside model folders are not listed."""
     roots = folder_roots((folder,))
-    inside = tuple(name for name, _ in model_folders(roots, AR, T5, DRAFTER))
+    inside = tuple(name for name, _ in model_folders(roots, AR, T5, DRAFTER, VQ))
     names = []
     for name in folder_paths.get_filename_list(folder):
         if name.replace(os.sep, "/").startswith(inside) or name in names:
@@ -182,9 +190,9 @@ def choices(kind: str) -> list[str]:
         bundled = [DEMO_MAR_DRAFT.name] if folder_paths.get_full_path(FOLDER, DEMO_MAR_DRAFT.name) else []
         return unique(entries(DRAFTER_FOLDER, (DRAFTER, AR, "?"), (DRAFTER, AR)) + entries(FOLDER, (DRAFTER,), (DRAFTER,))
                       + bundled)
-    if kind == VQ:  # plus model folders that carry their image decoder
+    if kind == VQ:  # plus image decoder folders and model folders that carry their image decoder
         carriers = [name for name, path in model_folders(folder_roots((FOLDER,)), AR) if holds_image_decoder(path)]
-        return entries(FOLDER, (VQ, "?"), ()) + carriers
+        return entries(FOLDER, (VQ, "?"), (VQ,)) + carriers
     return entries(FOLDER, (kind, "?"), (AR,) if kind == AR else ())
 
 
@@ -302,6 +310,8 @@ def checkpoint_kind_error(path: Path, kind: str) -> str | None:
             return f"{path.name}/ is a T5 text encoder folder: pick it in FastAR Text Conditioning, not here"
         if found == DRAFTER and kind != DRAFTER:
             return f"{path.name}/ is {LOADED_BY[DRAFTER]}, not {wanted}"
+        if found == VQ and kind != VQ:
+            return f"{path.name}/ is {LOADED_BY[VQ]}, not {wanted}"
         return None
     if path.suffix.lower() != ".safetensors":
         return None

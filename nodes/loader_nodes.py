@@ -71,11 +71,19 @@ def raise_if(message: str | None) -> None:
 
 
 IMAGE_SIZES = ("auto", "128", "256", "384", "512")  # pixels; 128 is the demo model's
+# width:height, for the models whose release draws other shapes than squares (Emu3); 1:1 is every model's
+ASPECT_RATIOS = ("1:1", "4:3", "3:4", "5:4", "4:5", "3:2", "2:3", "16:9", "9:16", "21:9", "9:21")
 
 
 def image_size_error(image_size: str) -> str | None:
     if image_size not in IMAGE_SIZES:
         return f"unknown image size '{image_size}': choose one of {', '.join(IMAGE_SIZES)}"
+    return None
+
+
+def aspect_ratio_error(aspect_ratio: str) -> str | None:
+    if aspect_ratio not in ASPECT_RATIOS:
+        return f"unknown aspect ratio '{aspect_ratio}': choose one of {', '.join(ASPECT_RATIOS)}"
     return None
 
 
@@ -123,6 +131,7 @@ class LoadARModel(CheckpointLoader):
             category="FastAR/loaders",
             description="Loads an autoregressive image model from ComfyUI's models/fastar folder: LlamaGen "
                         "class-to-image or text-to-image (a .safetensors/.pt file or a Hugging Face style folder), "
+                        "Lumina-mGPT, Anole, Janus-Pro and Emu3 (their release folders), "
                         "MAR (the official mar_base/large/huge .pth files) or a Distilled Decoding student "
                         "(llamagen-B.pt / llamagen-L.pt, or one made with distill-dd). The bundled demo model "
                         "(demo_c2i.safetensors) is always listed.",
@@ -136,8 +145,9 @@ class LoadARModel(CheckpointLoader):
                 io.Combo.Input("image_size", options=list(IMAGE_SIZES), default="auto", optional=True,
                                tooltip="Image size in pixels. auto: what the checkpoint says (training args, config, "
                                        "or the size in an official file name such as c2i_L_384.pt = 384 px; 256 px "
-                                       "with a warning in the console when nothing says). Pick a size for a file "
-                                       "that does not say it, or to run a model at another size."),
+                                       "with a warning in the console when nothing says; Emu3: 720, an area of "
+                                       "720 x 720 pixels). Pick a size for a file that does not say it, or to run "
+                                       "a model at another size."),
                 io.Combo.Input("compile", options=list(SWITCH), default="auto", optional=True,
                                tooltip="Decoding steps through torch.compile: the same images, faster steps "
                                        "(1.5-1.7x per image for the demo model on a CPU; 3.9-7.6x per step for "
@@ -152,6 +162,12 @@ class LoadARModel(CheckpointLoader):
                                        "(likewise); DD students ignore it."),
                 io.Combo.Input("weight_dtype", options=list(WEIGHT_FORMATS), default="auto", optional=True,
                                tooltip=WEIGHTS_TOOLTIP),
+                io.Combo.Input("aspect_ratio", options=list(ASPECT_RATIOS), default="1:1", optional=True,
+                               tooltip="The image's width:height, for models whose release draws other shapes than "
+                                       "squares (Emu3: the image keeps the area of image_size squared, 8 px per "
+                                       "token: 16:9 at 720 is 68 x 120 tokens, 1:1 90 x 90). Other models draw "
+                                       "squares and refuse any other ratio than 1:1. The model is built for its "
+                                       "grid: another ratio reloads it."),
             ],
             outputs=[FastARModel.Output("model", display_name="model",
                                         tooltip="The AR model, managed by ComfyUI (loaded to the GPU "
@@ -163,21 +179,26 @@ class LoadARModel(CheckpointLoader):
         return cls.checked(model_name)
 
     @classmethod
-    def fingerprint_inputs(cls, model_name, dtype, image_size="auto", compile="auto", weight_dtype="auto"):
-        return cls.fingerprint(model_name, dtype, image_size, compile, weight_dtype)
+    def fingerprint_inputs(cls, model_name, dtype, image_size="auto", compile="auto", weight_dtype="auto",
+                           aspect_ratio="1:1"):
+        return cls.fingerprint(model_name, dtype, image_size, compile, weight_dtype, aspect_ratio)
 
     @classmethod
-    def execute(cls, model_name, dtype, image_size="auto", compile="auto", weight_dtype="auto") -> io.NodeOutput:
-        raise_if(image_size_error(image_size) or switch_error(compile) or weights_error(weight_dtype))
+    def execute(cls, model_name, dtype, image_size="auto", compile="auto", weight_dtype="auto",
+                aspect_ratio="1:1") -> io.NodeOutput:
+        raise_if(image_size_error(image_size) or switch_error(compile) or weights_error(weight_dtype)
+                 or aspect_ratio_error(aspect_ratio))
         return cls.loaded(model_name, dtype, image_size=None if image_size == "auto" else int(image_size),
-                          compile_switch=compile, weights=weight_dtype)
+                          compile_switch=compile, weights=weight_dtype,
+                          aspect_ratio=None if aspect_ratio == "1:1" else aspect_ratio)
 
     @classmethod
-    def load(cls, path, name, dtype, image_size=None, compile_switch="auto", weights="auto"):
+    def load(cls, path, name, dtype, image_size=None, compile_switch="auto", weights="auto", aspect_ratio=None):
         from ..model_loaders import load_ar_model
 
+        shape = {"aspect_ratio": aspect_ratio} if aspect_ratio is not None else {}
         model = load_ar_model(path, weights, device=glue.offload_device(),
-                              dtype=glue.choose_dtype(dtype, glue.load_device()), image_size=image_size)
+                              dtype=glue.choose_dtype(dtype, glue.load_device()), image_size=image_size, **shape)
         return ModelHandle(glue.make_patcher(compile_steps(model, compile_switch)), name)
 
 
@@ -194,12 +215,16 @@ class LoadVQ(CheckpointLoader):
                         "token models (LlamaGen VQ-16 family) or a KL autoencoder for MAR (LDM AutoencoderKL). Use "
                         "the one the model was trained with: demo_vq.safetensors for the demo model, "
                         "demo_kl_vae.safetensors for the demo MAR, vq_ds16_c2i.pt / vq_ds16_t2i.pt for LlamaGen, "
-                        "kl16.ckpt for MAR.",
+                        "kl16.ckpt for MAR, vqgan.ckpt for Lumina-mGPT and Anole, the model folder itself for "
+                        "Janus-Pro and transformers' Emu3-Gen-hf, the Emu3-VisionTokenizer folder for BAAI's "
+                        "Emu3-Gen.",
             inputs=[
                 io.Combo.Input("vq_name", options=listed(files.choices(files.VQ)),
-                               tooltip="Image decoder checkpoint in models/fastar (or a fastar: path of "
-                                       "extra_model_paths.yaml). demo_vq.safetensors and demo_kl_vae.safetensors "
-                                       "are the bundled demo decoders."),
+                               tooltip="Image decoder checkpoint or folder (name ending in /) in models/fastar "
+                                       "(or a fastar: path of extra_model_paths.yaml): model folders that hold "
+                                       "their decoder (Janus-Pro, Emu3-Gen-hf) and Emu3 VisionTokenizer folders are "
+                                       "listed too. demo_vq.safetensors and demo_kl_vae.safetensors are the "
+                                       "bundled demo decoders."),
                 io.Combo.Input("dtype", options=list(glue.DTYPE_CHOICES), default="auto", tooltip=DTYPE_TOOLTIP),
             ],
             outputs=[FastARVQ.Output("vq", display_name="vq",
@@ -446,6 +471,17 @@ def check_class_labels(request: dict) -> dict:
 # -- text ------------------------------------------------------------------------------------------
 
 
+def negative_prompt_error(model, negative_prompt: str) -> str | None:
+    """Why a negative prompt cannot go with ``model`` (the command line's reasons, naming the node's input)."""
+    kind = conditioning_type(model)
+    if not negative_prompt.strip() or getattr(model, "takes_negative_prompt", False) or kind == "c2i":
+        return None  # a class model: the node says to use FastAR Class Label
+    if kind == "prompt":
+        return (f"this is {model.what}, whose release guides CFG without a negative prompt: leave negative_prompt "
+                "empty")
+    return f"negative prompts are for Emu3 models; this is {model.what}: leave negative_prompt empty"
+
+
 class TextConditioning(io.ComfyNode):
     @classmethod
     def define_schema(cls):
@@ -453,8 +489,9 @@ class TextConditioning(io.ComfyNode):
             node_id="FastARTextConditioning",
             display_name="FastAR Text Conditioning",
             category="FastAR/conditioning",
-            description="The prompt for text-to-image models: Lumina-mGPT, Anole and Janus-Pro read it with their own "
-                        "tokenizer; LlamaGen t2i reads it through a local FLAN-T5-XL folder. Nothing is downloaded.",
+            description="The prompt for text-to-image models: Lumina-mGPT, Anole, Janus-Pro and Emu3 read it with "
+                        "their own tokenizer; LlamaGen t2i reads it through a local FLAN-T5-XL folder. Nothing is "
+                        "downloaded. Emu3 also takes a negative prompt, what CFG guides away from.",
             inputs=[
                 FastARModel.Input("model", tooltip="The text-to-image model the prompt is for."),
                 io.String.Input("prompt", multiline=True, default="a photo of a red apple on a wooden table",
@@ -462,7 +499,14 @@ class TextConditioning(io.ComfyNode):
                 io.Combo.Input("t5_folder", options=[*files.t5_choices(), NO_T5],
                                tooltip="LlamaGen t2i only: the google/flan-t5-xl folder (config.json, tokenizer, "
                                        "weights) in models/fastar or models/text_encoders. Models with their own "
-                                       f"tokenizer (Lumina-mGPT, Anole, Janus-Pro) take '{NO_T5}'."),
+                                       f"tokenizer (Lumina-mGPT, Anole, Janus-Pro, Emu3) take '{NO_T5}'."),
+                # optional and last: prompts saved before it existed stay valid
+                io.String.Input("negative_prompt", multiline=True, default="", optional=True,
+                                tooltip="Emu3: what CFG guides away from (with cfg above 1), read like the prompt "
+                                        "and given the same image header, as BAAI's generation example does. "
+                                        "Empty: the release's published negative prompt (lowres, bad anatomy, "
+                                        "... blurry). The other models' releases guide CFG without a negative "
+                                        "prompt: leave it empty for them."),
             ],
             outputs=[FastARConditioning.Output("conditioning", display_name="conditioning",
                                                tooltip="Caption conditioning for a FastAR sampler.")],
@@ -477,15 +521,17 @@ class TextConditioning(io.ComfyNode):
         return True
 
     @classmethod
-    def execute(cls, model: ModelHandle, prompt, t5_folder) -> io.NodeOutput:
+    def execute(cls, model: ModelHandle, prompt, t5_folder, negative_prompt="") -> io.NodeOutput:
         from ..model_loaders.llamagen.t5 import encode_captions, load_t5_encoder
 
         if not prompt.strip():
             raise FastARError("the prompt is empty: describe the image to draw")
         kind = conditioning_type(model.module)
         short = prompt.strip().splitlines()[0][:60]
+        raise_if(negative_prompt_error(model.module, negative_prompt))
         if kind == "prompt":
-            return io.NodeOutput(Conditioning("prompt", PromptConditioning([prompt]), f"text: {short}"))
+            rows = PromptConditioning([prompt], [negative_prompt] if negative_prompt.strip() else None)
+            return io.NodeOutput(Conditioning("prompt", rows, f"text: {short}"))
         if kind != "t2i":
             raise FastARError("this is a class-to-image model: use FastAR Class Label, not FastAR Text Conditioning")
         if t5_folder == NO_T5:

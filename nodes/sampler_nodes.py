@@ -7,7 +7,7 @@ Widget order is part of saved workflows: append new widgets at the end, never in
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from comfy_api.latest import io
 
@@ -436,8 +436,11 @@ def repeat_rows(rows, batch: int):
         return ClassConditioning(rows.labels.repeat(batch))
     if isinstance(rows, CaptionConditioning):
         return CaptionConditioning(rows.embeddings.repeat(batch, 1, 1), rows.mask.repeat(batch, 1))
-    if isinstance(rows, PromptConditioning):
-        return PromptConditioning(rows.prompts * batch)
+    if isinstance(rows, PromptConditioning):  # the negative prompts (one for all rows, or one per row) go along
+        negatives = rows.negative_prompts
+        if negatives is not None and len(negatives) == rows.batch:
+            negatives = list(negatives) * batch
+        return replace(rows, prompts=rows.prompts * batch, negative_prompts=negatives)
     raise FastARError("unknown conditioning: connect FastAR Class Label or FastAR Text Conditioning")
 
 

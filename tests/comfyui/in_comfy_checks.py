@@ -1,6 +1,6 @@
 """Checks of the node layer's ComfyUI glue inside ComfyUI's own Python (run by test_comfyui_internals.py
 with .comfyui/venv/bin/python): the memory request matches the KV cache a decode really allocates (the
-drafter's too), the model patcher loads and offloads FastAR models (their CUDA-graph caches too) and drafters, Cancel aborts a decode within one iteration and the next
+drafter's too), a batch keeps the prompts' negative prompts, the model patcher loads and offloads FastAR models (their CUDA-graph caches too) and drafters, Cancel aborts a decode within one iteration and the next
 decode works, and the live preview greys out what is not decoded yet.
 
     python tests/comfyui/in_comfy_checks.py COMFYUI_DIR REPO_ROOT
@@ -37,7 +37,8 @@ from fastar.model_loaders.llamagen.vq import VQConfig, VQModel  # noqa: E402
 from fastar.nodes import comfy_glue as glue  # noqa: E402
 from fastar.model_loaders.drafters.loader import drafter_weights  # noqa: E402
 from fastar.memory import kv_cache_bytes  # noqa: E402
-from fastar.nodes.sampler_nodes import drafter_cache_bytes, working_memory  # noqa: E402
+from fastar.model_loaders.shared.protocol import PromptConditioning  # noqa: E402
+from fastar.nodes.sampler_nodes import drafter_cache_bytes, repeat_rows, working_memory  # noqa: E402
 from fastar.nodes.values import DrafterHandle  # noqa: E402
 from fastar.samplers.decoders import DecoderSpec, decode  # noqa: E402
 from fastar.samplers.processing import SamplingSettings  # noqa: E402
@@ -226,6 +227,19 @@ def check_partial_preview():
     print("ok live preview shows the decoded part only, and follows --preview-method")
 
 
+def check_batches_keep_the_negative_prompts():
+    one = repeat_rows(PromptConditioning(["a dog"], ["blurry"]), 3)
+    assert one.prompts == ["a dog"] * 3 and one.negative_prompts == ["blurry"] * 3
+    default = repeat_rows(PromptConditioning(["a dog"]), 2)
+    assert default.prompts == ["a dog"] * 2 and default.negative_prompts is None  # the model's own negative prompt
+    rows = repeat_rows(PromptConditioning(["a", "b"], ["x", "y"]), 2)
+    assert rows.prompts == ["a", "b", "a", "b"] and rows.negative_prompts == ["x", "y", "x", "y"]
+    shared = repeat_rows(PromptConditioning(["a", "b"], ["x"]), 2)  # one negative prompt for every row stays one
+    assert shared.prompts == ["a", "b", "a", "b"] and shared.negative_prompts == ["x"]
+    print("ok a batch repeats the prompts with their negative prompts")
+
+
+check_batches_keep_the_negative_prompts()
 check_memory_request()
 check_drafter_memory_and_patcher()
 check_patcher_load_offload()

@@ -3,7 +3,8 @@ a demo-like c2i model (FastAR safetensors with class names) and its VQ, an offic
 ``.pt`` (1000 classes) and its ``vq_ds16``-style ``.pt``, a t2i model with a tiny FLAN-T5 folder, a slow
 model for the interrupt test, a tiny Distilled Decoding student in the released layout, a tiny VAR and its
 multi-scale VQVAE in the release's layouts, Lumina-mGPT, Anole and
-Janus-Pro folders in their release layouts, and a corrupt file. Drafters: EAGLE drafter folders for the t2i model
+Janus-Pro folders in their release layouts, Emu3 in both release layouts (the conformance fixtures), and a corrupt
+file. Drafters: EAGLE drafter folders for the t2i model
 and the Anole folder in LANTERN's released layouts, one for another vocabulary, and a demo drafter while the
 bundled one is missing.
 Random weights: the images are noise, the plumbing is real.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -33,8 +35,8 @@ from fastar.model_loaders.llamagen.vq import VQConfig, VQModel
 from fastar.model_loaders.shared.joined import parted_state_dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "comfyui"))
-from workflows import (ANOLE_7B, CHAMELEON_VQGAN, DEMO_DRAFTER as DEMO_DRAFTER_NAME, FLAN_T5,  # noqa: E402
-                       JANUS_PRO_7B, LANTERN_DRAFTER_ANOLE, LANTERN_DRAFTER_T2I, LLAMAGEN_C2I, LLAMAGEN_DD_B,
+from workflows import (ANOLE_7B, CHAMELEON_VQGAN, DEMO_DRAFTER as DEMO_DRAFTER_NAME, EMU3_GEN,  # noqa: E402
+                       EMU3_GEN_HF, EMU3_VISION_TOKENIZER, FLAN_T5, JANUS_PRO_7B, LANTERN_DRAFTER_ANOLE, LANTERN_DRAFTER_T2I, LLAMAGEN_C2I, LLAMAGEN_DD_B,
                        LLAMAGEN_T2I, LLAMAGEN_VQ_C2I, LLAMAGEN_VQ_T2I, LUMINA_768, MAR_BASE, MAR_HUGE, MAR_KL16,
                        VAR_D30, VAR_DD_D24, VAR_VQVAE)
 
@@ -221,6 +223,24 @@ def write_text_models(folder: Path) -> None:
     tiny_janus.write_converted(folder / JANUS_PRO_7B.rstrip("/"), tiny_janus.hf_model(seed=5))
 
 
+EMU3_FIXTURES = Path(__file__).resolve().parents[1] / "conformance" / "fixtures"
+EMU3_AREA = 36 * 36  # the fixtures' image area: the release's 720 x 720 is more than their 512 positions hold
+
+
+def write_emu3(folder: Path) -> None:
+    """Tiny Emu3 models under the release's folder names, from the conformance fixtures: transformers' layout
+    (its VQ model inside; config.json given the fixtures' image area, as BAAI's config.json gives its own) and BAAI's
+    model folder with its VisionTokenizer folder beside it."""
+    hf = folder / EMU3_GEN_HF.rstrip("/")
+    shutil.copytree(EMU3_FIXTURES / "emu3_hf", hf, ignore=shutil.ignore_patterns("*.png", "expected.json"))
+    config = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps({**config, "image_area": EMU3_AREA}))
+    baai = EMU3_FIXTURES / "emu3_baai"
+    shutil.copytree(baai, folder / EMU3_GEN.rstrip("/"),
+                    ignore=shutil.ignore_patterns("*.png", "expected.json", "VisionTokenizer"))
+    shutil.copytree(baai / "VisionTokenizer", folder / EMU3_VISION_TOKENIZER.rstrip("/"))
+
+
 def write_slow(folder: Path) -> None:
     """A wider model on a 32x32 grid: an AR decode of it takes many seconds on a CPU (interrupt test)."""
     cfg = demo_config(dim=256, n_layer=6, n_head=8, grid=(32, 32), class_names=[])
@@ -253,6 +273,7 @@ def write_all(folder: Path, demo: bool, drafters: Path | None = None) -> None:
     write_llamagen(folder)
     write_mar(folder)
     write_text_models(folder)
+    write_emu3(folder)
     write_hf_folder(folder)
     write_pt_folder(folder)
     write_slow(folder)

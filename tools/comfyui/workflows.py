@@ -49,6 +49,9 @@ ANOLE_7B = "Anole-7b-v0.1-hf/"  # leloy/Anole-7b-v0.1-hf: GAIR's Anole converted
 LANTERN_DRAFTER_ANOLE = "anole_drafter/"  # LANTERN's released drafter for Anole (jadohu/anole_drafter)
 JANUS_PRO_7B = "Janus-Pro-7B/"
 CHAMELEON_VQGAN = "vqgan.ckpt"
+# Emu3 in transformers' layout (BAAI/Emu3-Gen-hf: one folder, its VQ model inside) and in BAAI's (BAAI/Emu3-Gen with
+# the separate BAAI/Emu3-VisionTokenizer folder)
+EMU3_GEN_HF, EMU3_GEN, EMU3_VISION_TOKENIZER = "Emu3-Gen-hf/", "Emu3-Gen/", "Emu3-VisionTokenizer/"
 DEMO_TEXT, DEMO_VQGAN = "demo_text/", "demo_vqgan.safetensors"
 NO_T5 = "(none: the model reads the prompt itself)"
 
@@ -651,6 +654,25 @@ def janus_pro(info) -> dict:
     return g.to_json()
 
 
+def emu3(info) -> dict:
+    g = Graph(info)
+    ar, vq, text = text_inputs(g, EMU3_GEN_HF, EMU3_GEN_HF, "A lighthouse on a rocky coast at sunset, waves crashing "
+                                                            "below, warm golden light.")
+    single_sampler(g, ar, vq, text, "FastARSamplerSJD", sampler_widgets(seed=42, cfg=3.0, top_k=2048) + [16, "random",
+                   "independent"], "FastAR_emu3")
+    g.note(below(text),
+           f"Emu3-Gen 8B at 720 px (90 x 90 tokens) with SJD at the SJD reference's settings: window 16, random "
+           "init, top-k 2048, cfg 3.0.\n\nDownload BAAI/Emu3-Gen-hf (transformers' layout) as a folder named "
+           f"{EMU3_GEN_HF.rstrip('/')} into ComfyUI/models/fastar/ and pick the same folder as the image decoder "
+           f"(its VQ model is inside). BAAI's own layout works too: BAAI/Emu3-Gen as {EMU3_GEN.rstrip('/')} and "
+           f"BAAI/Emu3-VisionTokenizer as {EMU3_VISION_TOKENIZER.rstrip('/')}, the image decoder. Then press R."
+           "\n\nAn empty negative prompt is BAAI's published one. The Load AR Model's aspect_ratio draws "
+           "other shapes at the same area. In bf16 the 8B model and its KV cache take about 19 GB; weight_dtype "
+           "int8 about 12 GB.",
+           width=320, height=330)
+    return g.to_json()
+
+
 # a workflow on the bundled demo files alone is named fastar_demo_*, and every other name sorts after those: the
 # template browser, sorted by name, lists the demos first (tests/comfyui/test_comfyui_browser.py)
 WORKFLOWS = {
@@ -674,6 +696,7 @@ WORKFLOWS = {
     "fastar_lumina_mgpt_768": lumina_mgpt,
     "fastar_janus_pro": janus_pro,
     "fastar_lantern_anole": anole_lantern,
+    "fastar_emu3_720": emu3,
 }
 
 
