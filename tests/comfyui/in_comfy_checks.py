@@ -1,7 +1,8 @@
 """Checks of the node layer's ComfyUI glue inside ComfyUI's own Python (run by test_comfyui_internals.py
-with .comfyui/venv/bin/python): the memory request matches the KV cache a decode really allocates (the
-drafter's too), a batch keeps the prompts' negative prompts, the model patcher loads and offloads FastAR models (their CUDA-graph caches too) and drafters, Cancel aborts a decode within one iteration and the next
-decode works, and the live preview greys out what is not decoded yet.
+with .comfyui/venv/bin/python): a batch keeps the prompts' negative prompts, the memory request matches the KV
+cache a decode really allocates (the drafter's too), the model patcher loads and offloads FastAR models (their
+CUDA-graph caches too) and drafters, Cancel aborts a decode within one iteration and the next decode works, and the
+live preview greys out what is not decoded yet.
 
     python tests/comfyui/in_comfy_checks.py COMFYUI_DIR REPO_ROOT
 """

@@ -36,8 +36,8 @@ from fastar.model_loaders.shared.joined import parted_state_dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "comfyui"))
 from workflows import (ANOLE_7B, CHAMELEON_VQGAN, DEMO_DRAFTER as DEMO_DRAFTER_NAME, EMU3_GEN,  # noqa: E402
-                       EMU3_GEN_HF, EMU3_VISION_TOKENIZER, FLAN_T5, JANUS_PRO_7B, LANTERN_DRAFTER_ANOLE, LANTERN_DRAFTER_T2I, LLAMAGEN_C2I, LLAMAGEN_DD_B,
-                       LLAMAGEN_T2I, LLAMAGEN_VQ_C2I, LLAMAGEN_VQ_T2I, LUMINA_768, MAR_BASE, MAR_HUGE, MAR_KL16,
+                       EMU3_GEN_HF, EMU3_VISION_TOKENIZER, FLAN_T5, JANUS_PRO_7B, LANTERN_DRAFTER_ANOLE,
+                       LANTERN_DRAFTER_T2I, LLAMAGEN_C2I, LLAMAGEN_DD_B, LLAMAGEN_T2I, LLAMAGEN_VQ_C2I, LLAMAGEN_VQ_T2I, LUMINA_768, MAR_BASE, MAR_HUGE, MAR_KL16,
                        VAR_D30, VAR_DD_D24, VAR_VQVAE)
 
 DEMO_CLASSES = ["circle", "square", "triangle", "stripes", "checkerboard", "ring", "cross", "blob"]

@@ -70,7 +70,8 @@ def test_the_new_inputs_are_optional_and_last(object_info):
     assert object_info["FastARTextConditioning"]["input_order"]["optional"] == ["negative_prompt"]
     ratio = loader["optional"]["aspect_ratio"][1]
     assert ratio["default"] == "1:1" and {"1:1", "5:4", "16:9"} <= set(ratio["options"])
-    assert text["optional"]["negative_prompt"][1]["default"] == "" and text["optional"]["negative_prompt"][1]["multiline"]
+    negative = text["optional"]["negative_prompt"][1]
+    assert negative["default"] == "" and negative["multiline"]
 
 
 def test_greedy_emu3_with_a_negative_prompt_at_5_4_draws_the_clis_and_the_official_image(comfy, object_info, models,
