@@ -68,12 +68,17 @@ def quality_panels():
     return plt.subplots(1, 2, figsize=(12, 4.6))
 
 
+LEGEND_CHARACTERS = 170
+
+
 def save_panels(fig, axes, title: str, path: Path) -> None:
     """One legend under both panels (inside a panel it can hide a point: it hid plain AR's star), then save."""
     import matplotlib.pyplot as plt
 
     handles, labels = axes[0].get_legend_handles_labels()
-    columns = min(len(labels), 6)  # wrapped: a long single row ran off both edges
+    # as many columns as the longest label leaves room for (about 170 characters across at this size and font):
+    # a long single row ran off both edges
+    columns = max(1, min(len(labels), LEGEND_CHARACTERS // (max(map(len, labels)) + 6)))
     rows = -(-len(labels) // columns)
     fig.legend(handles, labels, loc="lower center", ncol=columns, fontsize=8, frameon=False)
     fig.suptitle(title)
