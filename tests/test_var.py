@@ -272,9 +272,10 @@ def test_top_k_0_and_top_p_1_are_off_and_tokens_out_writes_every_scale_which_dec
 def test_cfg_help_says_how_each_family_turns_guidance_off():
     r = fastar("generate", "--help", cwd=".")
     text = " ".join(r.stdout.split())
-    assert "Token models and MAR: 1 = off, default 2.0 (the bundled MAR demo's own: 3); VAR: ramped from none at " \
-        "the first scale to --cfg at the last (1 still guides), 0 = off, default the release's 1.5" in text
-    assert "for VAR the release's 900 (give 0 to turn it off)" in text
+    assert "Token models and MAR: 1 = off, default 2.0 (the bundled MAR demo's own: 3; Emu3: the release's 3); VAR: " \
+        "ramped from none at the first scale to --cfg at the last (1 still guides), 0 = off, default the release's " \
+        "1.5" in text
+    assert "for VAR the release's 900, for Emu3 the release's 2048 (give 0 to turn it off)" in text
     assert "for VAR the release's 0.96 (the bundled VAR demo's own: 0.7; give 1 to turn it off)" in text
     at_one = scale_sampling(SamplingSettings(cfg_scale=1.0), 3, 4)
     assert at_one.cfg_scale == 2.0 and at_one.use_cfg  # VAR at --cfg 1 still guides at the last scale
