@@ -256,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--negative-prompt", action="append", help="Emu3: what CFG guides away from, one for every row "
                      "or one per --prompt (default: the release's published negative prompt)")
     gen.add_argument("--aspect-ratio", help="Emu3: the image's WIDTH:HEIGHT (e.g. 16:9) at the area of --image-size "
-                     "squared (default 1:1)")
+                     "squared (default 1:1); Lumina-mGPT: its release's shape of that ratio at --image-size")
     gen.add_argument("--t5", help="text-to-image models: local FLAN-T5 folder (google/flan-t5-xl)")
     gen.add_argument("--batch", type=int, default=1, help="images at once (rows of one class or prompt)")
     gen.add_argument("--decoder", choices=("auto", *DECODERS), default="auto",

@@ -213,7 +213,8 @@ def load_models(model_path: str | None, vq_path: str | None, device: str = "auto
     (model_loaders/shared/compiled.py). ``gpu_weights``: GB of the model's weights kept on the GPU, the rest streamed
     from host memory at every step (model_loaders/shared/streaming.py); None: all of them. ``weights``: the
     model's and the drafter's blocks in 8 bits (int8, fp8; model_loaders/shared/quantized.py) or as the checkpoint
-    has them (auto). ``aspect_ratio`` ("W:H"): for the families that draw other shapes than squares (Emu3)."""
+    has them (auto). ``aspect_ratio`` ("W:H"): for the families that draw other shapes than squares (Emu3,
+    Lumina-mGPT)."""
     from .model_loaders import load_ar_model, load_image_decoder
     from .model_loaders.shared.compiled import compile_steps
     from .model_loaders.shared.demo import DEMO_AR, demo_image_decoder

@@ -65,13 +65,14 @@ def embedded_image_decoder(sd: dict, info) -> dict:
     return inner
 
 
-SHAPED = ("emu3",)  # the families that draw other shapes than squares (an aspect ratio)
+SHAPED = ("emu3", "chameleon")  # the families that draw other shapes than squares (an aspect ratio; Lumina-mGPT
+# does, Anole refuses one)
 
 
 def load_family(sd, info, kind: str, kw: dict):
     family = require_family(sd, info.source, kind)
     if family not in SHAPED and kw.get("aspect_ratio") is not None:
         raise FastARError(f"{info.source} is {FAMILY_WHAT[family]}, which draws square images: leave the aspect ratio "
-                          "out (Emu3 models take one)")
+                          "out (Emu3 and Lumina-mGPT models take one)")
     kw = kw if family in SHAPED else {k: v for k, v in kw.items() if k != "aspect_ratio"}
     return LOADERS[family](sd, info=info, **kw)

@@ -71,8 +71,10 @@ def raise_if(message: str | None) -> None:
 
 
 IMAGE_SIZES = ("auto", "128", "256", "384", "512")  # pixels; 128 is the demo model's
-# width:height, for the models whose release draws other shapes than squares (Emu3); 1:1 is every model's
-ASPECT_RATIOS = ("1:1", "4:3", "3:4", "5:4", "4:5", "3:2", "2:3", "16:9", "9:16", "21:9", "9:21")
+# width:height, for the models whose release draws other shapes than squares (Emu3, Lumina-mGPT); 1:1 is every
+# model's; 5:3 and 2:1 are shapes of Lumina-mGPT's 512 px release
+ASPECT_RATIOS = ("1:1", "4:3", "3:4", "5:4", "4:5", "3:2", "2:3", "16:9", "9:16", "21:9", "9:21", "5:3", "3:5", "2:1",
+                 "1:2")
 
 
 def image_size_error(image_size: str) -> str | None:
@@ -165,7 +167,9 @@ class LoadARModel(CheckpointLoader):
                 io.Combo.Input("aspect_ratio", options=list(ASPECT_RATIOS), default="1:1", optional=True,
                                tooltip="The image's width:height, for models whose release draws other shapes than "
                                        "squares (Emu3: the image keeps the area of image_size squared, 8 px per "
-                                       "token: 16:9 at 720 is 68 x 120 tokens, 1:1 90 x 90). Other models draw "
+                                       "token: 16:9 at 720 is 68 x 120 tokens, 1:1 90 x 90; Lumina-mGPT: its "
+                                       "release's shape of that ratio, 16:9 at 768 is 1024 x 576 px, and a ratio "
+                                       "it does not draw is refused with the ones it does). Other models draw "
                                        "squares and refuse any other ratio than 1:1. The model is built for its "
                                        "grid: another ratio reloads it."),
             ],

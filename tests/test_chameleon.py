@@ -10,8 +10,10 @@ ChameleonForConditionalGeneration, on tiny random models saved as HF folders (te
 import pytest
 import torch
 
+from fastar.errors import FastARError
 from fastar.model_loaders import load_ar_model
 from fastar.model_loaders.shared.protocol import PromptConditioning
+from fastar.model_loaders.shared.tokenizing import encode_text
 from fastar.samplers.token_loops.jacobi import ar_decode
 from fastar.samplers.processing import SamplingSettings
 from fastar.tests.tiny_chameleon import CODES, code_name, hf_model, vocabulary, write_folder
@@ -190,6 +192,41 @@ def test_the_loaded_output_head_keeps_only_the_image_rows(model, reference):
     hidden = torch.randn(3, model.cfg.hidden_size, generator=torch.Generator().manual_seed(0))
     expected = reference.lm_head(hidden)[:, model.cfg.image_ids]
     assert torch.allclose(model.image_logits(hidden), expected, atol=1e-6)
+
+
+def test_lumina_shapes_are_the_releases_size_list():
+    """Lumina-mGPT's generate_crop_size_list((S // 32) ** 2, 32), as its demo offers them (width x height)."""
+    from fastar.model_loaders.chameleon.loader import lumina_shape, lumina_shapes
+
+    assert lumina_shapes(128) == [(256, 64), (224, 64), (192, 64), (160, 64), (160, 96), (128, 96), (128, 128),
+                                  (96, 128), (96, 160), (64, 160), (64, 192), (64, 224), (64, 256)]
+    assert len(lumina_shapes(768)) == 73 and (1024, 576) in lumina_shapes(768) and (768, 768) in lumina_shapes(768)
+    assert lumina_shape(768, "16:9") == (576, 1024) and lumina_shape(768, "9:16") == (1024, 576)  # (height, width)
+    assert lumina_shape(1024, "4:3") == (864, 1152) and lumina_shape(512, "2:1") == (352, 704)
+    assert lumina_shape(768, None) == lumina_shape(768, "1:1") == lumina_shape(768, "2:2") == (768, 768)
+    with pytest.raises(FastARError, match="aspect ratio 4:3: Lumina-mGPT at 768 px .* are 4:1, 47:12, .* 16:9, "):
+        lumina_shape(768, "4:3")
+
+
+@pytest.mark.filterwarnings("ignore:the model's tokenizer does not know")  # the tiny vocabulary has no "128x96"
+def test_lumina_aspect_ratio_sets_prompt_size_tokens_and_grid(folder):
+    """Height first in the size tokens (its item processor writes them so, its layout processor reads them so),
+    width x height in the prompt, the grid (height / 16, width / 16); Anole draws squares only."""
+    from fastar.model_loaders.chameleon.loader import size_token
+
+    if "anole" in folder.name:
+        with pytest.raises(FastARError, match="draws square images"):
+            load_ar_model(folder, aspect_ratio="4:3")
+        assert load_ar_model(folder, aspect_ratio="1:1").cfg.grid == (32, 32)
+        return
+    vocab = vocabulary()
+    wide = load_ar_model(folder, aspect_ratio="4:3")  # 128 px: 128 x 96
+    assert wide.cfg.grid == (6, 8) and wide.cfg.size_ids == [vocab[size_token(3)], vocab[size_token(4)]]
+    tall = load_ar_model(folder, aspect_ratio="2:5")  # 64 x 160
+    assert tall.cfg.grid == (10, 4) and tall.cfg.size_ids == [vocab[size_token(5)], vocab[size_token(2)]]
+    text = "Generate an image of 128x96 according to the following prompt:\na red ring<reserved08706>"
+    written = wide.prompts.encode(PromptConditioning(["a red ring"]))
+    assert written == [[wide.prompts.bos] + encode_text(wide.prompts.tokenizer, text)]
 
 
 def test_token_pixels_read_from_either_name_of_the_level_multipliers():

@@ -84,6 +84,8 @@ def test_tokenizer_files_of_another_model_are_refused(tmp_path):
 
 def test_shape_and_negative_prompts_are_refused_where_the_release_has_none():
     with pytest.raises(FastARError, match="draws square images"):
+        load_ar_model(fixture("anole"), aspect_ratio="16:9")
+    with pytest.raises(FastARError, match="Lumina-mGPT at 128 px draws the shapes of its release's size list"):
         load_ar_model(fixture("lumina_mgpt"), image_size=128, aspect_ratio="16:9")
     lumina = load_ar_model(fixture("lumina_mgpt"), image_size=128)
     with pytest.raises(FastARError, match="leave --negative-prompt out"):

@@ -10,6 +10,10 @@ index, or one file) and the tokenizer (``tokenizer.json``, ``tokenizer_config.js
   of image tokens each ended by ``<reserved08799>``, then ``<eoss>``. 16-pixel tokens: 768 px is 48 x 48.
   The released models draw 512, 768 or 1024 px (the folder name says which); the size is the explicit
   choice, else config.json's ``image_size`` (FastAR's own models), else the folder name, else 768.
+  Non-square images (an aspect ratio W:H): the release's shapes for size S are those of
+  ``generate_crop_size_list((S // 32) ** 2, 32)`` (its data/item_processor.py, which its demo offers): for each
+  width in 32-pixel units the most rows that keep the units' product within (S / 32)^2, sides at most 4:1 apart;
+  a ratio picks the shape whose sides have it exactly (``lumina_shapes``), the others are refused.
 - Anole (and Chameleon): the prompt after bos, the turn separator ``<reserved08706>``, then ``<racm3:break>``,
   32 x 32 image tokens (512 px), no row or size tokens; CFG's unconditional row is bos, ``<racm3:break>`` (as in
   GAIR-NLP/anole, transformers' ChameleonProcessor and LANTERN's Anole generate).
@@ -23,11 +27,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from math import gcd
 from pathlib import Path
 
 import torch
 
 from ...errors import FastARError
+from ..emu3.loader import parse_ratio
 from .model import ChameleonConfig, ChameleonGPT
 from ..shared.checkpoint import IMAGE_DECODER, CheckpointInfo, load_weights, read_json, require_family, select, shape_of
 from ..shared.protocol import PromptConditioning
@@ -105,10 +111,46 @@ def is_lumina(config: dict, folder: Path) -> bool:
     return any("XLLMX" in a for a in (config.get("architectures") or [])) or "lumina" in folder.name.lower()
 
 
-def chameleon_size(lumina: bool, image_size: int | None, folder: Path, source: str) -> int:
+def lumina_shapes(size: int, max_ratio: float = 4.0) -> list[tuple[int, int]]:
+    """(width, height) in pixels of the shapes Lumina-mGPT's release draws at ``size``: its
+    ``generate_crop_size_list((size // 32) ** 2, 32)``, widest first."""
+    budget = (size // PATCH) ** 2
+    shapes, w, h = [], budget, 1
+    while w > 0:
+        if max(w, h) / min(w, h) <= max_ratio:
+            shapes.append((w * PATCH, h * PATCH))
+        if (h + 1) * w <= budget:
+            h += 1
+        else:
+            w -= 1
+    return shapes
+
+
+def ratio_text(width: int, height: int) -> str:
+    d = gcd(width, height)
+    return f"{width // d}:{height // d}"
+
+
+def lumina_shape(size: int, aspect_ratio: str | None) -> tuple[int, int]:
+    """(height, width) in pixels at ``size`` and ``aspect_ratio`` ("W:H"): the release's shape of that ratio."""
+    rw, rh = parse_ratio(aspect_ratio)
+    shapes = lumina_shapes(size)
+    match = next(((h, w) for w, h in shapes if w * rh == h * rw), None)
+    if match is None:
+        offered = ", ".join(ratio_text(w, h) for w, h in shapes)
+        raise FastARError(f"aspect ratio {aspect_ratio}: Lumina-mGPT at {size} px draws the shapes of its release's "
+                          f"size list, whose ratios (width:height) are {offered}")
+    return match
+
+
+def chameleon_size(lumina: bool, image_size: int | None, folder: Path, source: str,
+                   aspect_ratio: str | None = None) -> int:
     if not lumina:
         if image_size not in (None, ANOLE_SIZE):
             raise FastARError(f"{source} is an Anole/Chameleon model, which draws {ANOLE_SIZE} px images only")
+        if aspect_ratio is not None and parse_ratio(aspect_ratio)[0] != parse_ratio(aspect_ratio)[1]:
+            raise FastARError(f"{source} is an Anole/Chameleon model, which draws square images: leave the aspect "
+                              "ratio out (Emu3 and Lumina-mGPT models take one)")
         return ANOLE_SIZE
     if image_size is None:
         named = re.search(r"(512|768|1024)(?!\d)", folder.name)
@@ -119,15 +161,17 @@ def chameleon_size(lumina: bool, image_size: int | None, folder: Path, source: s
     return image_size
 
 
-def load_chameleon(sd, *, info: CheckpointInfo, image_size: int | None = None, device="cpu",
-                   dtype=torch.float32) -> ChameleonGPT:
-    """A Lumina-mGPT or Anole model from an HF folder, with its tokenizer and layout."""
+def load_chameleon(sd, *, info: CheckpointInfo, image_size: int | None = None, aspect_ratio: str | None = None,
+                   device="cpu", dtype=torch.float32) -> ChameleonGPT:
+    """A Lumina-mGPT or Anole model from an HF folder, with its tokenizer and layout; ``aspect_ratio`` ("W:H",
+    Lumina-mGPT only) picks the release's non-square shape at ``image_size``."""
     if info.folder is None or not info.config:
         raise FastARError(f"{info.source}: a Chameleon-family model is read from its Hugging Face folder "
                           "(config.json, weights, tokenizer files): pick the folder, not a single file")
     weights = select(sd, {k: k for k in sd if not k.startswith("model.vqmodel.")})  # its VQ loads on its own
     with torch.device("meta"):
-        model = build_chameleon(info.folder, info.config, info.source, image_size, qk_norm_rows(weights, info))
+        model = build_chameleon(info.folder, info.config, info.source, image_size, qk_norm_rows(weights, info),
+                                aspect_ratio)
     load_weights(model, weights, info.source, device, dtype)
     model.image_ids = torch.tensor(model.cfg.image_ids, dtype=torch.long, device=device)  # built on meta above
     model.keep_image_rows()
@@ -159,12 +203,13 @@ def qk_norm_rows(weights, info: CheckpointInfo) -> tuple[int, int] | None:
 
 
 def build_chameleon(folder: Path, config: dict, source: str, image_size: int | None = None,
-                    qk_rows: tuple[int, int] | None = None) -> ChameleonGPT:
+                    qk_rows: tuple[int, int] | None = None, aspect_ratio: str | None = None) -> ChameleonGPT:
     """The model a folder's config.json and tokenizer describe, with freshly initialised weights (QK norms of
     ``qk_rows`` rows, see ``qk_norm_rows``)."""
     tokenizer = load_tokenizer(folder, source)
     lumina = is_lumina(config, folder)
-    size = chameleon_size(lumina, image_size or config.get("image_size"), folder, source)
+    size = chameleon_size(lumina, image_size or config.get("image_size"), folder, source, aspect_ratio)
+    height, width = lumina_shape(size, aspect_ratio) if lumina else (size, size)
     heads = config["num_attention_heads"]
     bos = bos_token(folder, tokenizer)
     cfg = ChameleonConfig(
@@ -172,14 +217,15 @@ def build_chameleon(folder: Path, config: dict, source: str, image_size: int | N
         n_kv_head=config.get("num_key_value_heads") or heads, ffn_hidden=config["intermediate_size"],
         vocab_size=config["vocab_size"], image_ids=image_codes(config.get("vocabulary_map", {}), source),
         boi=token_id(tokenizer, BOI, source), eoi=token_id(tokenizer, EOI, source),
-        grid=(size // token_pixels(config), size // token_pixels(config)),
+        grid=(height // token_pixels(config), width // token_pixels(config)),
         row_end=token_id(tokenizer, ROW_END, source) if lumina else None,
-        size_ids=[token_id(tokenizer, size_token(size // PATCH), source)] * 2 if lumina else [],
+        size_ids=[token_id(tokenizer, size_token(side // PATCH), source) for side in (height, width)] if lumina else [],
         rope_theta=float((config.get("rope_parameters") or {}).get("rope_theta", config.get("rope_theta", 10000.0))),
         rms_eps=config.get("rms_norm_eps", 1e-5), swin_norm=bool(config.get("swin_norm", False)),
         qk_norm_rows=qk_rows, bos=bos, uncond_bos=not lumina)
     # every official path ends the prompt with the turn separator, Anole's as well as Lumina-mGPT's
-    prompts = ChameleonPrompts(tokenizer, LUMINA_TEMPLATE if lumina else "{prompt}", bos, TURN_END, (size, size))
+    prompts = ChameleonPrompts(tokenizer, LUMINA_TEMPLATE if lumina else "{prompt}", bos, TURN_END,
+                               (height, width))
     return ChameleonGPT(cfg, prompts, "a Lumina-mGPT model" if lumina else "an Anole (Chameleon) model")
 
 

@@ -1,8 +1,9 @@
 """Emu3 in the real ComfyUI (the conformance fixtures' tiny models under the release's folder names): Load AR Model
 lists both layouts' model folders, Load Image Decoder the transformers folder (its VQ inside) and BAAI's
 VisionTokenizer folder; a negative prompt and a 5:4 aspect ratio draw what ``python -m fastar generate`` draws with
-``--negative-prompt`` and ``--aspect-ratio`` (greedy: transformers' own codes), batches keep the negative prompt, and
-the families without either say so."""
+``--negative-prompt`` and ``--aspect-ratio`` (greedy: transformers' own codes), batches keep the negative prompt,
+Lumina-mGPT draws its release's shape of a ratio as the command line does, and the families without either (Anole's
+squares, a ratio Lumina-mGPT's release does not offer) say so."""
 import json
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 from comfyui_helpers import ROOT, node_of, workflow_prompt
 from PIL import Image
-from standins import EMU3_FIXTURES, EMU3_GEN, EMU3_GEN_HF, EMU3_VISION_TOKENIZER, LUMINA_768
+from standins import ANOLE_7B, EMU3_FIXTURES, EMU3_GEN, EMU3_GEN_HF, EMU3_VISION_TOKENIZER, LUMINA_768
 from test_comfyui_mar import options, succeeded
 from test_comfyui_runs import images_of
 
@@ -118,11 +119,27 @@ def test_baai_layout_with_its_vision_tokenizer_draws_the_clis_image_at_16_9(comf
     assert_same_images(drawn, cli)
 
 
+def test_lumina_mgpt_draws_the_clis_image_at_4_3(comfy, object_info, models, tmp_path):
+    """The stand-in draws 128 px (its config.json): 4:3 is its release's 128 x 96 shape, 6 x 8 codes (24 x 32 px
+    through the stand-in VQGAN's 4 px codes)."""
+    entry = comfy.run(emu3_prompt(object_info, "FastARSamplerAR", LUMINA_768, "vqgan.ckpt", negative="",
+                                  aspect_ratio="4:3", cfg=3.0, top_k=1))
+    succeeded(entry)
+    drawn = images_of(comfy, entry)
+    assert [image.shape for image in drawn] == [(24, 32, 3)]
+    cli = cli_images(models, tmp_path, LUMINA_768, "vqgan.ckpt", "--aspect-ratio", "4:3", "--cfg", "3.0",
+                     "--top-k", "1", "--decoder", "ar")
+    assert_same_images(drawn, cli)
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda p: node_of(p, "FastARTextConditioning")["inputs"].update(negative_prompt="blurry"),
      "whose release guides CFG without a negative prompt: leave negative_prompt empty"),
-    (lambda p: node_of(p, "FastARLoadModel")["inputs"].update(aspect_ratio="16:9"),
+    (lambda p: node_of(p, "FastARLoadModel")["inputs"].update(model_name=ANOLE_7B, aspect_ratio="16:9"),
      "which draws square images"),
+    (lambda p: node_of(p, "FastARLoadModel")["inputs"].update(aspect_ratio="16:9"),
+     "aspect ratio 16:9: Lumina-mGPT at 128 px draws the shapes of its release's size list, whose ratios "
+     "(width:height) are 4:1, 7:2, 3:1, 5:2, 5:3, 4:3, 1:1, 3:4"),
 ])
 def test_families_without_negative_prompts_or_shapes_say_so(comfy, object_info, change, message):
     prompt = emu3_prompt(object_info, "FastARSamplerAR", LUMINA_768, "vqgan.ckpt", negative="", aspect_ratio="1:1")

@@ -2,8 +2,11 @@
 generates it (prompt, ``<reserved08706>``, boi; the CFG row bos, boi), Lumina-mGPT as its own inference solver
 generates it from a folder its own classes saved (QK norms stored per model-parallel shard, row ends, CFG from the
 image start); both decoded by Meta's VQGAN through Anole's TokenManager / Lumina-mGPT's ImageTokenizer."""
+import json
+
 import pytest
 import torch
+from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -37,6 +40,21 @@ def test_anole_gives_lanterns_greedy_codes_and_metas_image(tmp_path):
 def test_lumina_mgpt_gives_its_solvers_greedy_codes_and_image(decoder, tmp_path):
     run, codes = run_case("lumina_mgpt", decoder, tmp_path)
     assert codes == run["codes"]
+    assert_image_close(tmp_path / "image_0.png", fixture("lumina_mgpt") / run["images"][0])
+
+
+@pytest.mark.parametrize("decoder", ["ar", "sjd"])
+@pytest.mark.parametrize("shape", [0, 1], ids=["4:3 128x96", "2:5 64x160"])
+def test_lumina_mgpt_non_square_gives_its_solvers_greedy_codes_and_image(shape, decoder, tmp_path):
+    """--aspect-ratio at --image-size 128: the release's shape of that ratio (its generate_crop_size_list), the size
+    tokens height first, the grid read from them (expected_shapes.json, the official solver on the same folder)."""
+    run = json.loads((fixture("lumina_mgpt") / "expected_shapes.json").read_text())["runs"][shape]
+    r = fastar("generate", "--model", fixture("lumina_mgpt"), "--vq", fixture("chameleon_vqgan") / "vqgan.ckpt",
+               *run["args"], "--decoder", decoder, "--dtype", "fp32", "--quiet", "--tokens-out", tmp_path / "t.json",
+               "--out", tmp_path / "image.png", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert generated_codes(tmp_path / "t.json") == run["codes"]
+    assert Image.open(tmp_path / "image_0.png").size == (run["width"], run["height"])
     assert_image_close(tmp_path / "image_0.png", fixture("lumina_mgpt") / run["images"][0])
 
 

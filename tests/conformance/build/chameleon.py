@@ -5,6 +5,7 @@
 (in a venv with transformers 4.45.2, the version LANTERN pins; Lumina-mGPT asks for >= 4.43.3)
     python tests/conformance/build/chameleon.py --lantern CHECKOUT_OF_jadohu/LANTERN --only anole_lantern
     python tests/conformance/build/chameleon.py --lantern CHECKOUT_OF_jadohu/LANTERN --only anole_lantern_trees
+    python tests/conformance/build/chameleon.py --lumina CHECKOUT_OF_Alpha-VLLM/Lumina-mGPT --only lumina_mgpt_shapes
 (from the committed fixtures: LANTERN's Anole drafter; its static and dynamic trees, anole_lantern/expected_trees.json,
 with the checks of build/trees.py)
 
@@ -22,7 +23,8 @@ with the checks of build/trees.py)
   expected codes are ``generate`` of the class its inference solver loads the folder with with the processors of ``FlexARInferenceSolver.create_logits_processor`` (the CFG
   pass from the image start, the layout processor that writes the row ends and the end of image, image top-k 1),
   the prompt built by its ``Conversation`` (prompt, ``<reserved08706>``) after bos; the image is its
-  ``chameleon_vae_ori`` ImageTokenizer's.
+  ``chameleon_vae_ori`` ImageTokenizer's. lumina_mgpt/expected_shapes.json: the same solver on that folder at
+  non-square shapes of its ``generate_crop_size_list`` (``{w}x{h}`` in the prompt, the size tokens height first).
 
 Departures from a release run, each forced by a tiny CPU model: the TokenManager's hard-coded paths are filled in
 a scratch folder and its hard-coded device 'cuda' becomes 'cpu'; the vocabulary stops after the tokens used, so the
@@ -220,12 +222,7 @@ def cuda_tensors_on_cpu():
 
 def build_lumina(lumina: Path, out: Path, vocab: dict[str, int], vqgan: Path) -> dict:
     sys.path[:0] = [str(lumina / "lumina_mgpt"), str(lumina)]  # its modules import both ways
-    from transformers import GenerationConfig, LogitsProcessorList
-
-    import inference_solver
-    from data.convertsation import Conversation
     from model.chameleon import ChameleonForConditionalGeneration
-    from model.chameleon_vae_ori.image_tokenizer import ImageTokenizer
     from model.configuration_xllmx_chameleon import ChameleonXLLMXConfig
     from model.modeling_xllmx_chameleon import ChameleonXLLMXForConditionalGeneration
 
@@ -243,16 +240,31 @@ def build_lumina(lumina: Path, out: Path, vocab: dict[str, int], vqgan: Path) ->
     assert tuple(norm.shape) == (1, 8), f"expected the release's [model_parallel_size, head_dim] layout, got {norm.shape}"
     model.half().save_pretrained(folder, safe_serialization=True)
     model = ChameleonForConditionalGeneration.from_pretrained(folder, torch_dtype=torch.float32).eval()  # as the solver
+    runs = lumina_runs(model, tokenizer, vocab, vqgan, folder, LUMINA_SIZE, LUMINA_SIZE, "lumina_0.png")
+    return {"name": "lumina-mgpt cfg 4 greedy", "args": ["--prompt", PROMPTS[0], "--prompt", PROMPTS[1], "--cfg",
+                                                          str(LUMINA_CFG), "--top-k", "1", "--image-size",
+                                                          str(LUMINA_SIZE)], **runs}
 
-    units = LUMINA_SIZE // 32
-    image_start = [vocab["<racm3:break>"]] + [vocab[f"<reserved{8800 + units:05d}>"]] * 2  # height, width
-    side = units * 2  # image tokens per side (16-pixel tokens)
+
+def lumina_runs(model, tokenizer, vocab: dict[str, int], vqgan: Path, folder: Path, height: int, width: int,
+                image_name: str) -> dict:
+    """The official solver's greedy codes for PROMPTS at ``height`` x ``width`` px (the prompt's ``{w}x{h}``, then
+    boi and the size tokens height first, as its item processor writes them and its layout processor reads them),
+    and its ImageTokenizer's image of the first (``image_name`` in ``folder``)."""
+    from transformers import GenerationConfig, LogitsProcessorList
+
+    import inference_solver
+    from data.convertsation import Conversation
+    from model.chameleon_vae_ori.image_tokenizer import ImageTokenizer
+
+    image_start = [vocab["<racm3:break>"]] + [vocab[f"<reserved{8800 + side // 32:05d}>"] for side in (height, width)]
+    rows_n, cols_n = height // 16, width // 16  # image tokens per column and per row (16-pixel tokens)
     runs = {"codes": [], "images": []}
     image_tokenizer = ImageTokenizer(cfg_path=str(vqgan / "vqgan.yaml"), ckpt_path=str(vqgan / "vqgan.ckpt"),
                                      device="cpu")
     for i, prompt in enumerate(PROMPTS):
         conversation = Conversation()
-        conversation.load_qas([[f"Generate an image of {LUMINA_SIZE}x{LUMINA_SIZE} according to the following "
+        conversation.load_qas([[f"Generate an image of {width}x{height} according to the following "
                                 f"prompt:\n{prompt}", None]])
         text = conversation.process()["conv"]
         ids = [vocab["<s>"]] + tokenizer.encode(text, add_special_tokens=False).ids + image_start
@@ -263,26 +275,62 @@ def build_lumina(lumina: Path, out: Path, vocab: dict[str, int], vqgan: Path) ->
             "token2id": staticmethod(lambda token: vocab[token])})()
         with cuda_tensors_on_cpu():
             processors = solver.create_logits_processor(cfg=LUMINA_CFG, image_top_k=1)
-        generation = GenerationConfig(max_new_tokens=side * (side + 1) + 1, max_length=256, temperature=1.0,
+        generation = GenerationConfig(max_new_tokens=rows_n * (cols_n + 1) + 1, max_length=256, temperature=1.0,
                                       top_k=None, do_sample=True, eos_token_id=[8710])
         with torch.no_grad():
             written = model.generate(torch.tensor([ids]), generation, logits_processor=LogitsProcessorList(processors))
         written = written[0, len(ids):].tolist()
-        assert written[-1] == vocab["<eoss>"] and len(written) == side * (side + 1) + 1, written
-        rows = [written[r * (side + 1): (r + 1) * (side + 1)] for r in range(side)]
+        assert written[-1] == vocab["<eoss>"] and len(written) == rows_n * (cols_n + 1) + 1, written
+        rows = [written[r * (cols_n + 1): (r + 1) * (cols_n + 1)] for r in range(rows_n)]
         assert all(row[-1] == vocab["<reserved08799>"] for row in rows)
         codes = [t - 4 for row in rows for t in row[:-1]]  # ids 4..8195 are codes 0..8191 in this vocabulary
         assert all(code_name(c) in vocab and vocab[code_name(c)] == c + 4 for c in codes)
         runs["codes"].append(codes)
         if i == 0:
-            image = image_tokenizer.pil_from_img_toks(torch.tensor(codes), side, side)
-            image.save(folder / "lumina_0.png")
-            runs["images"].append("lumina_0.png")
+            image = image_tokenizer.pil_from_img_toks(torch.tensor(codes), rows_n, cols_n)
+            assert image.size == (width, height), image.size
+            image.save(folder / image_name)
+            runs["images"].append(image_name)
     for codes in runs["codes"]:
         assert len(set(codes)) > 10, "degenerate greedy codes: re-draw the weights"
-    return {"name": "lumina-mgpt cfg 4 greedy", "args": ["--prompt", PROMPTS[0], "--prompt", PROMPTS[1], "--cfg",
-                                                          str(LUMINA_CFG), "--top-k", "1", "--image-size",
-                                                          str(LUMINA_SIZE)], **runs}
+    return runs
+
+
+# (width, height) px at --image-size 128, whose release size list is 256x64 (4:1) ... 128x96 (4:3), 128x128,
+# 96x128 (3:4) ... 64x256 (1:4): one wide and one tall shape, each side a different number of 32-pixel units
+LUMINA_SHAPES = [("4:3", 128, 96), ("2:5", 64, 160)]
+
+
+def build_lumina_shapes(lumina: Path, out: Path, vocab: dict[str, int]) -> list:
+    """Non-square runs on the committed lumina_mgpt/ folder (lumina_mgpt/expected_shapes.json): the official solver
+    at each of LUMINA_SHAPES, with the size the release's ``generate_crop_size_list`` offers for that ratio."""
+    sys.path[:0] = [str(lumina / "lumina_mgpt"), str(lumina)]  # its modules import both ways
+    from data.item_processor import generate_crop_size_list
+    from model.chameleon import ChameleonForConditionalGeneration
+
+    folder = out / "lumina_mgpt"
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    assert tokenizer.get_vocab() == vocab, "the committed tokenizer is not this builder's vocabulary"
+    offered = generate_crop_size_list((LUMINA_SIZE // 32) ** 2, 32)
+    model = ChameleonForConditionalGeneration.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    runs = []
+    for ratio, width, height in LUMINA_SHAPES:
+        assert (width, height) in offered, (ratio, offered)
+        name = f"lumina_{width}x{height}_0.png"
+        codes = lumina_runs(model, tokenizer, vocab, out / "chameleon_vqgan", folder, height, width, name)
+        runs.append({"name": f"lumina-mgpt {width}x{height} ({ratio}) cfg 4 greedy", "height": height, "width": width,
+                     "args": ["--prompt", PROMPTS[0], "--prompt", PROMPTS[1], "--cfg", str(LUMINA_CFG), "--top-k", "1",
+                              "--image-size", str(LUMINA_SIZE), "--aspect-ratio", ratio], **codes})
+    return runs
+
+
+LUMINA_SHAPES_MADE_WITH = (
+    "model/chameleon ChameleonForConditionalGeneration (from_pretrained of the committed lumina_mgpt/ folder, "
+    "generate, as the solver loads it); inference_solver.py FlexARInferenceSolver.create_logits_processor (its layout processor "
+    "reads the grid from the two size tokens after the image start, height first); data/item_processor.py "
+    "generate_crop_size_list (the shapes its demo offers, scaled to 128 px: (128 // 32) ** 2 units); "
+    "data/convertsation.py Conversation; model/chameleon_vae_ori ImageTokenizer on the committed chameleon_vqgan/. "
+    "The tiny word-level tokenizer has no word for the shapes' '{w}x{h}', which both sides encode as <unk>")
 
 
 ANOLE_GAMMA = 4  # drafts per target forward: Model(top_k=1, depth=GAMMA - 1, total_tokens=GAMMA + 1) drafts a chain
@@ -557,13 +605,24 @@ ANOLE_LANTERN_TREES_MADE_WITH = (
     "codes (its loop runs on until new_token > max_length). " + trees.CHECKS)
 
 
+def write_lumina_shapes(args, vocab: dict[str, int]) -> None:
+    runs = build_lumina_shapes(args.lumina, args.out, vocab)
+    (args.out / "lumina_mgpt" / "expected_shapes.json").write_text(json.dumps({"source": {
+        "repository": "Alpha-VLLM/Lumina-mGPT", "commit": args.lumina_commit or commit_of(args.lumina),
+        "packages": packages("torch", "transformers"), "builder": "tests/conformance/build/chameleon.py "
+        "--only lumina_mgpt_shapes", "model": "fixtures/lumina_mgpt", "made_with": LUMINA_SHAPES_MADE_WITH},
+        "runs": runs}, indent=1, ensure_ascii=False) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--lantern", required=True, type=Path, help="a checkout of jadohu/LANTERN")
-    parser.add_argument("--lumina", type=Path, help="a checkout of Alpha-VLLM/Lumina-mGPT (not for --only)")
-    parser.add_argument("--only", choices=["anole_lantern", "anole_lantern_trees"],
+    parser.add_argument("--lantern", type=Path, help="a checkout of jadohu/LANTERN (not for --only lumina_mgpt_shapes)")
+    parser.add_argument("--lumina", type=Path, help="a checkout of Alpha-VLLM/Lumina-mGPT (only for a full build and "
+                        "--only lumina_mgpt_shapes)")
+    parser.add_argument("--only", choices=["anole_lantern", "anole_lantern_trees", "lumina_mgpt_shapes"],
                         help="build only this case from the committed fixtures (anole_lantern: LANTERN's Anole drafter "
-                        "for anole/; anole_lantern_trees: its static and dynamic trees, expected_trees.json)")
+                        "for anole/; anole_lantern_trees: its static and dynamic trees, expected_trees.json; "
+                        "lumina_mgpt_shapes: Lumina-mGPT's non-square runs, lumina_mgpt/expected_shapes.json)")
     parser.add_argument("--commit", help="LANTERN's commit, when the checkout is an export without .git")
     parser.add_argument("--lumina-commit", help="Lumina-mGPT's commit, likewise")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "fixtures")
@@ -571,6 +630,13 @@ def main() -> None:
     import transformers
 
     vocab = vocabulary()
+    if args.only == "lumina_mgpt_shapes":
+        if args.lumina is None:
+            parser.error("--only lumina_mgpt_shapes needs --lumina")
+        write_lumina_shapes(args, vocab)
+        return
+    if args.lantern is None:
+        parser.error("--lantern is needed for every case but lumina_mgpt_shapes")
     if args.only == "anole_lantern_trees":
         runs = build_anole_lantern_trees(args.lantern, args.out, vocab)
         (args.out / "anole_lantern" / "expected_trees.json").write_text(json.dumps({"source": {
@@ -611,6 +677,7 @@ def main() -> None:
                                   "model/chameleon_vae_ori ImageTokenizer"}
     (args.out / "lumina_mgpt" / "expected.json").write_text(json.dumps({"source": lumina_source,
                                                                           "runs": [lumina_run]}))
+    write_lumina_shapes(args, vocab)
     (vqgan / "SOURCE.json").write_text(json.dumps({**source, "made_with": "models/base_models/anole/chameleon/vqgan.py "
                                                    "VQModel, saved as Meta's Lightning checkpoint"}))
 
