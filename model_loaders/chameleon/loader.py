@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from ...errors import FastARError
-from ..emu3.loader import parse_ratio
+from ..shared.building import parse_ratio
 from .model import ChameleonConfig, ChameleonGPT
 from ..shared.checkpoint import IMAGE_DECODER, CheckpointInfo, load_weights, read_json, require_family, select, shape_of
 from ..shared.protocol import PromptConditioning

@@ -36,6 +36,7 @@ import torch
 
 from ...errors import FastARError
 from ..shared.checkpoint import CheckpointInfo, load_weights, read_json, renamed, shape_of
+from ..shared.building import parse_ratio
 from ..shared.llm_decoder import DecoderConfig
 from ..shared.protocol import PromptConditioning
 from ..shared.tokenizing import encode_text, load_tokenizer, read_tiktoken_ranks, tiktoken_tokenizer, token_id
@@ -85,19 +86,6 @@ def image_codes(vocabulary: dict, source: str) -> list[int]:
                           "entries of config.json's vocabulary_map): this is not an Emu3 image-generation model, or "
                           "its config is damaged (re-download config.json)")
     return [by_code[k] for k in range(len(by_code))]
-
-
-def parse_ratio(ratio: str | None) -> tuple[int, int]:
-    """``"W:H"`` (the processors' ``ratio``: width first) -> (width, height)."""
-    if ratio is None:
-        return 1, 1
-    try:
-        width, height = (int(part) for part in str(ratio).split(":"))
-    except ValueError:
-        width = height = 0
-    if width <= 0 or height <= 0:
-        raise FastARError(f"aspect ratio {ratio!r}: give it as WIDTH:HEIGHT in whole numbers, e.g. 16:9 or 1:1")
-    return width, height
 
 
 def emu3_grid(area: int, ratio: str | None) -> tuple[int, int]:

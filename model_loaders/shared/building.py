@@ -1,7 +1,7 @@
 """From a checkpoint to a model, the steps every family's loader shares: the state dict of a path or of a given
 dict, the config FastAR saved in the metadata, a weight's shape (or a clear message when it is missing), the first
-of several setting names a config may use, the official size tables, and the model built on the meta device and
-loaded in eval mode."""
+of several setting names a config may use, the official size tables, an aspect ratio as users give it (for the
+releases that draw other shapes than squares), and the model built on the meta device and loaded in eval mode."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -63,3 +63,16 @@ def where_config_goes(source: str) -> str:
     if dot and f".{suffix.lower()}" in WEIGHT_SUFFIXES:
         return f"Write {stem}.json next to {source} with"
     return "Write the folder's config.json with"
+
+
+def parse_ratio(ratio: str | None) -> tuple[int, int]:
+    """``"W:H"`` (width first, as the releases' processors take it) -> (width, height); None is 1:1."""
+    if ratio is None:
+        return 1, 1
+    try:
+        width, height = (int(part) for part in str(ratio).split(":"))
+    except ValueError:
+        width = height = 0
+    if width <= 0 or height <= 0:
+        raise FastARError(f"aspect ratio {ratio!r}: give it as WIDTH:HEIGHT in whole numbers, e.g. 16:9 or 1:1")
+    return width, height
