@@ -148,7 +148,8 @@ def chameleon_size(lumina: bool, image_size: int | None, folder: Path, source: s
     if not lumina:
         if image_size not in (None, ANOLE_SIZE):
             raise FastARError(f"{source} is an Anole/Chameleon model, which draws {ANOLE_SIZE} px images only")
-        if aspect_ratio is not None and parse_ratio(aspect_ratio)[0] != parse_ratio(aspect_ratio)[1]:
+        width, height = parse_ratio(aspect_ratio)
+        if width != height:
             raise FastARError(f"{source} is an Anole/Chameleon model, which draws square images: leave the aspect "
                               "ratio out (Emu3 and Lumina-mGPT models take one)")
         return ANOLE_SIZE
