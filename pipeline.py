@@ -286,11 +286,11 @@ def conditioning_for(model, *, classes: list[str] | None = None, batch: int = 1,
     if kind == "caption":
         if not prompts or not t5_folder:
             raise FastARError("this is a text-to-image model: give --prompt and --t5 (a local FLAN-T5 folder)")
-        from .model_loaders.llamagen.t5 import encode_captions, load_t5_encoder
+        from .model_loaders.llamagen.t5 import captions_for, load_t5_encoder
 
         prompts = prompts * batch if len(prompts) == 1 else prompts
         encoder = load_t5_encoder(t5_folder, device=model.device)
-        return encode_captions(encoder, prompts)
+        return captions_for(model, encoder, prompts)
     if prompts:
         raise FastARError("this is a class-conditional model: give --class or --classes, not --prompt")
     names = model.cfg.class_names

@@ -494,14 +494,14 @@ class TextConditioning(io.ComfyNode):
             display_name="FastAR Text Conditioning",
             category="FastAR/conditioning",
             description="The prompt for text-to-image models: Lumina-mGPT, Anole, Janus-Pro and Emu3 read it with "
-                        "their own tokenizer; LlamaGen t2i reads it through a local FLAN-T5-XL folder. Nothing is "
-                        "downloaded. Emu3 also takes a negative prompt, what CFG guides away from.",
+                        "their own tokenizer; LlamaGen t2i and Infinity read it through a local FLAN-T5-XL folder. "
+                        "Nothing is downloaded. Emu3 also takes a negative prompt, what CFG guides away from.",
             inputs=[
                 FastARModel.Input("model", tooltip="The text-to-image model the prompt is for."),
                 io.String.Input("prompt", multiline=True, default="a photo of a red apple on a wooden table",
-                                tooltip="What to draw. LlamaGen t2i reads up to 120 T5 tokens."),
+                                tooltip="What to draw. LlamaGen t2i reads up to 120 T5 tokens, Infinity 512."),
                 io.Combo.Input("t5_folder", options=[*files.t5_choices(), NO_T5],
-                               tooltip="LlamaGen t2i only: the google/flan-t5-xl folder (config.json, tokenizer, "
+                               tooltip="LlamaGen t2i and Infinity: the google/flan-t5-xl folder (config.json, tokenizer, "
                                        "weights) in models/fastar or models/text_encoders. Models with their own "
                                        f"tokenizer (Lumina-mGPT, Anole, Janus-Pro, Emu3) take '{NO_T5}'."),
                 # optional and last: prompts saved before it existed stay valid
@@ -526,7 +526,7 @@ class TextConditioning(io.ComfyNode):
 
     @classmethod
     def execute(cls, model: ModelHandle, prompt, t5_folder, negative_prompt="") -> io.NodeOutput:
-        from ..model_loaders.llamagen.t5 import encode_captions, load_t5_encoder
+        from ..model_loaders.llamagen.t5 import captions_for, load_t5_encoder
 
         if not prompt.strip():
             raise FastARError("the prompt is empty: describe the image to draw")
@@ -539,7 +539,7 @@ class TextConditioning(io.ComfyNode):
         if kind != "t2i":
             raise FastARError("this is a class-to-image model: use FastAR Class Label, not FastAR Text Conditioning")
         if t5_folder == NO_T5:
-            raise FastARError("LlamaGen text-to-image models read the prompt through FLAN-T5-XL: download "
+            raise FastARError(f"{model.name} reads the prompt through FLAN-T5-XL: download "
                               "google/flan-t5-xl as a folder into models/fastar or models/text_encoders, press R and "
                               "pick it as t5_folder")
         folder = files.resolve(t5_folder, files.T5)
@@ -550,7 +550,7 @@ class TextConditioning(io.ComfyNode):
         glue.make_room(on_disk * (2 if dtype == torch.float32 else 1))
         encoder = load_t5_encoder(folder, device=device, dtype=dtype)
         try:
-            rows = encode_captions(encoder, [prompt])
+            rows = captions_for(model.module, encoder, [prompt])
         finally:
             del encoder
             glue.free_cache()

@@ -6,7 +6,7 @@ import torch
 from torch.testing import assert_close
 
 from fastar.errors import FastARError
-from fastar.model_loaders.llamagen.t5 import encode_captions, load_t5_encoder
+from fastar.model_loaders.llamagen.t5 import captions_for, encode_captions, load_t5_encoder
 
 WORDS = "a red cat sits on the green mat under blue sky with one two three dog".split()
 
@@ -63,6 +63,30 @@ def test_prompts_are_lower_cased_and_long_prompts_truncated(t5_folder):
     assert shouted.dtype == torch.bfloat16 and torch.equal(shouted, plain)
     long = encode_captions(encoder, [" ".join(WORDS)], max_len=8)
     assert long.embeddings.shape == (1, 8, 16) and long.mask.all()
+
+
+class Verbatim:  # what an Infinity model tells the encoding
+    caption_padding, caption_tokens = "right", 512
+
+
+def test_verbatim_captions_keep_the_prompt_and_put_real_tokens_first(t5_folder):
+    """Infinity's layout: the prompt as typed (no lower-casing), </s> kept, real tokens first, as its
+    ``encode_prompt`` slices them from the 512-token encoding."""
+    encoder = load_t5_encoder(t5_folder)
+    prompts = ["a red cat", "the green dog sits on one blue mat"]
+    conditioning = captions_for(Verbatim(), encoder, prompts)
+    assert conditioning.embeddings.shape == (2, 9, 16) and conditioning.mask.sum(1).tolist() == [4, 9]
+    assert conditioning.mask[0, :4].all() and not conditioning.mask[0, 4:].any()
+    batch = encoder.tokenizer(prompts, max_length=512, padding="max_length", truncation=True, return_tensors="pt")
+    with torch.no_grad():
+        official = encoder.model(**batch).last_hidden_state
+    assert_close(conditioning.embeddings[0, :4], official[0, :4])
+    assert_close(conditioning.embeddings[1], official[1, :9])
+    assert torch.all(conditioning.embeddings[0, 4:] == 0)
+    shouted = captions_for(Verbatim(), encoder, ["a RED cat"]).embeddings
+    assert not torch.allclose(shouted[0], conditioning.embeddings[0, :4])  # not normalised as LlamaGen's are
+    llamagen = captions_for(object(), encoder, prompts)  # any other model: LlamaGen's layout
+    assert llamagen.embeddings.shape == (2, 120, 16) and llamagen.mask[:, -4:].all()
 
 
 def test_missing_or_incomplete_folder(tmp_path, t5_folder):

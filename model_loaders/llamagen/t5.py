@@ -1,7 +1,10 @@
-"""FLAN-T5 caption features for LlamaGen's text-to-image models, from a local HF folder (never the network).
+"""FLAN-T5 caption features for the text-to-image models that read them (LlamaGen T2I, Infinity), from a local HF
+folder (never the network).
 
-``transformers`` is an optional dependency, imported only when an encoder is loaded. The features follow
-the official sampling layout: 120 tokens, padding moved to the front (left-padded) and zeroed, mask bool.
+``transformers`` is an optional dependency, imported only when an encoder is loaded. Each release's layout:
+LlamaGen's 120 tokens of the normalised prompt, padding moved to the front (left-padded); Infinity's prompt verbatim
+(up to 512 tokens, ``</s>`` kept), its real tokens first (a model says so with ``caption_padding = "right"``). The
+padding is zeroed and the mask is bool.
 """
 from __future__ import annotations
 
@@ -71,6 +74,23 @@ def import_transformers():
 def normalise_prompt(prompt: str) -> str:
     """The part of the official caption cleaning that matters for typed prompts: lower case, single spaces."""
     return " ".join(prompt.lower().split())
+
+
+def captions_for(model, encoder: T5TextEncoder, prompts: list[str]) -> CaptionConditioning:
+    """The caption features ``model`` was trained on, in its release's layout."""
+    if getattr(model, "caption_padding", "left") == "right":
+        return encode_verbatim(encoder, prompts, model.caption_tokens)
+    return encode_captions(encoder, prompts)
+
+
+@torch.no_grad()
+def encode_verbatim(encoder: T5TextEncoder, prompts: list[str], max_len: int) -> CaptionConditioning:
+    """Features ``[B, T, C]`` of each prompt as typed, real tokens first, T the longest prompt's tokens: the padding
+    the release adds up to ``max_len`` is masked out of every use, so it is not computed."""
+    batch = encoder.tokenizer(prompts, max_length=max_len, padding="longest", truncation=True, return_tensors="pt")
+    ids, mask = batch["input_ids"].to(encoder.device), batch["attention_mask"].to(encoder.device).bool()
+    features = encoder.model(input_ids=ids, attention_mask=mask.long()).last_hidden_state
+    return CaptionConditioning(embeddings=features * mask[..., None], mask=mask)
 
 
 @torch.no_grad()

@@ -52,8 +52,9 @@ class ClassConditioning:
 class CaptionConditioning:
     """Text-conditional generation from precomputed caption features (e.g. FLAN-T5-XL).
 
-    ``embeddings`` is ``[B, T, C]`` and ``mask`` ``[B, T]`` (1 = real token), left-padded: the real
-    tokens are the last ones of each row, as LlamaGen's T2I models were trained.
+    ``embeddings`` is ``[B, T, C]`` and ``mask`` ``[B, T]`` (1 = real token), in the layout the model was
+    trained on: left-padded (the real tokens last) for LlamaGen's T2I models, the real tokens first for Infinity
+    (its ``caption_padding = "right"``).
     """
 
     embeddings: torch.Tensor
