@@ -26,6 +26,7 @@ from .few_step_loops.distilled import DDSettings, Hybrid, dd_decode
 from .few_step_loops.flow_map import FlowMapSettings, NoiseToCode, token_noise
 from .masked_loops.masked import MaskedSettings, masked_decode
 from .few_step_loops.next_scale import next_scale_decode
+from .few_step_loops.scale_acceleration import ScaleAcceleration
 from .token_loops.drafting import DRAFTS, TreeSettings
 from .token_loops.speculative import speculative_decode
 from .stats import Stopwatch
@@ -323,11 +324,12 @@ def decode_masked(model, conditioning, settings: MaskedSettings, decoder: str = 
 
 def decode_next_scale(model, conditioning, sampling: SamplingSettings, *, seed: int, vqvae, decoder: str = "ar",
                       on_iteration: ProgressFn | None = None, noise=None, flow_steps: int = FlowMapSettings.steps,
-                      scale_codes: list | None = None):
+                      scale_codes: list | None = None, acceleration: ScaleAcceleration | None = None):
     """VAR's sampler: f_hat ``[B, C, h, w]`` (the VQVAE decoder's input) and its DecodeStats. ``vqvae`` (the
     model's multi-scale VQVAE) turns each scale's codes into the next scale's input. ``fm`` draws every token by
     the flow map of its own noise (``noise`` [B, L, C], or seeded): the same distribution, a deterministic image.
-    ``scale_codes``, a list, receives each scale's codes ``[B, pn, pn]``."""
+    ``scale_codes``, a list, receives each scale's codes ``[B, pn, pn]``. ``acceleration``: FastVAR's pruning and
+    skipping, SkipVAR's (few_step_loops/scale_acceleration.py)."""
     check_decoder(decoder, model, None)
     if vqvae is None or getattr(vqvae, "input_kind", None) != "multi-scale":
         raise FastARError("a VAR model needs its multi-scale VQVAE as the image decoder (vae_ch160v4096z32.pth for "
@@ -344,7 +346,7 @@ def decode_next_scale(model, conditioning, sampling: SamplingSettings, *, seed: 
     with finite_logits(model.dtype):
         return counting_compile_time(next_scale_decode, model, vqvae, conditioning, sampling.validate(),
                                      generator=generator, on_iteration=on_iteration, draw=draw, name=decoder,
-                                     scale_codes=scale_codes)
+                                     scale_codes=scale_codes, acceleration=acceleration)
 
 
 def check_hybrid_teacher(student, teacher) -> None:

@@ -220,6 +220,31 @@ class NextScaleSession(Protocol):
         [B, pn^2, C] is that scale's input (the VQVAE's f_hat so far, area-downsampled; None for scale 0)."""
         ...
 
+    def forward_pruned(self, scale: int, inputs: Optional[torch.Tensor], pruning: ScalePruning, *,
+                       cond_only: bool = False) -> ModelOutput:
+        """``forward`` with every block's sub-layers going through ``pruning``; ``cond_only`` runs the conditional
+        rows alone (no ``uncond`` in the output; SkipVAR's replacement). Eager; once a session takes it, it takes
+        every scale (the cache then holds only the keys and values of the tokens that ran)."""
+        ...
+
+
+class ScalePruning(Protocol):
+    """What a next-scale model's blocks call at every sub-layer of an accelerated scale (FastVAR's cached token
+    pruning, samplers/few_step_loops/scale_acceleration.py), so the rule stays family-blind:
+    ``kept = keep(block, name, x)``, ``out = sublayer(take(x, kept))``, ``out = restore(block, name, out, kept)``.
+    ``x`` is the sub-layer's input residual ``[R, n, C]`` before its norm; ``kept`` ``[R, k]`` the token indices the
+    sub-layer runs on (None: all; counted either way), which a family with RoPE gathers its angles by; only the kept
+    tokens' keys and values go to the cache. ``restore`` gives the output at every token ``[R, n, C]``."""
+
+    def keep(self, block: int, name: str, x: torch.Tensor) -> Optional[torch.Tensor]:
+        ...
+
+    def take(self, x: torch.Tensor, kept: Optional[torch.Tensor]) -> torch.Tensor:
+        ...
+
+    def restore(self, block: int, name: str, out: torch.Tensor, kept: Optional[torch.Tensor]) -> torch.Tensor:
+        ...
+
 
 class NextScaleModel(Protocol):
     """A next-scale model (VAR): ``cfg.patch_nums`` scales of ``pn x pn`` tokens; its multi-scale VQVAE turns each

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..shared.compiled_session import cache_zeros
-from ..shared.protocol import ClassConditioning, ModelOutput
+from ..shared.protocol import ClassConditioning, ModelOutput, ScalePruning
 
 MAX_SCALE_MUL = math.log(100.0)
 
@@ -123,6 +123,17 @@ class AdaLNBlock(nn.Module):
         if between is not None:
             x = x + between
         return x + self.ffn(layer_norm(x, self.eps) * (1 + scale2) + shift2) * gamma2
+
+    def forward_pruned(self, x, cond, cache: "GrowingSlots", pruning: ScalePruning, index: int):
+        """``forward`` with each sub-layer on the tokens ``pruning`` keeps (FastVAR; chosen from the residual
+        before the norm, as the release does), the rest restored by it."""
+        gamma1, gamma2, scale1, scale2, shift1, shift2 = self.ada_lin(cond).view(-1, 1, 6, x.shape[-1]).unbind(2)
+        kept = pruning.keep(index, "attn", x)
+        h = self.attn(layer_norm(pruning.take(x, kept), self.eps) * (1 + scale1) + shift1, None, cache) * gamma1
+        x = x + pruning.restore(index, "attn", h, kept)
+        kept = pruning.keep(index, "ffn", x)
+        h = self.ffn(layer_norm(pruning.take(x, kept), self.eps) * (1 + scale2) + shift2) * gamma2
+        return x + pruning.restore(index, "ffn", h, kept)
 
 
 class HeadNorm(nn.Module):
@@ -225,6 +236,7 @@ class ScaleCache:
     def __init__(self, rows: int, heads: int, slots: int, head_dim: int, dtype: torch.dtype, device: torch.device):
         self.k = cache_zeros(rows, heads, slots, head_dim, dtype=dtype, device=device)
         self.v = cache_zeros(rows, heads, slots, head_dim, dtype=dtype, device=device)
+        self.filled = 0  # slots written so far by forward_pruned (GrowingSlots)
 
     def at(self, begin: int, end: int) -> "ScaleSlots":
         return ScaleSlots(self, begin, end)
@@ -243,6 +255,23 @@ class ScaleSlots:
         self.cache.k[:, :, self.begin:self.end] = k
         self.cache.v[:, :, self.begin:self.end] = v
         return self.cache.k[:, :, :self.end], self.cache.v[:, :, :self.end]
+
+
+class GrowingSlots:
+    """A block's cache filled from where the last scale's tokens ended: a pruned scale writes only the keys and
+    values of the tokens that ran (the release caches no others), so later scales attend to those alone. ``rows``:
+    the first rows only (SkipVAR's conditional-only scales leave the unconditional rows' slots as they were)."""
+
+    def __init__(self, cache: ScaleCache, rows: int):
+        self.cache, self.rows = cache, rows
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        begin = self.cache.filled
+        end = begin + k.shape[2]
+        self.cache.k[: self.rows, :, begin:end] = k
+        self.cache.v[: self.rows, :, begin:end] = v
+        self.cache.filled = end
+        return self.cache.k[: self.rows, :, :end], self.cache.v[: self.rows, :, :end]
 
 
 class VARSession:
@@ -275,5 +304,27 @@ class VARSession:
             x = block(x, self.cond, None, cache.at(begin, end))
         logits = model.logits(x, self.cond)
         if logits.shape[0] == self.batch:
+            return ModelOutput(logits)
+        return ModelOutput(logits[: self.batch], logits[self.batch :])
+
+    @torch.no_grad()
+    def forward_pruned(self, scale: int, inputs: Optional[torch.Tensor], pruning: ScalePruning, *,
+                       cond_only: bool = False) -> ModelOutput:
+        """``forward`` through ``pruning`` (NextScaleSession in shared/protocol.py): a session that takes this
+        path takes it from its first scale on, since its caches then fill token by token, not slot by slot."""
+        model = self.model
+        begin, end = self.bounds[scale]
+        rows = self.batch if cond_only else self.cond.shape[0]
+        cond = self.cond[:rows]
+        if scale == 0:
+            x = cond[:, None] + model.pos_start
+        else:
+            x = model.word_embed(inputs.to(model.device, model.dtype))
+            x = x.repeat(rows // x.shape[0], 1, 1)
+        x = x + self.positions[:, begin:end]
+        for index, (block, cache) in enumerate(zip(model.blocks, self.caches)):
+            x = block.forward_pruned(x, cond, GrowingSlots(cache, rows), pruning, index)
+        logits = model.logits(x, cond)
+        if rows == self.batch:
             return ModelOutput(logits)
         return ModelOutput(logits[: self.batch], logits[self.batch :])

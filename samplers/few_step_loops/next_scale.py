@@ -18,6 +18,7 @@ from ...errors import FastARError
 from ..processing import SamplingSettings, probabilities, sample
 from ..stats import DecodeStats, Stopwatch
 from ..token_loops.verifier import ProgressFn
+from .scale_acceleration import ScaleAcceleration, accelerated
 
 
 VAR_SAMPLING = SamplingSettings(cfg_scale=1.5, top_k=900, top_p=0.96)  # the release's FID setting
@@ -49,11 +50,12 @@ class RecordedDraw:
 @torch.no_grad()
 def next_scale_decode(model, vqvae, conditioning, sampling: SamplingSettings, *, generator: Optional[torch.Generator],
                       on_iteration: Optional[ProgressFn] = None, watch: Optional[Stopwatch] = None,
-                      draw: Optional[ScaleDrawFn] = None, name: str = "ar", scale_codes: Optional[list] = None):
+                      draw: Optional[ScaleDrawFn] = None, name: str = "ar", scale_codes: Optional[list] = None,
+                      acceleration: Optional[ScaleAcceleration] = None):
     """f_hat ``[B, C, h, w]`` (the VQVAE decoder's input) and its DecodeStats (one forward per scale). ``draw``
     picks a scale's codes (tokens ``begin..end`` of the sequence) from their distributions; by default a seeded
     sample (``fm``: the flow map of each token's own noise). ``scale_codes``, a list, receives each scale's codes
-    ``[B, pn, pn]`` in order."""
+    ``[B, pn, pn]`` in order. ``acceleration``: FastVAR / SkipVAR (scale_acceleration.py)."""
     draw = draw or (lambda dists, _begin, _end: sample(dists, generator))
     watch = watch or Stopwatch(model.device)
     patch_nums = model.cfg.patch_nums
@@ -63,13 +65,14 @@ def next_scale_decode(model, vqvae, conditioning, sampling: SamplingSettings, *,
                           "trained with")
     B, S, total = conditioning.batch, len(patch_nums), model.cfg.seq_len
     session = model.start(conditioning, cfg=sampling.cfg_scale != 0.0)
+    faster = accelerated(acceleration, model, session, B * (2 if sampling.cfg_scale != 0.0 else 1))
     f_hat = torch.zeros(B, model.cfg.channels, *model.grid, device=model.device)
     inputs, done = None, 0
     stats = DecodeStats(decoder=name, grid=tuple(model.grid), batch=B, tokens=total, baseline_forwards=S,
                         baseline="VAR's sampler (one forward per scale)",
                         settings={"model_kind": model.kind, "patch_nums": list(patch_nums), **asdict(sampling)})
-    for scale, pn in enumerate(patch_nums):
-        out = session.forward(scale, inputs)
+    for scale, pn in enumerate(patch_nums[: faster.runs if faster else S]):
+        out = faster.forward(scale, inputs) if faster else session.forward(scale, inputs)
         dists = probabilities(out, scale_sampling(sampling, scale, S))
         codes = draw(dists, done, done + pn * pn).view(B, pn, pn)
         if scale_codes is not None:
@@ -82,5 +85,7 @@ def next_scale_decode(model, vqvae, conditioning, sampling: SamplingSettings, *,
         if on_iteration is not None:
             on_iteration(done, total, f_hat)
     stats.fixed_at = [[scale + 1 for scale, pn in enumerate(patch_nums) for _ in range(pn * pn)]] * B
+    if faster:
+        faster.report(stats)
     stats.wall_time_s, stats.forward_time_s = watch.elapsed(), watch.totals.get("forward", 0.0)
     return f_hat, stats
