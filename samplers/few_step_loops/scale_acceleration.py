@@ -232,6 +232,6 @@ class AcceleratedScales:
 def accelerated(acceleration: Optional[ScaleAcceleration], model, session, rows: int) -> Optional[AcceleratedScales]:
     """The run's AcceleratedScales (``rows``: the model's rows per forward, the unconditional ones included), or
     None for VAR's plain sampler."""
-    if acceleration is None or not acceleration.active:
+    if acceleration is None or not acceleration.validate().active:
         return None
     return AcceleratedScales(acceleration, model, session, rows)
