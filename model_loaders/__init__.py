@@ -7,6 +7,7 @@ from .shared.checkpoint import (AR_MODEL, FAMILY_WHAT, IMAGE_DECODER, detect_fam
 from .dd.loader import load_dd_student
 from .emu3.loader import load_emu3
 from .emu3.vqvae import load_emu3_vq
+from .infinity.vae import load_infinity_vae
 from .janus.loader import load_janus, vq_of_janus
 from .llamagen.loader import load_llamagen, load_vq
 from .mar.loader import load_kl_vae, load_mar
@@ -17,7 +18,8 @@ from .var.loader import load_var, load_var_dd, load_var_vqvae
 LOADERS = {"llamagen-dd": load_dd_student, "llamagen-gpt": load_llamagen, "llamagen-gpt-hf": load_llamagen,
            "mar": load_mar, "chameleon": load_chameleon, "janus": load_janus, "emu3": load_emu3, "var": load_var,
            "var-dd": load_var_dd, "var-vqvae": load_var_vqvae,
-           "llamagen-vq": load_vq, "kl-vae": load_kl_vae, "chameleon-vqgan": load_vqgan, "emu3-vq": load_emu3_vq}
+           "llamagen-vq": load_vq, "kl-vae": load_kl_vae, "chameleon-vqgan": load_vqgan, "emu3-vq": load_emu3_vq,
+           "infinity-vae": load_infinity_vae}
 
 
 def load_ar_model(path, weights: str = "auto", **kw):

@@ -32,7 +32,8 @@ WEIGHT_SUFFIXES = (".safetensors", *PICKLE_SUFFIXES)
 SAFE_GLOBALS = [argparse.Namespace]
 
 # Where the weights sit inside a saved dict, most preferred first: EMA weights over raw training weights.
-WRAPPERS = (("ema",), ("model_ema",), ("trainer", "ema_parameters"), ("model",), ("module",), ("state_dict",))
+WRAPPERS = (("ema",), ("model_ema",), ("trainer", "ema_parameters"), ("model",), ("module",), ("state_dict",),
+            ("vae",))  # Infinity's VAE files
 KEY_PREFIXES = ("module.", "_orig_mod.")  # DDP and torch.compile wrappers
 CACHE_BUFFER = re.compile(r"(^|\.)kv_cache\.|(^|\.)(freqs_cis|causal_mask|inv_freq)$")
 
@@ -372,6 +373,9 @@ FAMILIES = (
            lambda sd: "quantize.embedding.weight" in sd and has_prefix(sd, "decoder.time_res_stack.")),
     Family("chameleon-vqgan", IMAGE_DECODER, "a Chameleon VQGAN",
            lambda sd: "quantize.embedding.weight" in sd and has_prefix(sd, "decoder.up.")),
+    Family("infinity-vae", IMAGE_DECODER, "Infinity's BSQ VAE",  # its quantiser's buffer, or its wrapped convs
+           lambda sd: has_prefix(sd, "decoder.up.") and (has_prefix(sd, "quantizer.lfq.")
+                                                         or "decoder.conv_in.conv.weight" in sd)),
     Family("kl-vae", IMAGE_DECODER, "a KL autoencoder",
            lambda sd: "post_quant_conv.weight" in sd and has_prefix(sd, "decoder.up.")),
     Family("eagle-drafter", DRAFTER, "an EAGLE-style drafter", lambda sd: "fc.weight" in sd and "embed_tokens.weight" in sd),

@@ -90,6 +90,7 @@ class KLConfig:
     encoder_attn_levels: tuple[int, ...] = (4,)  # KL-16 attends at its lowest resolution
     decoder_attn_levels: tuple[int, ...] = ()
     with_encoder: bool = True
+    mid_attention: bool = True  # the decoder's middle attends (Infinity's BSQ VAE does not)
 
     def __post_init__(self):
         self.ch_mult = tuple(self.ch_mult)
@@ -145,14 +146,18 @@ class Level(nn.Module):
 
 
 class Middle(nn.Module):
-    def __init__(self, channels: int, norm=group_norm):
+    def __init__(self, channels: int, norm=group_norm, attention: bool = True):
         super().__init__()
         self.block_1 = ResnetBlock(channels, channels, norm)
-        self.attn_1 = AttnBlock(channels, norm)
+        if attention:
+            self.attn_1 = AttnBlock(channels, norm)
         self.block_2 = ResnetBlock(channels, channels, norm)
 
     def forward(self, x, *cond):
-        return self.block_2(self.attn_1(self.block_1(x, *cond), *cond), *cond)
+        x = self.block_1(x, *cond)
+        if hasattr(self, "attn_1"):
+            x = self.attn_1(x, *cond)
+        return self.block_2(x, *cond)
 
 
 class Encoder(nn.Module):
@@ -183,7 +188,7 @@ class Decoder(nn.Module):
         super().__init__()
         widths = [cfg.ch * m for m in cfg.ch_mult]
         self.conv_in = nn.Conv2d(cfg.embed_dim, widths[-1], 3, padding=1)
-        self.mid = Middle(widths[-1], norm)
+        self.mid = Middle(widths[-1], norm, cfg.mid_attention)
         # up[i] works at level i's resolution; they run from the lowest resolution (the last) to up[0]
         self.up = nn.ModuleList(
             Level(widths[min(i + 1, len(widths) - 1)], widths[i], cfg.num_res_blocks + 1, i in cfg.decoder_attn_levels,
