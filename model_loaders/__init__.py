@@ -7,6 +7,7 @@ from .shared.checkpoint import (AR_MODEL, FAMILY_WHAT, IMAGE_DECODER, detect_fam
 from .dd.loader import load_dd_student
 from .emu3.loader import load_emu3
 from .emu3.vqvae import load_emu3_vq
+from .infinity.loader import load_infinity
 from .infinity.vae import load_infinity_vae
 from .janus.loader import load_janus, vq_of_janus
 from .llamagen.loader import load_llamagen, load_vq
@@ -17,7 +18,7 @@ from .var.loader import load_var, load_var_dd, load_var_vqvae
 
 LOADERS = {"llamagen-dd": load_dd_student, "llamagen-gpt": load_llamagen, "llamagen-gpt-hf": load_llamagen,
            "mar": load_mar, "chameleon": load_chameleon, "janus": load_janus, "emu3": load_emu3, "var": load_var,
-           "var-dd": load_var_dd, "var-vqvae": load_var_vqvae,
+           "var-dd": load_var_dd, "var-vqvae": load_var_vqvae, "infinity": load_infinity,
            "llamagen-vq": load_vq, "kl-vae": load_kl_vae, "chameleon-vqgan": load_vqgan, "emu3-vq": load_emu3_vq,
            "infinity-vae": load_infinity_vae}
 
@@ -67,14 +68,14 @@ def embedded_image_decoder(sd: dict, info) -> dict:
     return inner
 
 
-SHAPED = ("emu3", "chameleon")  # the families that draw other shapes than squares (an aspect ratio; Lumina-mGPT
-# does, Anole refuses one)
+SHAPED = ("emu3", "chameleon", "infinity")  # the families that draw other shapes than squares (an aspect ratio;
+# Lumina-mGPT does, Anole refuses one)
 
 
 def load_family(sd, info, kind: str, kw: dict):
     family = require_family(sd, info.source, kind)
     if family not in SHAPED and kw.get("aspect_ratio") is not None:
         raise FastARError(f"{info.source} is {FAMILY_WHAT[family]}, which draws square images: leave the aspect ratio "
-                          "out (Emu3 and Lumina-mGPT models take one)")
+                          "out (Emu3, Lumina-mGPT and Infinity models take one)")
     kw = kw if family in SHAPED else {k: v for k, v in kw.items() if k != "aspect_ratio"}
     return LOADERS[family](sd, info=info, **kw)

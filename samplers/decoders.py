@@ -331,7 +331,10 @@ def decode_next_scale(model, conditioning, sampling: SamplingSettings, *, seed: 
     ``scale_codes``, a list, receives each scale's codes ``[B, pn, pn]``. ``acceleration``: FastVAR's pruning and
     skipping, SkipVAR's (few_step_loops/scale_acceleration.py)."""
     check_decoder(decoder, model, None)
-    if vqvae is None or getattr(vqvae, "input_kind", None) != "multi-scale":
+    own_check = getattr(model, "check_image_decoder", None)  # Infinity's: its BSQ VAE
+    if own_check is not None:
+        own_check(vqvae)
+    elif vqvae is None or getattr(vqvae, "input_kind", None) != "multi-scale":
         raise FastARError("a VAR model needs its multi-scale VQVAE as the image decoder (vae_ch160v4096z32.pth for "
                           "the release, demo/demo_var_vqvae.safetensors for the demo): each scale's codes become the "
                           "next scale's input through it. Give it with --vq on the command line; in ComfyUI, connect "
@@ -339,6 +342,8 @@ def decode_next_scale(model, conditioning, sampling: SamplingSettings, *, seed: 
     generator = make_generator(seed, model.device)
     draw = None
     if decoder == "fm":
+        if vqvae.codebook() is None:
+            raise FastARError(f"fm maps noise to the code vectors of a codebook; {model.what} draws bits: use ar")
         if noise is None:
             noise = token_noise(conditioning.batch, model.cfg.seq_len, model.cfg.channels, generator)
         draw = NoiseToCode(noise.to(model.device), vqvae.codebook().float().to(model.device),

@@ -32,7 +32,8 @@ WEIGHT_SUFFIXES = (".safetensors", *PICKLE_SUFFIXES)
 SAFE_GLOBALS = [argparse.Namespace]
 
 # Where the weights sit inside a saved dict, most preferred first: EMA weights over raw training weights.
-WRAPPERS = (("ema",), ("model_ema",), ("trainer", "ema_parameters"), ("model",), ("module",), ("state_dict",),
+WRAPPERS = (("ema",), ("model_ema",), ("trainer", "ema_parameters"), ("trainer", "gpt_fsdp"),
+            ("model",), ("module",), ("state_dict",),
             ("vae",))  # Infinity's VAE files
 KEY_PREFIXES = ("module.", "_orig_mod.")  # DDP and torch.compile wrappers
 CACHE_BUFFER = re.compile(r"(^|\.)kv_cache\.|(^|\.)(freqs_cis|causal_mask|inv_freq)$")
@@ -345,6 +346,8 @@ LLAMA_KEYS = {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weig
 
 # First match wins: put more specific families above the ones they resemble.
 FAMILIES = (
+    Family("infinity", AR_MODEL, "an Infinity model",  # VAR's key names too (word_embed, lvl_embed, shared_ada_lin)
+           lambda sd: "word_embed.weight" in sd and has_prefix(sd, "text_proj_for_sos.")),
     Family("var-dd", AR_MODEL, "a Distilled Decoding student (VAR-DD)",
            lambda sd: "lvl_embed.weight" in sd and "n_d_embed.weight" in sd),
     Family("var", AR_MODEL, "a VAR model",
