@@ -1,7 +1,8 @@
 """The convolutional image decoders' building blocks (LlamaGen's VQ, LDM's KL autoencoder, Chameleon's VQGAN,
-VAR's VQVAE, Emu3's vision tokenizer): GroupNorm 32 at eps 1e-6, SiLU residual blocks, single-head attention, 2x
-resampling; LDM's encoder and decoder stacks (``KLConfig`` describes them, read off the weights) and the config of a
-VQ model on them (``VQGANConfig``: Chameleon's VQGAN, extended by VAR's VQVAE).
+VAR's VQVAE, Emu3's vision tokenizer, Infinity's BSQ VAE, whose decoder's middle does not attend): GroupNorm 32 at
+eps 1e-6, SiLU residual blocks, single-head attention, 2x resampling; LDM's encoder and decoder stacks (``KLConfig``
+describes them, read off the weights) and the config of a VQ model on them (``VQGANConfig``: Chameleon's VQGAN,
+extended by VAR's VQVAE).
 
 The norm is a parameter (``norm(channels)`` makes one; GroupNorm by default): Emu3's decoder conditions every norm on
 the code vectors (a spatial norm), so the blocks pass what follows ``x`` in their ``forward`` (``*cond``) on to their
