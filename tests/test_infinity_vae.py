@@ -12,6 +12,7 @@ from fastar.model_loaders import load_image_decoder
 from fastar.model_loaders.infinity.vae import InfinityVAEConfig, check_image_decoder, infinity_norm, load_infinity_vae
 from fastar.model_loaders.shared.checkpoint import (FAMILY_KIND, IMAGE_DECODER, CheckpointInfo, detect_family,
                                                     read_state_dict, require_family)
+from fastar.memory import decode_bytes_per_image
 from fastar.pipeline import decode_images
 from fastar.tests.conformance.common import FIXTURES
 
@@ -80,6 +81,7 @@ def test_batches_and_non_square_scales_decode_each_image_as_alone(d32):
     assert images.shape == (3, 3, 5 * 16, 7 * 16)
     assert (images[1:2] - alone).abs().max() < 1e-4  # float order only (batched convolutions)
     assert decode_images(d32, f_hat).shape == (3, 80, 112, 3)
+    assert decode_bytes_per_image(d32, SHAPES[-1]) > 0  # how the pipeline sizes its chunks on a GPU
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

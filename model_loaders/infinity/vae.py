@@ -9,7 +9,7 @@ What the release's inference does (tools/run_infinity.py builds the VAE; Infinit
   resampled the same way to that scale's grid (not area-downsampled: that is the encoder's side);
 - the image is the decoder of f_hat: LDM's layout (shared/ldm_blocks.py) with no post_quant_conv, no attention, d
   input channels, ``2 ** (levels - 1)`` pixels per cell: 16 for the 2B's (d 32, 5 levels), 8 for the 8B's (d 14,
-  4 levels: its transformer pixel-shuffles 2 x 2 cells of 4d = 56 bits, hence the file's "d56").
+  4 levels: its transformer pixel-shuffles 2 x 2 cells of 4d = 56 bits, hence, it seems, the file's "d56").
 
 The file is ``torch.save({"vae": state_dict})``; the keys carry Infinity's wrapper modules (``conv_in.conv.weight``,
 ``norm1.norm.weight``) or, as its loader also reads, not; the encoder and the quantiser's buffer are left out here.
@@ -54,6 +54,11 @@ class InfinityVAEConfig:
     def patch_size(self) -> int:
         """Image pixels per latent cell, each way."""
         return 2 ** (len(self.ch_mult) - 1)
+
+    @property
+    def downsample(self) -> int:
+        """The same, as the pipeline's memory estimate (memory.py) asks every image decoder for it."""
+        return self.patch_size
 
     def blocks(self) -> KLConfig:
         return KLConfig(embed_dim=self.codebook_dim, ch=self.ch, ch_mult=self.ch_mult,
