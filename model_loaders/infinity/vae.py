@@ -62,8 +62,7 @@ class InfinityVAEConfig:
 
     def blocks(self) -> KLConfig:
         return KLConfig(embed_dim=self.codebook_dim, ch=self.ch, ch_mult=self.ch_mult,
-                        num_res_blocks=self.num_res_blocks, decoder_attn_levels=(), with_encoder=False,
-                        mid_attention=False)
+                        num_res_blocks=self.num_res_blocks, with_encoder=False, mid_attention=False)
 
     @classmethod
     def from_state_dict(cls, sd, source: str) -> "InfinityVAEConfig":
@@ -132,7 +131,8 @@ class InfinityVAE(nn.Module):
         codes = bits.float() * scale * 2 - scale  # the release's order of operations, for equal rounding
         return F.normalize(codes, dim=-1).permute(0, 3, 1, 2)
 
-    def next_input(self, f_hat: torch.Tensor, bits: torch.Tensor, scale: int, shapes) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def next_input(self, f_hat: torch.Tensor, bits: torch.Tensor, scale: int,
+                   shapes) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Scale ``scale``'s bits added to f_hat ``[B, d, H, W]`` (zeros before the first; (H, W) = shapes[-1]);
         returns (f_hat, the next scale's input ``[B, d, h', w']`` at shapes[scale + 1], or None after the last)."""
         shapes = [tuple(s) for s in shapes]
@@ -148,7 +148,6 @@ class InfinityVAE(nn.Module):
         """The image-decoder protocol: f_hat ``[B, d, H, W]`` -> images in [-1, 1], not clamped (the release clamps;
         the pipeline does)."""
         return self.decoder(f_hat.to(self.dtype))
-
 
 
 def check_image_decoder(decoder, codebook_dim: int, patch_size: int, model_what: str) -> None:

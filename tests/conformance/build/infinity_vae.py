@@ -31,6 +31,7 @@ blocks are never built).
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import types
 from pathlib import Path
@@ -38,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -112,15 +114,7 @@ def release_state(vae, wrapped: bool) -> dict:
     sd = {k: v.half() if v.is_floating_point() else v for k, v in vae.state_dict().items()}
     if wrapped:
         return sd
-    unwrap = ((".conv.weight", ".weight"), (".conv.bias", ".bias"), (".norm.weight", ".weight"), (".norm.bias", ".bias"))
-    out = {}
-    for key, value in sd.items():
-        for old, new in unwrap:
-            if key.endswith(old):
-                key = key[: -len(old)] + new
-                break
-        out[key] = value
-    return out
+    return {re.sub(r"\.(conv|norm)\.(weight|bias)$", r".\2", k): v for k, v in sd.items()}
 
 
 class StandIn:
@@ -195,8 +189,6 @@ def run_case(official_vae, Infinity, case, out: Path) -> dict:
                         f_hat=rec["f_hat"].numpy(), decoded=rec["decoded"].numpy())
     images = []
     for i, pixels in enumerate(img.numpy()[..., ::-1]):  # the loop's BGR (for cv2) as RGB
-        from PIL import Image
-
         images.append(f"{name}_{i}.png")
         Image.fromarray(np.ascontiguousarray(pixels)).save(out / images[-1])
     return {"name": name, "file": case["file"], "codebook_dim": case["d"], "patch_size": 8 if case["patchify"] else 16,
