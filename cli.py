@@ -153,6 +153,21 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                    "leaves them eager until the GPU check has compared them); --compile = on")
     p.add_argument("--flow-steps", type=int, default=SPEC_DEFAULTS.flow_steps,
                    help="fm: solver steps of the flow-matching map that turns each token's noise into its code")
+    var = p.add_argument_group("VAR models: FastVAR and SkipVAR (training-free, relaxed)")
+    var.add_argument("--fastvar", action="store_true",
+                     help="FastVAR's cached token pruning with its release's schedule counted from the last scale: at "
+                     "the two scales before the last two, each block's attention and FFN run on the 60%% and 50%% of "
+                     "tokens farthest from their scale's mean, the rest restored from the scale before; the last two "
+                     "scales are skipped (--skip-scales 0 keeps them)")
+    var.add_argument("--fastvar-ratios", metavar="R1,R2,...",
+                     help="FastVAR with these shares of tokens pruned (each in [0, 1)) at the last scales that run, in "
+                     "order (default 0.4,0.5; implies --fastvar)")
+    var.add_argument("--skip-scales", type=int, metavar="N",
+                     help="skip the last N scales: they neither run nor add to the image (FastVAR's 2, default with "
+                     "--fastvar; SkipVAR's step skipping, 1 to 3)")
+    var.add_argument("--uncond-scales", type=int, metavar="N",
+                     help="SkipVAR's unconditional-branch replacement: the last N scales that run skip the guidance "
+                     "branch (half the rows); their conditional logits are used unguided")
     dd = p.add_argument_group("Distilled Decoding students (dd)")
     dd.add_argument("--dd-steps", type=int, choices=(1, 2),
                     help="student forwards: 1 (t = 0) or 2 (t = 0, then t2 with the same noise); default: the speed "

@@ -8,6 +8,7 @@ from .errors import FastARError
 from .samplers.masked_loops.cspd import REFERENCE_TEMPERATURE, CSpDSettings
 from .samplers.decoders import DecoderSpec
 from .samplers.few_step_loops.distilled import DDSettings
+from .samplers.few_step_loops.scale_acceleration import FASTVAR, ScaleAcceleration
 from .samplers.masked_loops.feature_reuse import FeatureReuse
 from .samplers.masked_loops.masked import MaskedSettings
 from .samplers.processing import SamplingSettings
@@ -62,6 +63,26 @@ def reuse_from(args, always: bool = False) -> FeatureReuse | None:
                         token_reuse=args.token_reuse, head_refresh_every=args.head_refresh_every).validate()
 
 
+def ratios_of(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise FastARError(f"--fastvar-ratios {text!r}: give comma-separated shares of tokens to prune, e.g. 0.4,0.5")
+
+
+def acceleration_from(args) -> ScaleAcceleration | None:
+    """VAR's scale accelerators (None: none asked for). --fastvar is the release's schedule from the end: prune
+    0.4 and 0.5 of the tokens at the two scales before the last two, which are skipped; --fastvar-ratios prunes
+    other shares, --skip-scales skips another count (0 keeps every scale), --uncond-scales is SkipVAR's."""
+    ratios = getattr(args, "fastvar_ratios", None)
+    fastvar = getattr(args, "fastvar", False) or ratios is not None
+    skip, uncond = getattr(args, "skip_scales", None), getattr(args, "uncond_scales", None) or 0
+    acceleration = ScaleAcceleration(
+        prune_ratios=(ratios_of(ratios) if ratios is not None else FASTVAR.prune_ratios) if fastvar else (),
+        skip_last=skip if skip is not None else FASTVAR.skip_last if fastvar else 0, uncond_last=uncond).validate()
+    return acceleration if acceleration.active else None
+
+
 def cspd_from(args, decoder: str = "cspd") -> CSpDSettings:
     """CSpD's settings; ``cspd-relaxed`` takes the reference code's ratio temperature unless one is given."""
     gamma = CSPD_DEFAULTS.gamma if args.gamma is None else args.gamma
@@ -101,5 +122,6 @@ def check_arguments(args) -> None:
     sampling_from(args)
     cspd_from(args, getattr(args, "decoder", None) or "cspd")
     reuse_from(args)
+    acceleration_from(args)
     if getattr(args, "batch", 1) < 1:
         raise FastARError(f"--batch {args.batch}: generate at least 1 image")

@@ -12,8 +12,8 @@ from ..samplers.decoders import DRAFTED_BY_DEFAULT, LOSSLESS, check_decoder
 from ..samplers.few_step_loops.distilled import DDSettings
 from ..samplers.few_step_loops.next_scale import VAR_SAMPLING
 from ..speed_dial import check_auto, choose, window_note
-from ..settings import (SAMPLING_DEFAULTS, check_arguments, cspd_from, masked_settings_from, sampling_from,
-                        spec_from, top_k_of, top_p_of)
+from ..settings import (SAMPLING_DEFAULTS, acceleration_from, check_arguments, cspd_from, masked_settings_from,
+                        sampling_from, spec_from, top_k_of, top_p_of)
 
 
 def drafter_choice(args, decoder: str) -> str | None:
@@ -101,6 +101,9 @@ def command_generate(args) -> int:
     models = load_models(args.model, args.vq, args.device, args.dtype, drafter_path=drafter_choice(args, args.decoder),
                          image_size=args.image_size, compile_switch=args.compile, gpu_weights=args.gpu_weights,
                          weights=args.weights, aspect_ratio=args.aspect_ratio)
+    if acceleration_from(args) and models.ar.kind != "next-scale":
+        raise FastARError(f"--fastvar, --skip-scales and --uncond-scales act on a VAR model's scales; "
+                          f"{args.model or 'the demo model'} is {models.ar.what}: leave them out")
     if args.reuse and models.ar.kind != "masked-ar":
         raise FastARError(f"--reuse reuses a MAR model's features between its steps; {args.model or 'the demo model'} "
                           f"is {models.ar.what}: leave --reuse out")
@@ -116,8 +119,9 @@ def command_generate(args) -> int:
     if kept:  # said now, not after a long generation
         print(f"note: no images from this run: {missing_decoder(args, models)}. The model's output goes to {kept}",
               file=sys.stderr)
-    lossless = LOSSLESS[args.decoder] and not getattr(args, "reuse", False) and (choice is None or
-                                                                               choice.candidate.lossless)
+    lossless = LOSSLESS[args.decoder] and not (getattr(args, "reuse", False) or acceleration_from(args)) and (
+        choice is None or
+        choice.candidate.lossless)
     kind = "lossless" if lossless else "relaxed: trades fidelity for speed"
     progress = ProgressLine(f"{args.decoder}, {kind}", enabled=not args.quiet, batch=conditioning.batch)
     token_maps = None
@@ -205,7 +209,7 @@ def generate_next_scale(args, models, conditioning, progress):
     token_maps = []
     f_hat, stats = decode_next_scale(models.ar, conditioning, sampling, seed=args.seed, vqvae=models.vq,
                                      decoder=args.decoder, on_iteration=progress, flow_steps=args.flow_steps,
-                                     scale_codes=token_maps)
+                                     scale_codes=token_maps, acceleration=acceleration_from(args))
     print(f"{summary_line(stats)} (cfg {sampling.cfg_scale} ramped over the scales, top-k {sampling.top_k}, "
           f"top-p {sampling.top_p})")
     return f_hat, stats, token_maps
@@ -310,13 +314,26 @@ def tokens_json(models, outputs, token_maps=None) -> dict:
     codes it drew, ``token_maps`` [B, pn, pn] per scale; a VAR-DD student: the nearest code of each vector, its
     greedy codes before the split)."""
     grid = list(models.ar.grid)
+    if getattr(models.ar, "decoder_kind", "codes") == "multi-scale-bits":
+        return bit_labels_json(models.ar, token_maps)
     if getattr(models.ar, "decoder_kind", "codes") != "multi-scale":
         return {"tokens": codes_of(models, outputs).tolist(), "grid": grid}
     patch_nums = models.ar.cfg.patch_nums
     if token_maps is None:
         token_maps = codes_of(models, outputs).split([p * p for p in patch_nums], dim=1)
     tokens = [[m[row].flatten().tolist() for m in token_maps] for row in range(outputs.shape[0])]
-    return {"scales": [[p, p] for p in patch_nums], "tokens": tokens, "grid": grid}
+    return {"scales": [[p, p] for p in patch_nums[: len(token_maps)]], "tokens": tokens, "grid": grid}  # skipped: fewer
+
+
+def bit_labels_json(model, token_maps) -> dict:
+    """Infinity: every scale's bits at the VAE's grid as the release's integer labels (bit 0 the most significant),
+    ``{"scales": [[h, w], ...], "tokens": [image][scale][h*w], "grid": [h, w], "bits": d}``."""
+    from ..model_loaders.infinity.labels import labels_of
+
+    maps = [labels_of(model.to_vae_grid(bits)) for bits in token_maps]
+    shapes = [list(s) for s in model.vae_shapes()]
+    return {"scales": shapes, "tokens": [[m[row].flatten().tolist() for m in maps] for row in range(maps[0].shape[0])],
+            "grid": shapes[-1], "bits": model.vae_bits}
 
 
 def codes_of(models, outputs):

@@ -95,9 +95,15 @@ class DecodeStats:
 
     @property
     def reuse_note(self) -> str | None:
-        """What MAR's feature reuse did, in words (None without it)."""
+        """What MAR's feature reuse or VAR's scale acceleration did, in words (None without either)."""
         if self.transformer_work is None:
             return None
+        scales = self.settings.get("scale_acceleration")
+        if scales:  # VAR's FastVAR / SkipVAR: the same two fields, per scale
+            tokens = "/".join(f"{t:g}" for t in scales["forwarded_tokens"])
+            return (f"scale acceleration: tokens forwarded per scale {tokens} (plain "
+                    f"{'/'.join(f'{t:g}' for t in scales['plain_tokens'])}), {self.transformer_work:.0%} of the plain "
+                    "sampler's transformer FLOPs")
         reused = sum(share < 1.0 for share in self.recomputed_share)
         head = self.settings.get("reuse", {}).get("head_refresh_every")
         cspd = self.decoder.startswith("cspd")  # its target's and draft's calls, each against itself in full

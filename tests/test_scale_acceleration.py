@@ -185,3 +185,40 @@ def test_a_session_without_the_hook_is_refused():
 def test_half_precision_on_the_cpu(dtype):
     f_hat, stats = run(ScaleAcceleration(prune_ratios=(0.4, 0.5), uncond_last=1), tiny_var().to(dtype))
     assert torch.isfinite(f_hat).all() and stats.transformer_work < 1.0
+
+
+def test_flags_map_to_the_settings():
+    from fastar.cli import build_parser
+    from fastar.settings import acceleration_from
+
+    parse = lambda *flags: acceleration_from(build_parser().parse_args(["generate", *flags]))  # noqa: E731
+    assert parse() is None and parse("--skip-scales", "0") is None
+    assert parse("--fastvar") == FASTVAR
+    assert parse("--fastvar", "--skip-scales", "0") == ScaleAcceleration(prune_ratios=(0.4, 0.5))
+    assert parse("--fastvar-ratios", "0.3") == ScaleAcceleration(prune_ratios=(0.3,), skip_last=2)
+    assert parse("--skip-scales", "1", "--uncond-scales", "2") == ScaleAcceleration(skip_last=1, uncond_last=2)
+    for flags, message in ((("--fastvar-ratios", "0.4,x"), "comma-separated"), (("--fastvar-ratios", "1"), r"\[0, 1\)"),
+                           (("--uncond-scales", "-1"), "0 or more")):
+        with pytest.raises(FastARError, match=message):
+            parse(*flags)
+
+
+def test_generate_on_the_demo_var_reports_the_saving_and_refuses_a_token_model(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from fastar.model_loaders.shared.demo import DEMO_VAR, DEMO_VAR_VQVAE
+
+    def generate(*flags):
+        return subprocess.run([sys.executable, "-m", "fastar", "generate", "--quiet", "--out", str(tmp_path / "x.png"),
+                               "--stats-out", str(tmp_path / "s.json"), *flags], capture_output=True, text=True,
+                              cwd=tmp_path, timeout=300)
+
+    r = generate("--model", str(DEMO_VAR), "--vq", str(DEMO_VAR_VQVAE), "--fastvar", "--uncond-scales", "1")
+    assert r.returncode == 0, r.stderr
+    assert "scale acceleration: tokens forwarded per scale 1/4/6/4/0/0"  # 8 kept, conditional rows only in r.stdout
+    stats = json.loads((tmp_path / "s.json").read_text())
+    assert stats["target_forwards"] == 4 and stats["settings"]["scale_acceleration"]["skip_last"] == 2
+    r = generate("--fastvar")  # the demo token model
+    assert r.returncode != 0 and "act on a VAR model's scales" in r.stderr
