@@ -25,26 +25,39 @@ def command_decode(args) -> int:
     else:
         try:
             saved = json.loads(Path(args.tokens_in).read_text())
-            if "scales" in saved:  # VAR: every scale's token map, joined in the scales' order
+            if "bits" in saved:  # Infinity: every scale's bits as integer labels, summed into f_hat by its VAE
+                inputs = infinity_f_hat(decoder, saved, args)
+            elif "scales" in saved:  # VAR: every scale's token map, joined in the scales' order
                 scales = [tuple(s) for s in saved["scales"]]
                 inputs = torch.tensor([sum(row, []) for row in saved["tokens"]], dtype=torch.long)
             else:
                 scales = None
                 inputs = torch.tensor(saved["tokens"], dtype=torch.long).view(-1, *saved["grid"])
-        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError, IndexError) as e:
             raise FastARError(f"{args.tokens_in} is not a tokens file ({type(e).__name__}: {e}): give the JSON "
                               "--tokens-out wrote") from e
-        want = "codes"
+        want = "f_hat" if "bits" in saved else "codes"
     if want == "codes":
         inputs = scale_codes_input(decoder, inputs, scales, args) if scales else inputs
         if scales is None and decoder.input_kind != "codes":
             raise FastARError(f"{args.vq} is {decoder.what}, which does not decode a raster model's codes: use the "
                               "model's VQ tokenizer for --tokens-in")
-    check_decoder_input(decoder, inputs)
+    if want != "f_hat":  # Infinity's f_hat was made by the VAE itself
+        check_decoder_input(decoder, inputs)
     if want == "codes" and scales:
         inputs = decoder.codebook()[inputs]  # every scale's code vectors [B, L, C]: the VQVAE accumulates them
     save_images(decode_images(decoder, inputs), Path(args.out))
     return 0
+
+
+def infinity_f_hat(decoder, saved: dict, args):
+    """An Infinity tokens file's labels summed into f_hat by the BSQ VAE that is to decode them."""
+    from ..model_loaders.infinity.labels import f_hat_of_labels
+
+    if decoder.input_kind != "multi-scale-bits":
+        raise FastARError(f"{args.tokens_in} holds an Infinity model's bits, but {args.vq} is {decoder.what}: use the "
+                          "model's BSQ VAE for --vq")
+    return f_hat_of_labels(decoder, saved["scales"], saved["tokens"], int(saved["bits"]), str(args.tokens_in))
 
 
 def scale_codes_input(decoder, codes, scales, args):
