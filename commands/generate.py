@@ -314,6 +314,8 @@ def tokens_json(models, outputs, token_maps=None) -> dict:
     codes it drew, ``token_maps`` [B, pn, pn] per scale; a VAR-DD student: the nearest code of each vector, its
     greedy codes before the split)."""
     grid = list(models.ar.grid)
+    if getattr(models.ar, "decoder_kind", "codes") == "multi-scale-bits":
+        return bit_labels_json(models.ar, token_maps)
     if getattr(models.ar, "decoder_kind", "codes") != "multi-scale":
         return {"tokens": codes_of(models, outputs).tolist(), "grid": grid}
     patch_nums = models.ar.cfg.patch_nums
@@ -321,6 +323,17 @@ def tokens_json(models, outputs, token_maps=None) -> dict:
         token_maps = codes_of(models, outputs).split([p * p for p in patch_nums], dim=1)
     tokens = [[m[row].flatten().tolist() for m in token_maps] for row in range(outputs.shape[0])]
     return {"scales": [[p, p] for p in patch_nums[: len(token_maps)]], "tokens": tokens, "grid": grid}  # skipped: fewer
+
+
+def bit_labels_json(model, token_maps) -> dict:
+    """Infinity: every scale's bits at the VAE's grid as the release's integer labels (bit 0 the most significant),
+    ``{"scales": [[h, w], ...], "tokens": [image][scale][h*w], "grid": [h, w], "bits": d}``."""
+    from ..model_loaders.infinity.labels import labels_of
+
+    maps = [labels_of(model.to_vae_grid(bits)) for bits in token_maps]
+    shapes = [list(s) for s in model.vae_shapes()]
+    return {"scales": shapes, "tokens": [[m[row].flatten().tolist() for m in maps] for row in range(maps[0].shape[0])],
+            "grid": shapes[-1], "bits": model.vae_bits}
 
 
 def codes_of(models, outputs):
