@@ -18,7 +18,7 @@ from ..model_loaders.drafters.eagle import EagleHead
 from ..model_loaders.shared.protocol import CaptionConditioning, ClassConditioning, PromptConditioning
 from ..model_loaders.shared.quantized import weight_format
 from ..pipeline import CONDITIONING_NAMES, check_image_decoder, class_conditioning, conditioning_type
-from ..settings import NO_FLAGS, masked_settings_from, sampling_from
+from ..settings import NO_FLAGS, masked_settings_from, ratios_of, sampling_from
 from ..speed_dial import SPEEDS, choose
 from ..samplers.token_loops.acceptance import PROB_FILTERS
 from ..samplers.masked_loops.cspd import VERIFY_MODES, CSpDSettings
@@ -38,6 +38,7 @@ from ..samplers.decoders import (
 )
 from ..samplers.few_step_loops.distilled import DDSettings
 from ..samplers.few_step_loops.next_scale import VAR_SAMPLING
+from ..samplers.few_step_loops.scale_acceleration import ScaleAcceleration
 from ..samplers.token_loops.drafts import COUPLINGS, INIT_STRATEGIES
 from ..samplers.masked_loops.feature_reuse import FeatureReuse
 from ..samplers.masked_loops.masked import CFG_SCHEDULES, MaskedSettings
@@ -261,7 +262,7 @@ class SamplerBase(io.ComfyNode):
                   spec=cls.spec(**{k: v for k, v in decoder_widgets.items() if k not in MASKED_WIDGETS}),
                   masked=MaskedSettings(cfg_scale=cfg, temperature=temperature, reuse=cls.reuse(**decoder_widgets),
                                         **masked_widgets(decoder_widgets)),
-                  cspd=cls.cspd_settings(**decoder_widgets))
+                  cspd=cls.cspd_settings(**decoder_widgets), acceleration=cls.acceleration(**decoder_widgets))
         return io.NodeOutput(*job.run(model, conditioning, seed, batch, preview_vq or vq, vq, drafter))
 
     @classmethod
@@ -271,6 +272,11 @@ class SamplerBase(io.ComfyNode):
     @classmethod
     def reuse(cls, **decoder_widgets) -> FeatureReuse | None:
         """MAR's feature reuse (the LazyMAR sampler's widgets); None: every step in full."""
+        return None
+
+    @classmethod
+    def acceleration(cls, **decoder_widgets) -> ScaleAcceleration | None:
+        """VAR's FastVAR / SkipVAR (the AR sampler's last widgets); None: every scale in full."""
         return None
 
 
@@ -285,6 +291,7 @@ class Job:
     spec: DecoderSpec
     masked: MaskedSettings
     cspd: CSpDSettings | None = None
+    acceleration: ScaleAcceleration | None = None  # VAR's FastVAR / SkipVAR
 
     def run(self, model: ModelHandle, conditioning: Conditioning, seed: int, batch: int,
             preview_vq: ModelHandle | None, vq: ModelHandle | None, drafter: DrafterHandle | None):
@@ -308,8 +315,11 @@ class Job:
             settings["drafter_file"] = drafter.name
         if weight_format(ar) != "auto":
             settings["weights"] = weight_format(ar)
+        if self.acceleration is not None and ar.kind != NEXT_SCALE:
+            raise FastARError(f"fastvar_ratios, skip_scales and uncond_scales act on a VAR model's scales; {model.name} "
+                              f"is {ar.what}: clear them (empty, 0, 0)")
         if ar.kind == NEXT_SCALE:
-            return run_next_scale(self.node_id, model, rows, seed, sampling, preview_vq, settings)
+            return run_next_scale(self.node_id, model, rows, seed, sampling, preview_vq, settings, self.acceleration)
         if ar.kind == MASKED_AR:
             if sampling.top_k != SAMPLING.top_k or sampling.top_p != SAMPLING.top_p:
                 raise FastARError(f"top_k {sampling.top_k} / top_p {sampling.top_p}: {model.name} is a MAR model, which "
@@ -350,7 +360,7 @@ class Job:
 
 
 def run_next_scale(node_id: str, model: ModelHandle, rows, seed: int, sampling: SamplingSettings,
-                   vqvae: ModelHandle | None, settings: dict):
+                   vqvae: ModelHandle | None, settings: dict, acceleration: ScaleAcceleration | None = None):
     """A VAR generation under ComfyUI: each scale's codes go through the VQVAE into the next scale's input,
     so the VQVAE is needed here and not only to decode. Returns f_hat (``Latents``) and the stats."""
     ar = model.module
@@ -366,7 +376,8 @@ def run_next_scale(node_id: str, model: ModelHandle, rows, seed: int, sampling: 
     view = (lambda f_hat, done: glue.partial_latents_image(vqvae.module, f_hat[:1])) if glue.previews_enabled() else None
     progress = glue.DecodeProgress(node_id, ar.cfg.seq_len, "VAR", view)
     with glue.decoding():
-        f_hat, stats = decode_next_scale(ar, rows, sampling, seed=seed, vqvae=vqvae.module, on_iteration=progress)
+        f_hat, stats = decode_next_scale(ar, rows, sampling, seed=seed, vqvae=vqvae.module, on_iteration=progress,
+                                         acceleration=acceleration)
     stats.settings = {**stats.settings, **settings, "top_k": sampling.top_k, "top_p": sampling.top_p}
     return Latents(f_hat.float().cpu(), source="var"), stats
 
@@ -473,7 +484,31 @@ class SamplerAR(SamplerBase):
 
     @classmethod
     def decoder_inputs(cls) -> list:
-        return masked_inputs(optional=True)  # optional: prompts saved before MAR support stay valid
+        return [*masked_inputs(optional=True), *scale_acceleration_inputs()]  # optional: older prompts stay valid
+
+    @classmethod
+    def acceleration(cls, fastvar_ratios: str = "", skip_scales: int = 0, uncond_scales: int = 0,
+                     **widgets) -> ScaleAcceleration | None:
+        acceleration = ScaleAcceleration(prune_ratios=ratios_of(fastvar_ratios or ""), skip_last=skip_scales,
+                                         uncond_last=uncond_scales).validate()
+        return acceleration if acceleration.active else None
+
+
+def scale_acceleration_inputs() -> list:
+    """VAR's training-free accelerators on the AR sampler (all off by default: the exact baseline)."""
+    return [
+        io.String.Input("fastvar_ratios", default="", optional=True,
+                        tooltip="VAR models, FastVAR: shares of tokens pruned at the last scales that run, e.g. "
+                                "0.4,0.5 (its release's). At those scales each block's attention and FFN run on the "
+                                "tokens farthest from their scale's mean; the rest take the outputs of the scale "
+                                "before them. Empty: off. Relaxed: faster, not the exact baseline."),
+        io.Int.Input("skip_scales", default=0, min=0, max=16, optional=True,
+                     tooltip="VAR models: skip the last N scales (they neither run nor add detail). FastVAR's release "
+                             "skips 2 with 0.4,0.5; SkipVAR skips 1 to 3. 0: every scale."),
+        io.Int.Input("uncond_scales", default=0, min=0, max=16, optional=True,
+                     tooltip="VAR models, SkipVAR: the last N scales that run drop the guidance branch (half the "
+                             "work there) and sample from the conditional logits unguided. 0: off."),
+    ]
 
 
 class SamplerSJD(SamplerBase):

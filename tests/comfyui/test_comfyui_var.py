@@ -87,3 +87,17 @@ def test_var_dd_student_runs_in_the_dd_sampler_and_decodes_through_the_vqvae(com
     prompt["2"]["inputs"]["vq_name"] = "demo_vq.safetensors"
     error = failed(comfy, prompt)
     assert "writes the token maps of its scales: its image decoder is its multi-scale VQVAE" in error["exception_message"]
+
+
+def test_var_takes_fastvar_and_skipvar_from_the_ar_samplers_last_widgets(comfy):
+    """fastvar_ratios, skip_scales and uncond_scales (appended, optional): the Stats node shows the tokens each
+    scale forwarded; a wrong ratio stops the run with FastAR's message."""
+    prompt = var_prompt()
+    prompt["4"]["inputs"] |= {"fastvar_ratios": "0.5", "skip_scales": 1, "uncond_scales": 1}
+    entry = comfy.run(prompt)
+    assert entry["status"]["status_str"] == "success", harness.execution_error(entry)
+    text = next(out["text"][0] for out in entry["outputs"].values() if "text" in out)
+    assert "scale acceleration: tokens forwarded per scale 1/4/2.5/0 (plain 1/4/9/16)" in text  # 5 of 9, cond rows
+    assert len(images_of(comfy, entry)) == 2
+    prompt["4"]["inputs"]["fastvar_ratios"] = "1.5"
+    assert "not in [0, 1)" in failed(comfy, prompt)["exception_message"]
