@@ -54,11 +54,11 @@ def release_state_dict(model: Infinity, chunks: int = CHUNKS) -> dict:
             key = f"block_chunks.{int(index) // per_chunk}.module.{int(index) % per_chunk}.{rest}"
         sd[key] = value.clone()
     zero = torch.zeros(model.cfg.dim)
-    sd["text_proj_for_sos.ca.zero_k_bias"] = zero
+    sd["text_proj_for_sos.ca.zero_k_bias"] = zero.clone()
     for c in range(chunks):
         for j in range(per_chunk):
-            sd[f"block_chunks.{c}.module.{j}.sa.zero_k_bias"] = zero
-            sd[f"block_chunks.{c}.module.{j}.ca.zero_k_bias"] = zero
+            sd[f"block_chunks.{c}.module.{j}.sa.zero_k_bias"] = zero.clone()
+            sd[f"block_chunks.{c}.module.{j}.ca.zero_k_bias"] = zero.clone()
     return sd
 
 

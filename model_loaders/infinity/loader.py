@@ -11,6 +11,7 @@ from ``image_size`` and ``aspect_ratio`` (schedules.py).
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import torch
 
@@ -30,8 +31,8 @@ def load_infinity(path_or_state_dict, *, device="cpu", dtype=torch.float32, info
     of ``aspect_ratio`` ("W:H")."""
     sd, info = checkpoint_of(path_or_state_dict, info)
     sd = renumbered(sd)
-    cfg = infinity_config(sd, info.source, info.settings())
-    cfg.scales, cfg.rope_grid = scale_schedule(image_size, aspect_ratio)
+    scales, rope_grid = scale_schedule(image_size, aspect_ratio)
+    cfg = replace(infinity_config(sd, info.source, info.settings()), scales=scales, rope_grid=rope_grid)
     return build_and_load(Infinity, cfg, sd, info.source, device, dtype)
 
 

@@ -347,7 +347,7 @@ LLAMA_KEYS = {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weig
 # First match wins: put more specific families above the ones they resemble.
 FAMILIES = (
     Family("infinity", AR_MODEL, "an Infinity model",  # VAR's key names too (word_embed, lvl_embed, shared_ada_lin)
-           lambda sd: "word_embed.weight" in sd and has_prefix(sd, "text_proj_for_sos.")),
+           lambda sd: has_prefix(sd, "text_proj_for_sos.") or "cfg_uncond" in sd),
     Family("var-dd", AR_MODEL, "a Distilled Decoding student (VAR-DD)",
            lambda sd: "lvl_embed.weight" in sd and "n_d_embed.weight" in sd),
     Family("var", AR_MODEL, "a VAR model",
