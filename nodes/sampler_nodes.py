@@ -316,8 +316,8 @@ class Job:
         if weight_format(ar) != "auto":
             settings["weights"] = weight_format(ar)
         if self.acceleration is not None and ar.kind != NEXT_SCALE:
-            raise FastARError(f"fastvar_ratios, skip_scales and uncond_scales act on a VAR model's scales; {model.name} "
-                              f"is {ar.what}: clear them (empty, 0, 0)")
+            raise FastARError(f"fastvar_ratios, skip_scales and uncond_scales act on a VAR model's scales; "
+                              f"{model.name} is {ar.what}: clear them (empty, 0, 0)")
         if ar.kind == NEXT_SCALE:
             return run_next_scale(self.node_id, model, rows, seed, sampling, preview_vq, settings, self.acceleration)
         if ar.kind == MASKED_AR:
