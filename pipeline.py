@@ -158,7 +158,10 @@ def outputs_to_images(decoder, model, outputs: torch.Tensor) -> np.ndarray:
 
 def check_image_decoder(model, decoder) -> None:
     """The image decoder must read what the model writes: VQ codes of the same codebook, or KL latents with
-    the same channels."""
+    the same channels. A model whose pairing rule is its family's own (Infinity's BSQ VAE) checks it itself."""
+    if hasattr(model, "check_image_decoder"):
+        model.check_image_decoder(decoder)
+        return
     if getattr(model, "kind", "token-ar") == "masked-ar":
         if decoder.input_kind != "latents":
             raise FastARError(f"a MAR model writes continuous latents: its image decoder is a KL autoencoder (the "

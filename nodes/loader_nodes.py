@@ -70,11 +70,11 @@ def raise_if(message: str | None) -> None:
         raise FastARError(message)
 
 
-IMAGE_SIZES = ("auto", "128", "256", "384", "512")  # pixels; 128 is the demo model's
-# width:height, for the models whose release draws other shapes than squares (Emu3, Lumina-mGPT); 1:1 is every
-# model's; 5:3 and 2:1 are shapes of Lumina-mGPT's 512 px release
+IMAGE_SIZES = ("auto", "128", "256", "384", "512", "768", "1024")  # pixels; 128 is the demo model's
+# width:height, for the models whose release draws other shapes than squares (Emu3, Lumina-mGPT, Infinity); 1:1 is
+# every model's; 5:3 and 2:1 are shapes of Lumina-mGPT's 512 px release; 7:4, 5:2 and 3:1 Infinity's templates
 ASPECT_RATIOS = ("1:1", "4:3", "3:4", "5:4", "4:5", "3:2", "2:3", "16:9", "9:16", "21:9", "9:21", "5:3", "3:5", "2:1",
-                 "1:2")
+                 "1:2", "7:4", "4:7", "5:2", "2:5", "3:1", "1:3")
 
 
 def image_size_error(image_size: str) -> str | None:
@@ -148,8 +148,9 @@ class LoadARModel(CheckpointLoader):
                                tooltip="Image size in pixels. auto: what the checkpoint says (training args, config, "
                                        "or the size in an official file name such as c2i_L_384.pt = 384 px; 256 px "
                                        "with a warning in the console when nothing says; Emu3: 720, an area of "
-                                       "720 x 720 pixels). Pick a size for a file that does not say it, or to run "
-                                       "a model at another size."),
+                                       "720 x 720 pixels; Infinity: 1024, its release's 1M-pixel schedule, and "
+                                       "256, 512 or 768 pick its smaller ones). Pick a size for a file that does "
+                                       "not say it, or to run a model at another size."),
                 io.Combo.Input("compile", options=list(SWITCH), default="auto", optional=True,
                                tooltip="Decoding steps through torch.compile: the same images, faster steps "
                                        "(1.5-1.7x per image for the demo model on a CPU; 3.9-7.6x per step for "
@@ -169,7 +170,8 @@ class LoadARModel(CheckpointLoader):
                                        "squares (Emu3: the image keeps the area of image_size squared, 8 px per "
                                        "token: 16:9 at 720 is 68 x 120 tokens, 1:1 90 x 90; Lumina-mGPT: its "
                                        "release's shape of that ratio, 16:9 at 768 is 1024 x 576 px, and a ratio "
-                                       "it does not draw is refused with the ones it does). Other models draw "
+                                       "it does not draw is refused with the ones it does; Infinity: the scale "
+                                       "schedule of its nearest template, 1:1 to 3:1 and 1:3). Other models draw "
                                        "squares and refuse any other ratio than 1:1. The model is built for its "
                                        "grid: another ratio reloads it."),
             ],
