@@ -309,6 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--dd", action="store_true", help="bench a Distilled Decoding student (--model, default the "
                        "demo's) in 1 and 2 steps against its teacher's plain AR and flow-map AR (--teacher, default the "
                        "demo model; --cfg, --top-k ... are the teacher's: give the student's pair settings, cfg default 2.0)")
+    bench.add_argument("--var", action="store_true", help="bench a VAR model (--model, default the demo's) plain "
+                       "against FastVAR's and SkipVAR's settings, same classes and seeds: quality, tokens forwarded, "
+                       "FLOPs")
     bench.add_argument("--dial", action="store_true", help="measure the speed dial's candidates for token models "
                        "(speed_dial.py: every decoder and setting it can pick) and print each level's pick from them; "
                        "--decoders and the sweeps do not apply")
@@ -347,7 +350,8 @@ def build_parser() -> argparse.ArgumentParser:
     prof = add_command(sub, "profile", "ms per target forward and decoder iteration against the memory-bandwidth "
                                        "floor, on a random-weight model of a real shape")
     prof.add_argument("--shape", default="demo", help="tiny, demo, llamagen-b/-l/-xl/-xxl, lumina-mgpt-7b-768, anole-7b, "
-                      "janus-tiny, janus-pro-1b, janus-pro-7b; MAR: mar-tiny, mar-b, mar-l, mar-h")
+                      "janus-tiny, janus-pro-1b, janus-pro-7b; MAR: mar-tiny, mar-b, mar-l, mar-h; VAR (plain "
+                      "against FastVAR and SkipVAR, time per scale): var-d16, var-d20, var-d24, var-d30")
     prof.add_argument("--grid", help="a random shape's image grid, rows x columns of tokens (e.g. 8x8 for a quick CPU "
                       "run of a big shape; default: the release's)")
     prof.add_argument("--model", help="a token model's or a MAR's checkpoint instead of a random shape (e.g. the "
@@ -407,10 +411,12 @@ def command_bench(args) -> int:
     from .commands.bench.decoders import run_bench
     from .commands.bench.dd import run_dd_bench
     from .commands.bench.mar import run_mar_bench
+    from .commands.bench.var import run_var_bench
 
     check_arguments(args)
-    args.out = args.out or str(Path("out") / ("bench-mar" if args.mar else "bench-dd" if args.dd else "bench"))
-    (run_mar_bench if args.mar else run_dd_bench if args.dd else run_bench)(args)
+    args.out = args.out or str(Path("out") / ("bench-mar" if args.mar else "bench-dd" if args.dd else
+                                              "bench-var" if args.var else "bench"))
+    (run_mar_bench if args.mar else run_dd_bench if args.dd else run_var_bench if args.var else run_bench)(args)
     print(f"[bench] the report, its JSON and plots are in {args.out}")
     return 0
 

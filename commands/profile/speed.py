@@ -55,6 +55,7 @@ from ...samplers.decoders import DecoderSpec, decode
 from ...samplers.token_loops.loop_step import eager_loop_steps
 from ...samplers.processing import SamplingSettings
 from .loop_baselines import baseline_for
+from .var import VAR_SHAPES, run_var_profile
 from .mar import MAR_SHAPES, build_mar, check_mar_options, mar_batch, print_mar_batch, random_draft
 from .common import Timing, bandwidth, host_bandwidth, image_costs, randomise
 from .kernels import kernel_breakdown, print_breakdown
@@ -129,7 +130,7 @@ def build(shape: str, device: torch.device, dtype: torch.dtype, *, layers: int |
           grid: tuple[int, int] | None = None, seed: int = 0):
     """A random-weight model of ``shape`` (``layers``, ``grid``: overrides)."""
     if shape not in SHAPES:
-        raise FastARError(f"--shape {shape}: choose one of {', '.join([*SHAPES, *MAR_SHAPES])}")
+        raise FastARError(f"--shape {shape}: choose one of {', '.join([*SHAPES, *MAR_SHAPES, *VAR_SHAPES])}")
     with torch.device(device):
         model = SHAPES[shape].build(layers, grid)
     randomise(model, seed)
@@ -339,6 +340,8 @@ def run_memory(args) -> dict:
 
 
 def run_profile(args) -> dict:
+    if args.shape in VAR_SHAPES:  # scales, not windows: its own report
+        return write_report(run_var_profile(args), args.out)
     if args.memory:
         return write_report(run_memory(args), args.out)
     device = resolve_device(args.device or "auto")
