@@ -14,7 +14,7 @@ from fastar.model_loaders.infinity.labels import bits_of, labels_of
 from fastar.model_loaders.infinity.model import Infinity
 from fastar.model_loaders.infinity.schedules import TEMPLATES, scale_schedule, template_of
 from fastar.model_loaders.shared.checkpoint import detect_family
-from fastar.model_loaders.shared.protocol import CaptionConditioning
+from fastar.model_loaders.shared.protocol import CaptionConditioning, ModelOutput
 from fastar.samplers.few_step_loops.next_scale import next_scale_decode
 from fastar.samplers.processing import SamplingSettings, probabilities
 from tiny_infinity import TEXT, captions, release_state_dict, tiny_infinity, tiny_vae
@@ -222,14 +222,15 @@ def test_the_pipelines_top_k_and_top_p_on_two_way_choices_are_the_releases():
     """The release (sample_with_top_k_top_p_also_inplace_modifying_logits_): top-k keeps logits not below the k-th
     largest (k past 2 keeps both); top-p drops the smaller choice when its probability is at most 1 - top_p."""
     logits = torch.randn(4000, 2, generator=torch.Generator().manual_seed(0)) * 3
+    out = ModelOutput(logits)
     for top_p in (0.97, 0.8, 0.55):
-        kept = probabilities(type("Out", (), {"cond": logits, "uncond": None})(), SamplingSettings(1.0, top_p=top_p)) > 0
+        kept = probabilities(out, SamplingSettings(1.0, top_p=top_p)) > 0
         small = logits.softmax(-1).min(-1)
         release = torch.ones_like(kept)
         release[torch.arange(4000), small.indices] = small.values > 1 - top_p
         assert torch.equal(kept, release), top_p
     for top_k, both in ((900, True), (1, False)):
-        kept = probabilities(type("Out", (), {"cond": logits, "uncond": None})(), SamplingSettings(1.0, top_k=top_k)) > 0
+        kept = probabilities(out, SamplingSettings(1.0, top_k=top_k)) > 0
         assert bool(kept.all(-1).all()) == both and bool(kept.any(-1).all())
 
 
@@ -310,7 +311,7 @@ def test_schedules_sizes_and_aspect_ratios():
     model = load_ar_model_of(tiny_infinity(), image_size=512, aspect_ratio="21:9")
     assert model.grid == (20, 50) and model.cfg.rope_grid == (40, 100)  # the 0.4 template (5:2)
     for size, ratio, message in ((768, None, r"image size 768: Infinity draws 256, 512, 1024 px"),
-                                 (256, "4:1", r"aspect ratio 4:1: .*\(1:1, 4:5, 5:4, 3:4, 4:3, 2:3, 3:2, 4:7, 7:4, 1:2"),
+                                 (256, "4:1", r"ratio 4:1: .*\(1:1, 4:5, 5:4, 3:4, 4:3, 2:3, 3:2, 4:7, 7:4, 1:2"),
                                  (256, "wide", "WIDTH:HEIGHT")):
         with pytest.raises(FastARError, match=message):
             scale_schedule(size, ratio)

@@ -97,7 +97,8 @@ def rope_angles(cfg: InfinityConfig, head_dim: int, device) -> tuple[torch.Tenso
     for h, w in cfg.scales:  # computed as the release computes them (fp32 products, rounded half to even)
         rows.append((torch.arange(h) * (top_h / h)).round().int().view(h, 1).expand(h, w).reshape(-1))
         cols.append((torch.arange(w) * (top_w / w)).round().int().view(1, w).expand(h, w).reshape(-1))
-    angles = torch.cat([torch.outer(torch.cat(rows).float(), inv_freq), torch.outer(torch.cat(cols).float(), inv_freq)], -1)
+    rows, cols = torch.cat(rows).float(), torch.cat(cols).float()
+    angles = torch.cat([torch.outer(rows, inv_freq), torch.outer(cols, inv_freq)], -1)
     return angles.cos().to(device), angles.sin().to(device)
 
 
@@ -281,8 +282,9 @@ class Infinity(nn.Module):
         """``vae`` must be the BSQ VAE the model was trained with: its bits per cell, 16 px per token."""
         cell = PIXELS_PER_TOKEN // (2 if self.cfg.patchify else 1)
         if vae is None:
-            raise FastARError(f"{self.what} needs its BSQ VAE as the image decoder ({release_name(self.vae_bits, cell)}):"
-                              " each scale's bits become the next scale's input through it. Give it with --vq")
+            raise FastARError(f"{self.what} needs its BSQ VAE as the image decoder "
+                              f"({release_name(self.vae_bits, cell)}): each scale's bits become the next scale's input "
+                              "through it. Give it with --vq")
         check_image_decoder(vae, self.vae_bits, cell, self.what)
 
     def to_vae_grid(self, bits: torch.Tensor) -> torch.Tensor:

@@ -184,7 +184,7 @@ def redraw(model, seed: int) -> None:
             p.copy_(r * gain * p.shape[1] ** -0.5)
         elif name.endswith("ada_gss"):
             p.copy_(r * 0.3)
-        else:  # pos_start, lvl_embed, word_embed's... no: embeddings, cfg_uncond, the pool's query
+        else:  # pos_start, lvl_embed, word_embed (unit entries), cfg_uncond, the pool's query
             p.copy_(r)
         p.copy_(p.half().float())
 
@@ -360,7 +360,8 @@ def build_case(name: str, case: dict, official, official_vae, dynamic_resolution
             mask = vae.quantizer.lfq.mask
             codes = [[labels(b[0], mask) for b in o[1]] for o in outs]
             vae_grid = [list(b.shape[1:3]) for b in outs[0][1]]
-            runs.append({"name": f"greedy {ratio} cfg {cfg} tau {tau}", "aspect_ratio": ratio, "template": float(template),
+            runs.append({"name": f"greedy {ratio} cfg {cfg} tau {tau}", "aspect_ratio": ratio,
+                         "template": float(template),
                          "args": ["--prompt", PROMPTS[0], "--prompt", PROMPTS[1], "--cfg", cfg, "--temperature", tau,
                                   "--top-k", 1, "--image-size", 256, "--aspect-ratio", ratio, "--decoder", "ar"],
                          "scales": [list(s) for s in schedule], "vae_grid": vae_grid, "codes": codes,
@@ -377,8 +378,8 @@ def build(checkout: Path, commit: str) -> None:
     make_t5_folder(t5)
     for name, case in CASES.items():
         runs, path, seed = build_case(name, case, official, official_vae, dynamic_resolution, t5)
-        files = {"model": path.name, "vae": f"../infinity_vae/{next(c['file'] for c in vae_builder.CASES if c['name'] == case['vae'])}",
-                 "t5": "../infinity_2b/t5"}
+        vae_file = next(c["file"] for c in vae_builder.CASES if c["name"] == case["vae"])
+        files = {"model": path.name, "vae": f"../infinity_vae/{vae_file}", "t5": "../infinity_2b/t5"}
         layout = ("apply_spatial_patchify 1, saved as two safetensors shards with model.safetensors.index.json, read "
                   "back by load_sharded_checkpoint" if case["patchify"] else
                   "saved as torch.save(state_dict), read back by Infinity.load_state_dict")
