@@ -358,3 +358,30 @@ def test_damaged_and_wrong_files_and_bad_captions_are_refused_in_words(tmp_path)
             (CaptionConditioning(torch.zeros(1, 13, TEXT), torch.ones(1, 13, dtype=torch.bool)), "at most 12")):
         with pytest.raises(FastARError, match=message):
             next_scale_decode(model, vae, conditioning, SamplingSettings(3.0), generator=None)
+
+
+def test_label_files_give_the_bits_back_and_bad_ones_are_refused():
+    from fastar.model_loaders.infinity.labels import f_hat_of_labels
+
+    model, vae = tiny_infinity(bits=16, patchify=True), tiny_vae(16, patchify=True)
+    g = torch.Generator().manual_seed(2)
+    f_hat, tokens = torch.zeros(2, *model.f_hat_shape), [[], []]
+    for scale, (h, w) in enumerate(model.scale_shapes):
+        bits = torch.randint(0, 2, (2, h, w, 16), generator=g)
+        f_hat, _ = model.next_input(vae, f_hat, bits, scale)
+        for row, labels in enumerate(labels_of(model.to_vae_grid(bits))):
+            tokens[row].append(labels.flatten().tolist())
+    shapes = model.vae_shapes()
+    torch.testing.assert_close(f_hat_of_labels(vae, shapes, tokens, 4, "t.json"), f_hat)
+    with pytest.raises(FastARError, match="t.json holds labels of 5 bits but the VAE codes 4"):
+        f_hat_of_labels(vae, shapes, tokens, 5, "t.json")
+    tokens[1][2][0] = 16
+    with pytest.raises(FastARError, match=r"t.json: scale 2 should hold 64 labels in 0..15 per image"):
+        f_hat_of_labels(vae, shapes, tokens, 4, "t.json")
+
+
+def test_a_patchified_model_needs_bits_that_fold_into_2x2_cells(tmp_path):
+    torch.save(release_state_dict(tiny_infinity(bits=6)), tmp_path / "odd.pth")
+    (tmp_path / "odd.json").write_text('{"apply_spatial_patchify": 1}')
+    with pytest.raises(FastARError, match="odd.pth: 6 bits per token cannot be 2 x 2 patches"):
+        load_ar_model(tmp_path / "odd.pth", image_size=256)
