@@ -286,7 +286,13 @@ def test_sizes_come_from_the_weights_and_every_release_layout_loads_the_same(tmp
     import json
 
     (shards / "model.safetensors.index.json").write_text(json.dumps({"weight_map": index}))
-    for path in (tmp_path / "raw.pth", tmp_path / "full.pth", shards):
+    pickled = tmp_path / "pickled_shards"  # load_sharded_checkpoint's other form
+    pickled.mkdir()
+    for n, part in enumerate((keys[:40], keys[40:]), start=1):
+        torch.save({k: sd[k] for k in part}, pickled / f"pytorch_model-0000{n}-of-00002.bin")
+    bin_index = {k: f"pytorch_model-0000{1 + (i >= 40)}-of-00002.bin" for i, k in enumerate(keys)}
+    (pickled / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": bin_index}))
+    for path in (tmp_path / "raw.pth", tmp_path / "full.pth", shards, pickled):
         loaded = load_ar_model(path, image_size=256)
         cfg = loaded.cfg
         assert (cfg.depth, cfg.dim, cfg.n_head, cfg.ffn_hidden, cfg.text_channels, cfg.pool_heads, cfg.bits,
