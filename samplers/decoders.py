@@ -325,11 +325,12 @@ def decode_masked(model, conditioning, settings: MaskedSettings, decoder: str = 
 def decode_next_scale(model, conditioning, sampling: SamplingSettings, *, seed: int, vqvae, decoder: str = "ar",
                       on_iteration: ProgressFn | None = None, noise=None, flow_steps: int = FlowMapSettings.steps,
                       scale_codes: list | None = None, acceleration: ScaleAcceleration | None = None):
-    """VAR's sampler: f_hat ``[B, C, h, w]`` (the VQVAE decoder's input) and its DecodeStats. ``vqvae`` (the
-    model's multi-scale VQVAE) turns each scale's codes into the next scale's input. ``fm`` draws every token by
-    the flow map of its own noise (``noise`` [B, L, C], or seeded): the same distribution, a deterministic image.
-    ``scale_codes``, a list, receives each scale's codes ``[B, pn, pn]``. ``acceleration``: FastVAR's pruning and
-    skipping, SkipVAR's (few_step_loops/scale_acceleration.py)."""
+    """VAR's and Infinity's sampler: f_hat ``[B, C, h, w]`` (the image decoder's input) and its DecodeStats.
+    ``vqvae`` (VAR's multi-scale VQVAE, Infinity's BSQ VAE) turns each scale's codes into the next scale's input.
+    ``fm`` (VAR) draws every token by the flow map of its own noise (``noise`` [B, L, C], or seeded): the same
+    distribution, a deterministic image. ``scale_codes``, a list, receives each scale's codes ``[B, pn, pn]``
+    (Infinity's bits ``[B, h, w, bits]``). ``acceleration``: FastVAR's pruning and skipping, SkipVAR's
+    (few_step_loops/scale_acceleration.py)."""
     check_decoder(decoder, model, None)
     own_check = getattr(model, "check_image_decoder", None)  # Infinity's: its BSQ VAE
     if own_check is not None:
