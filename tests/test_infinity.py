@@ -308,7 +308,7 @@ def test_sizes_come_from_the_weights_and_every_release_layout_loads_the_same(tmp
 
 def test_schedules_sizes_and_aspect_ratios():
     assert len(TEMPLATES) == 15 and list(TEMPLATES)[:5] == [1.0, 1.25, 0.8, 1.333, 0.75]
-    assert [len(scale_schedule(size, None)[0]) for size in (256, 512, 1024)] == [7, 10, 13]
+    assert [len(scale_schedule(size, None)[0]) for size in (256, 512, 768, 1024)] == [7, 10, 12, 13]
     assert scale_schedule(None, None) == scale_schedule(1024, "1:1")
     assert scale_schedule(256, "1:1") == ([(1, 1), (2, 2), (4, 4), (6, 6), (8, 8), (12, 12), (16, 16)], (64, 64))
     scales, rope = scale_schedule(1024, "16:9")  # h/w 0.5625: the 0.571 template (4:7)
@@ -316,7 +316,7 @@ def test_schedules_sizes_and_aspect_ratios():
     assert scale_schedule(512, "3:4")[0][-1] == (36, 27) and template_of("2:3") == 1.5
     model = load_ar_model_of(tiny_infinity(), image_size=512, aspect_ratio="21:9")
     assert model.grid == (20, 50) and model.cfg.rope_grid == (40, 100)  # the 0.4 template (5:2)
-    for size, ratio, message in ((768, None, r"image size 768: Infinity draws 256, 512, 1024 px"),
+    for size, ratio, message in ((640, None, r"image size 640: Infinity draws 256, 512, 768, 1024 px"),
                                  (256, "4:1", r"ratio 4:1: .*\(1:1, 4:5, 5:4, 3:4, 4:3, 2:3, 3:2, 4:7, 7:4, 1:2"),
                                  (256, "wide", "WIDTH:HEIGHT")):
         with pytest.raises(FastARError, match=message):

@@ -27,7 +27,7 @@ PATCHIFIED_BITS = (56,)  # the 8B's VAE codes 14 bits per 8 px patch, and its to
 
 def load_infinity(path_or_state_dict, *, device="cpu", dtype=torch.float32, info: CheckpointInfo | None = None,
                   image_size: int | None = None, aspect_ratio: str | None = None) -> Infinity:
-    """An Infinity transformer in eval mode without gradients, drawing ``image_size`` px (256, 512 or 1024) images
+    """An Infinity transformer in eval mode without gradients, drawing ``image_size`` px (256, 512, 768, 1024) images
     of ``aspect_ratio`` ("W:H")."""
     sd, info = checkpoint_of(path_or_state_dict, info)
     sd = renumbered(sd)

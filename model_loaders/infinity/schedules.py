@@ -2,7 +2,8 @@
 
 The release keeps a table of grids for eight height/width templates (1, 1.25, 1.333, 1.5, 1.75, 2, 2.5, 3), each
 also mirrored (width/height, its key cut to three decimals: 0.8, 0.75, 0.666, ...). A schedule is the table's first
-7 grids at 256 px (its "0.06M"), 10 at 512 px ("0.25M") and 13 at 1024 px ("1M"); every grid is 16 px per token
+7 grids at 256 px (its "0.06M"), 10 at 512 px ("0.25M"), 12 at 768 px ("0.60M": in the table, not among
+run_infinity.py's --pn choices) and 13 at 1024 px ("1M"); every grid is 16 px per token
 (the 8B's VAE works at twice the grid, in 8 px patches that the transformer folds 2 x 2). Schedules of one template
 are prefixes of each other, so a scale's tokens sit at the same place in every size's sequence, and RoPE is measured
 against the 1M schedule's last grid. A ratio takes the nearest template (the release's argmin, first listed wins a
@@ -32,7 +33,7 @@ PORTRAIT_GRIDS = {
     3.000: [(1, 1), (2, 2), (6, 2), (9, 3), (15, 5), (21, 7), (27, 9), (36, 12), (45, 15), (54, 18), (72, 24),
             (90, 30), (111, 37)],
 }
-SCALES_AT = {256: 7, 512: 10, 1024: 13}  # image size (px) -> scales: the release's 0.06M, 0.25M and 1M
+SCALES_AT = {256: 7, 512: 10, 768: 12, 1024: 13}  # image size (px) -> scales: the release's 0.06M ... 1M
 PIXELS_PER_TOKEN = 16
 FAR = 1.15  # a ratio more than 15% off its nearest template is refused
 
@@ -82,6 +83,6 @@ def scale_schedule(image_size: int | None, aspect_ratio: str | None) -> tuple[li
     size = 1024 if image_size is None else image_size
     if size not in SCALES_AT:
         raise FastARError(f"image size {size}: Infinity draws {', '.join(map(str, SCALES_AT))} px images (its "
-                          "0.06M, 0.25M and 1M schedules); pick one of those")
+                          "0.06M, 0.25M, 0.60M and 1M schedules); pick one of those")
     grids = TEMPLATES[template_of(aspect_ratio)]
     return grids[: SCALES_AT[size]], grids[-1]

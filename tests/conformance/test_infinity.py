@@ -11,7 +11,7 @@ from fastar.model_loaders.infinity.schedules import SCALES_AT, TEMPLATES, scale_
 from fastar.tests.conformance.common import assert_image_close, expected, fastar, fixture, generated_codes
 
 CASES = ("infinity_2b", "infinity_8b")
-SIZES = {"0.06M": 256, "0.25M": 512, "1M": 1024}
+SIZES = {"0.06M": 256, "0.25M": 512, "0.60M": 768, "1M": 1024}
 
 
 def files(case: str) -> list:

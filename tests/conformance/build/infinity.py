@@ -315,9 +315,9 @@ def schedules_record(dynamic_resolution) -> dict:
     for ratio in RATIOS:
         w, h = (int(x) for x in ratio.split(":"))
         chosen[ratio] = templates[int(abs(dynamic_resolution.h_div_w_templates - h / w).argmin())]
+    sizes = ("0.06M", "0.25M", "0.60M", "1M")
     return {"templates": templates, "chosen": chosen,
-            "scales": {str(t): {pn: [list(s[1:]) for s in table[t][pn]["scales"]] for pn in ("0.06M", "0.25M", "1M")}
-                       for t in table}}
+            "scales": {str(t): {pn: [list(s[1:]) for s in table[t][pn]["scales"]] for pn in sizes} for t in table}}
 
 
 def build_case(name: str, case: dict, official, official_vae, dynamic_resolution, t5: Path) -> list:
