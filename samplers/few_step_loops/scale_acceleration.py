@@ -122,8 +122,10 @@ class CachedTokenPruning:
     """One generation's ScalePruning (model_loaders/shared/protocol.py): FastVAR's rule at the plan's scales,
     everything else passed through; counts every sub-layer's tokens either way."""
 
-    def __init__(self, plan: ScalePlan, patch_nums):
-        self.plan, self.patch_nums = plan, tuple(patch_nums)
+    def __init__(self, plan: ScalePlan, shapes):
+        """``shapes``: each scale's (h, w), or its side for square scales (VAR's patch_nums)."""
+        self.plan = plan
+        self.shapes = [(s, s) if isinstance(s, int) else tuple(s) for s in shapes]
         self.cached: dict = {}  # (block, name) -> that sub-layer's output at the cache scale
         self.keys: dict = {}  # block -> keys cached per row so far
         self.scale, self.work = 0, []
@@ -134,8 +136,7 @@ class CachedTokenPruning:
         return self
 
     def hw(self, scale: int) -> tuple[int, int]:
-        pn = self.patch_nums[scale]
-        return (pn, pn)
+        return self.shapes[scale]
 
     def keep(self, block: int, name: str, x: torch.Tensor) -> Optional[torch.Tensor]:
         ratio = self.plan.ratios.get(self.scale, 0.0)
@@ -172,13 +173,13 @@ def transformer_flops(tokens: dict, attention: list, dim: int, hidden: int) -> f
     return projections + scores + 2 * tokens.get("ffn", 0) * 2 * dim * hidden
 
 
-def plain_work(patch_nums, rows: int, depth: int) -> list[ScaleWork]:
+def plain_work(shapes, rows: int, depth: int) -> list[ScaleWork]:
     """The work of VAR's plain sampler, scale by scale, counted like an accelerated run's."""
     works, keys = [], 0
-    for pn in patch_nums:
-        keys += pn * pn
-        tokens = {name: pn * pn * rows * depth for name in SUBLAYERS}
-        works.append(ScaleWork(tokens, [(pn * pn * rows, keys)] * depth))
+    for h, w in shapes:
+        keys += h * w
+        tokens = {name: h * w * rows * depth for name in SUBLAYERS}
+        works.append(ScaleWork(tokens, [(h * w * rows, keys)] * depth))
     return works
 
 
@@ -187,7 +188,7 @@ def report(stats, acceleration: ScaleAcceleration, pruning: CachedTokenPruning, 
     """Fill ``stats`` with what the acceleration saved: per scale, the share of the plain sampler's transformer
     FLOPs done (``recomputed_share``, 0 for a skipped scale) and over the image (``transformer_work``); the
     tokens each sub-layer forwarded per image row, next to the plain sampler's."""
-    plain = plain_work(pruning.patch_nums, rows, depth)
+    plain = plain_work(pruning.shapes, rows, depth)
     done = pruning.work + [ScaleWork() for _ in plain[len(pruning.work):]]
     flops = [transformer_flops(w.tokens, w.attention, dim, hidden) for w in done]
     plain_flops = [transformer_flops(w.tokens, w.attention, dim, hidden) for w in plain]
@@ -208,9 +209,9 @@ class AcceleratedScales:
             raise FastARError(f"FastVAR and SkipVAR act on next-scale models whose blocks take them; this is "
                               f"{getattr(model, 'what', type(model).__name__)}")
         self.acceleration, self.model, self.session, self.rows = acceleration, model, session, rows
-        patch_nums = model.cfg.patch_nums
-        self.plan = acceleration.validate().plan(len(patch_nums), len(model.blocks))
-        self.pruning = CachedTokenPruning(self.plan, patch_nums)
+        shapes = getattr(model, "scale_shapes", None) or model.cfg.patch_nums  # Infinity's (h, w), VAR's sides
+        self.plan = acceleration.validate().plan(len(shapes), len(model.blocks))
+        self.pruning = CachedTokenPruning(self.plan, shapes)
 
     @property
     def runs(self) -> int:
@@ -222,7 +223,7 @@ class AcceleratedScales:
 
     def report(self, stats) -> None:
         """Stats of the image as made: the skipped scales' tokens were never drawn."""
-        drawn = sum(pn * pn for pn in self.model.cfg.patch_nums[: self.runs])
+        drawn = sum(h * w for h, w in self.pruning.shapes[: self.runs])
         stats.tokens, stats.fixed_at = drawn, [row[:drawn] for row in stats.fixed_at]
         cfg = self.model.cfg
         report(stats, self.acceleration, self.pruning, rows=self.rows, depth=cfg.depth,

@@ -36,7 +36,7 @@ def test_default_schedule_on_infinitys_scales_lets_through_the_official_token_co
     assert [widths[s] for s in range(plan.runs, len(widths))] == expect["skipped_widths"]
     assert widths[plan.cache_scale] == expect["cached_width"]
     assert list(plan.blocks) == expect["pruned_layers"]
-    pruning = CachedTokenPruning(plan, widths)
+    pruning = CachedTokenPruning(plan, [(w, w) for w in widths])
     for scale in range(plan.runs):
         pruning.at(scale)
         x = torch.randn(1, widths[scale] ** 2, 2)
