@@ -22,6 +22,10 @@ from .model import Infinity, InfinityConfig
 from .schedules import scale_schedule
 
 CHUNKED = re.compile(r"^block_chunks\.(\d+)\.module\.(\d+)\.")
+# buffers the release's load_state_dict drops from a file (its attention masks; FastAR makes none) and its zero key
+# biases (zeros the model adds without storing)
+DROPPED = re.compile(r"(^|\.)zero_k_bias$"
+                     r"|^(lvl_1L|attn_bias_for_masking|Infinity_visible_kvlen|Infinity_invisible_qlen)$")
 PATCHIFIED_BITS = (56,)  # the 8B's VAE codes 14 bits per 8 px patch, and its tokens fold 2 x 2 patches
 
 
@@ -37,13 +41,13 @@ def load_infinity(path_or_state_dict, *, device="cpu", dtype=torch.float32, info
 
 
 def renumbered(sd):
-    """``block_chunks.{c}.module.{j}.*`` as ``blocks.{i}.*``, i counting through the chunks in order; the zero key
-    biases the release registers as buffers left out (the model adds none)."""
+    """``block_chunks.{c}.module.{j}.*`` as ``blocks.{i}.*``, i counting through the chunks in order; ``DROPPED``
+    left out."""
     chunks = [CHUNKED.match(k) for k in sd]
     per_chunk = 1 + max((int(m.group(2)) for m in chunks if m), default=-1)
     names = {}
     for key, found in zip(sd, chunks):
-        if key.endswith("zero_k_bias"):
+        if DROPPED.search(key):
             continue
         if found:
             index = int(found.group(1)) * per_chunk + int(found.group(2))
