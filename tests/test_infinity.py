@@ -392,3 +392,17 @@ def test_a_patchified_model_needs_bits_that_fold_into_2x2_cells(tmp_path):
     (tmp_path / "odd.json").write_text('{"apply_spatial_patchify": 1}')
     with pytest.raises(FastARError, match="odd.pth: 6 bits per token cannot be 2 x 2 patches"):
         load_ar_model(tmp_path / "odd.pth", image_size=256)
+
+
+def test_8_bit_weights_run_through_the_layers(tmp_path):
+    """int8 blocks (quantized.py) hold codes, not weights: the model calls its layers, and draws nearly fp32's bits."""
+    torch.save(release_state_dict(tiny_infinity()), tmp_path / "infinity_tiny.pth")
+    drawn = {}
+    for weights in ("auto", "int8"):
+        model = load_ar_model(tmp_path / "infinity_tiny.pth", image_size=256, weights=weights)
+        drawn[weights] = []
+        next_scale_decode(model, tiny_vae(), captions(), SamplingSettings(3.0, temperature=0.0),
+                          generator=torch.Generator().manual_seed(0), scale_codes=drawn[weights])
+    assert type(model.blocks[0].sa.mat_qkv).__name__ == "QuantizedLinear"
+    agree = (drawn["auto"][-1] == drawn["int8"][-1]).float().mean()
+    assert 0.9 < agree < 1.0, agree  # 8-bit rounding flips a few bits, no more

@@ -120,7 +120,8 @@ class SelfAttention(nn.Module):
 
     def forward(self, x, cos, sin, slots: "ScaleSlots"):
         B, L, C = x.shape
-        qkv = F.linear(x, self.mat_qkv.weight, torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias]))
+        # the layers are called, never their weights read: streamed and 8-bit layers hold them otherwise
+        qkv = self.mat_qkv(x) + torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])
         q, k, v = qkv.view(B, L, 3, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
         q = F.normalize(q.float(), dim=-1) * self.scale_mul_1H11.float().clamp(max=MAX_SCALE_MUL).exp()
         k = F.normalize(k.float(), dim=-1)
@@ -145,7 +146,7 @@ class CrossAttention(nn.Module):
 
     def keys_values(self, text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``[R, heads, T, head_dim]`` each, from text ``[R, T, kv_dim]``."""
-        kv = F.linear(text, self.mat_kv.weight, torch.cat([torch.zeros_like(self.v_bias), self.v_bias]))
+        kv = self.mat_kv(text) + torch.cat([torch.zeros_like(self.v_bias), self.v_bias])
         k, v = kv.view(*text.shape[:2], 2, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
         return k, v
 
@@ -185,7 +186,7 @@ class Block(nn.Module):
     def forward(self, x, gss, text, mask, cos, sin, slots):
         """``x`` [R, L, dim] fp32 (the residual stream); ``gss`` [R, 1, 6, dim] fp32; ``text`` this block's
         cross-attention keys and values."""
-        dtype = self.ffn.fc1.weight.dtype
+        dtype = self.ada_gss.dtype  # the weights' (a layer's own may be 8-bit codes)
         gamma1, gamma2, scale1, scale2, shift1, shift2 = (self.ada_gss.float() + gss).unbind(2)
         attn_in = layer_norm(x, self.eps) * (1 + scale1) + shift1
         x = x + self.sa(attn_in.to(dtype), cos, sin, slots).float() * gamma1
