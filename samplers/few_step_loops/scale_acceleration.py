@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from ...errors import FastARError
 
-SUBLAYERS = ("attn", "ffn")  # VAR's; a family with cross-attention counts a third
+SUBLAYERS = ("attn", "ffn")  # VAR's; a family with cross-attention names a third ("cross"), counted as it is met
 
 
 @dataclass(frozen=True)
@@ -167,18 +167,18 @@ class CachedTokenPruning:
 
 def transformer_flops(tokens: dict, attention: list, dim: int, hidden: int) -> float:
     """Multiply-adds x 2 of a scale's blocks: q, k, v and the output projection, scores and values over the keys,
-    and the FFN, from the token-rows each ran (norms, embeddings and the head left out)."""
+    and the FFN, from the token-rows each ran (norms, embeddings, the head and a cross-attention left out)."""
     projections = 2 * tokens.get("attn", 0) * 4 * dim * dim
     scores = sum(4 * rows * keys * dim for rows, keys in attention)
     return projections + scores + 2 * tokens.get("ffn", 0) * 2 * dim * hidden
 
 
-def plain_work(shapes, rows: int, depth: int) -> list[ScaleWork]:
+def plain_work(shapes, rows: int, depth: int, names=SUBLAYERS) -> list[ScaleWork]:
     """The work of VAR's plain sampler, scale by scale, counted like an accelerated run's."""
     works, keys = [], 0
     for h, w in shapes:
         keys += h * w
-        tokens = {name: h * w * rows * depth for name in SUBLAYERS}
+        tokens = {name: h * w * rows * depth for name in names}
         works.append(ScaleWork(tokens, [(h * w * rows, keys)] * depth))
     return works
 
@@ -188,13 +188,14 @@ def report(stats, acceleration: ScaleAcceleration, pruning: CachedTokenPruning, 
     """Fill ``stats`` with what the acceleration saved: per scale, the share of the plain sampler's transformer
     FLOPs done (``recomputed_share``, 0 for a skipped scale) and over the image (``transformer_work``); the
     tokens each sub-layer forwarded per image row, next to the plain sampler's."""
-    plain = plain_work(pruning.shapes, rows, depth)
+    names = sorted({name for work in pruning.work for name in work.tokens}) or SUBLAYERS
+    plain = plain_work(pruning.shapes, rows, depth, names)
     done = pruning.work + [ScaleWork() for _ in plain[len(pruning.work):]]
     flops = [transformer_flops(w.tokens, w.attention, dim, hidden) for w in done]
     plain_flops = [transformer_flops(w.tokens, w.attention, dim, hidden) for w in plain]
     stats.recomputed_share = [f / p for f, p in zip(flops, plain_flops)]
     stats.transformer_work = sum(flops) / sum(plain_flops)
-    per_row = lambda works: [sum(w.tokens.values()) / (rows * depth * len(SUBLAYERS)) for w in works]  # noqa: E731
+    per_row = lambda works: [sum(w.tokens.values()) / (rows * depth * len(names)) for w in works]  # noqa: E731
     stats.settings["scale_acceleration"] = {
         **asdict(acceleration), "pruned_blocks": [pruning.plan.blocks.start, pruning.plan.blocks.stop],
         "forwarded_tokens": per_row(done), "plain_tokens": per_row(plain), "flops_share": stats.transformer_work}
