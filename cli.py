@@ -37,18 +37,19 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                    "Janus folder holds its own: give the --model folder again (default: a bundled model's own)")
     p.add_argument("--image-size", type=int, help="image size in pixels (square), for a checkpoint that does not say "
                    "it or to run at another size (default: from its training args, config or file name, e.g. 384 for "
-                   "c2i_L_384.pt)")
+                   "c2i_L_384.pt; Infinity: 1024, or 256, 512, 768 for its smaller schedules)")
     p.add_argument("--cfg", type=float, help="classifier-free guidance. Token models and MAR: 1 = off, default "
                    f"{SAMPLING_DEFAULTS.cfg_scale} (the bundled MAR demo's own: 3; Emu3: the release's 3); VAR: ramped "
                    "from none at the first "
                    f"scale to --cfg at the last (1 still guides), 0 = off, default the release's "
-                   f"{VAR_SAMPLING.cfg_scale}; a DD student has none (1)")
+                   f"{VAR_SAMPLING.cfg_scale}; Infinity: the same at every scale, 1 = off, default the release's 3; "
+                   "a DD student has none (1)")
     p.add_argument("--temperature", type=float, help=f"0 = greedy (default {SAMPLING_DEFAULTS.temperature:g}, or the "
-                   "model's own)")
+                   "model's own: Infinity's tau, 0.5 for the 2B and 1 for the 8B as their releases sample)")
     p.add_argument("--top-k", type=int, help=f"0 = off; default off ({SAMPLING_DEFAULTS.top_k}), for VAR the "
-                   f"release's {VAR_SAMPLING.top_k}, for Emu3 the release's 2048 (give 0 to turn it off)")
+                   f"release's {VAR_SAMPLING.top_k} (Infinity's too), for Emu3 the release's 2048 (give 0 to turn it off)")
     p.add_argument("--top-p", type=float, help=f"1 = off; default off ({SAMPLING_DEFAULTS.top_p:g}), for VAR the "
-                   f"release's {VAR_SAMPLING.top_p:g} (the bundled VAR demo's own: 0.7; give 1 to turn it off)")
+                   f"release's {VAR_SAMPLING.top_p:g} (the bundled VAR demo's own: 0.7; Infinity's 0.97; give 1 to turn it off)")
     p.add_argument("--window", type=int, default=SPEC_DEFAULTS.window,
                    help="SJD/GSD: tokens per forward (last fixed token + drafts: at least 2; plain AR is --decoder ar)")
     p.add_argument("--init", choices=INIT_STRATEGIES, default=SPEC_DEFAULTS.init, help="SJD/GSD: draft initialisation")
@@ -271,8 +272,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--negative-prompt", action="append", help="Emu3: what CFG guides away from, one for every row "
                      "or one per --prompt (default: the release's published negative prompt)")
     gen.add_argument("--aspect-ratio", help="Emu3: the image's WIDTH:HEIGHT (e.g. 16:9) at the area of --image-size "
-                     "squared (default 1:1); Lumina-mGPT: its release's shape of that ratio at --image-size")
-    gen.add_argument("--t5", help="text-to-image models: local FLAN-T5 folder (google/flan-t5-xl)")
+                     "squared (default 1:1); Lumina-mGPT: its release's shape of that ratio at --image-size; "
+                     "Infinity: the scale schedule of its nearest template (1:1 to 3:1 and 1:3)")
+    gen.add_argument("--t5", help="text-to-image models that read FLAN-T5 features (LlamaGen t2i, Infinity): local "
+                     "FLAN-T5 folder (google/flan-t5-xl)")
     gen.add_argument("--batch", type=int, default=1, help="images at once (rows of one class or prompt)")
     gen.add_argument("--decoder", choices=("auto", *DECODERS), default="auto",
                      help="auto: the speed dial picks the decoder and its settings for the model, drafter and device "

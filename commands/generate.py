@@ -203,6 +203,7 @@ def generate_masked(args, models, conditioning, progress, choice=None):
 
 def generate_next_scale(args, models, conditioning, progress):
     from ..samplers.decoders import decode_next_scale
+    from ..samplers.few_step_loops.next_scale import constant_guidance
 
     check_decoder(args.decoder, models.ar, None)
     sampling = sampling_from(args, models.ar, VAR_SAMPLING)
@@ -210,8 +211,9 @@ def generate_next_scale(args, models, conditioning, progress):
     f_hat, stats = decode_next_scale(models.ar, conditioning, sampling, seed=args.seed, vqvae=models.vq,
                                      decoder=args.decoder, on_iteration=progress, flow_steps=args.flow_steps,
                                      scale_codes=token_maps, acceleration=acceleration_from(args))
-    print(f"{summary_line(stats)} (cfg {sampling.cfg_scale} ramped over the scales, top-k {sampling.top_k}, "
-          f"top-p {sampling.top_p})")
+    guidance = "at every scale" if constant_guidance(models.ar) else "ramped over the scales"
+    print(f"{summary_line(stats)} (cfg {sampling.cfg_scale} {guidance}, temperature {sampling.temperature:g}, "
+          f"top-k {sampling.top_k}, top-p {sampling.top_p})")
     return f_hat, stats, token_maps
 
 

@@ -35,7 +35,7 @@ from .token_loops.zipar import ATTENTIONS as ZIPAR_ATTENTIONS, zipar_decode
 
 TOKEN_AR, MASKED_AR, FEW_STEP, NEXT_SCALE = "token-ar", "masked-ar", "few-step", "next-scale"
 KIND_NAMES = {TOKEN_AR: "a token model (LlamaGen)", MASKED_AR: "a MAR model", FEW_STEP: "a Distilled Decoding student",
-              NEXT_SCALE: "a VAR model"}
+              NEXT_SCALE: "a next-scale model (VAR, Infinity)"}
 
 
 @dataclass(frozen=True)

@@ -221,7 +221,7 @@ def test_cli_generates_with_the_release_sampler_and_refuses_raster_decoders(tmp_
     r = fastar(*common, "--seed", 2, "--out", tmp_path / "a.png", "--latents-out", tmp_path / "a.npy", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "ar: 2 images of 30 tokens in 4 forwards; " in r.stdout
-    assert "(cfg 1.5 ramped over the scales, top-k 900, top-p 0.96)" in r.stdout
+    assert "(cfg 1.5 ramped over the scales, temperature 1, top-k 900, top-p 0.96)" in r.stdout
     assert (tmp_path / "a_1.png").exists() and np.load(tmp_path / "a.npy").shape == (2, 4, 4, 4)
     expected, _ = next_scale_decode(load_ar_model(tmp_path / "var_tiny.pth"), load_image_decoder(tmp_path / "vae_tiny.pth"),
                                     ClassConditioning(torch.tensor([1, 4])), SamplingSettings(1.5, 1.0, 900, 0.96),
@@ -249,7 +249,7 @@ def test_top_k_0_and_top_p_1_are_off_and_tokens_out_writes_every_scale_which_dec
     r = fastar(*common, "--top-k", 0, "--top-p", 1, "--tokens-out", tmp_path / "t.json", "--out", tmp_path / "a.png",
                cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "cfg 1.5 ramped over the scales, top-k 0, top-p 1.0" in r.stdout
+    assert "cfg 1.5 ramped over the scales, temperature 1, top-k 0, top-p 1.0" in r.stdout
     drawn = []
     next_scale_decode(load_ar_model(tmp_path / "var_tiny.pth"), load_image_decoder(tmp_path / "vae_var_tiny.pth"),
                       ClassConditioning(torch.tensor([1, 4])), SamplingSettings(1.5, 1.0, 0, 1.0),
@@ -274,9 +274,11 @@ def test_cfg_help_says_how_each_family_turns_guidance_off():
     text = " ".join(r.stdout.split())
     assert "Token models and MAR: 1 = off, default 2.0 (the bundled MAR demo's own: 3; Emu3: the release's 3); VAR: " \
         "ramped from none at the first scale to --cfg at the last (1 still guides), 0 = off, default the release's " \
-        "1.5" in text
-    assert "for VAR the release's 900, for Emu3 the release's 2048 (give 0 to turn it off)" in text
-    assert "for VAR the release's 0.96 (the bundled VAR demo's own: 0.7; give 1 to turn it off)" in text
+        "1.5; Infinity: the same at every scale, 1 = off, default the release's 3" in text
+    assert "for VAR the release's 900 (Infinity's too), for Emu3 the release's 2048 (give 0 to turn it off)" in text
+    assert "for VAR the release's 0.96 (the bundled VAR demo's own: 0.7; Infinity's 0.97; give 1 to turn it off)" \
+        in text
+    assert "Infinity's tau, 0.5 for the 2B and 1 for the 8B" in text
     at_one = scale_sampling(SamplingSettings(cfg_scale=1.0), 3, 4)
     assert at_one.cfg_scale == 2.0 and at_one.use_cfg  # VAR at --cfg 1 still guides at the last scale
     assert not scale_sampling(SamplingSettings(cfg_scale=0.0), 3, 4).use_cfg
