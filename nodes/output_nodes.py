@@ -53,6 +53,12 @@ def decoder_inputs(decoder, name: str, output: Tokens | Latents):
                               f"but {name} is {decoder.what} of {decoder.cfg.embed_dim}-wide ones: pick the VQ "
                               "decoder of the student's teacher (vq_ds16_c2i.pt for the released LlamaGen-DD)")
         return output.latents
+    if isinstance(output, Latents) and output.source == "infinity":
+        if decoder.input_kind != "multi-scale-bits" or decoder.cfg.codebook_dim != output.latents.shape[1]:
+            raise FastARError(f"these are an Infinity model's f_hat latents ({output.latents.shape[1]} bits per cell), "
+                              f"but {name} is {decoder.what}: pick the BSQ VAE the model was trained with "
+                              "(infinity_vae_d32reg.pth for Infinity-2B, infinity_vae_d56_f8_14_patchify.pth for the 8B)")
+        return output.latents
     if isinstance(output, Latents) and output.source == "var":
         if decoder.input_kind != "multi-scale" or decoder.cfg.z_channels != output.latents.shape[1]:
             raise FastARError(f"these are a VAR model's f_hat latents ({output.latents.shape[1]} channels), but {name} "
@@ -117,6 +123,10 @@ def baseline_name(stats: DecodeStats) -> str:
 
 
 def heading(stats: DecodeStats) -> str:
+    if stats.settings.get("model_kind") == NEXT_SCALE and "patch_nums" not in stats.settings:  # Infinity's (h, w)
+        shapes = stats.settings["scales"]
+        return (f"next-scale ({'flow map, ' if stats.decoder == 'fm' else ''}one forward per scale: {len(shapes)} "
+                f"scales of {', '.join(f'{h}x{w}' for h, w in shapes)})")
     if stats.settings.get("model_kind") == NEXT_SCALE:
         scales = stats.settings["patch_nums"]
         return f"VAR ({'flow map, ' if stats.decoder == 'fm' else ''}one forward per scale: {len(scales)} scales of " \

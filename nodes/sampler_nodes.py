@@ -364,7 +364,14 @@ def run_next_scale(node_id: str, model: ModelHandle, rows, seed: int, sampling: 
     """A VAR generation under ComfyUI: each scale's codes go through the VQVAE into the next scale's input,
     so the VQVAE is needed here and not only to decode. Returns f_hat (``Latents``) and the stats."""
     ar = model.module
-    if vqvae is None or vqvae.module.input_kind != "multi-scale":
+    own_check = getattr(ar, "check_image_decoder", None)  # Infinity's: its BSQ VAE, in the model's words
+    if vqvae is None and own_check is not None:
+        raise FastARError(f"{model.name} is {ar.what}: it samples through its BSQ VAE. Connect FastAR Load Image "
+                          "Decoder with the VAE (infinity_vae_d32reg.pth for Infinity-2B, "
+                          "infinity_vae_d56_f8_14_patchify.pth for the 8B) to this sampler's preview_vq input")
+    if own_check is not None:
+        own_check(vqvae.module)
+    elif vqvae is None or vqvae.module.input_kind != "multi-scale":
         raise FastARError(f"{model.name} is a VAR model: it samples through its multi-scale VQVAE. Connect FastAR Load "
                           "Image Decoder with the VQVAE (vae_ch160v4096z32.pth for the release) to this sampler's "
                           "image decoder input")
@@ -379,7 +386,7 @@ def run_next_scale(node_id: str, model: ModelHandle, rows, seed: int, sampling: 
         f_hat, stats = decode_next_scale(ar, rows, sampling, seed=seed, vqvae=vqvae.module, on_iteration=progress,
                                          acceleration=acceleration)
     stats.settings = {**stats.settings, **settings, "top_k": sampling.top_k, "top_p": sampling.top_p}
-    return Latents(f_hat.float().cpu(), source="var"), stats
+    return Latents(f_hat.float().cpu(), source="infinity" if own_check is not None else "var"), stats
 
 
 MASKED_WIDGETS = ("num_iter", "diffusion_steps", "cfg_schedule")
@@ -436,6 +443,12 @@ def check_fits(ar, rows) -> None:
         class_conditioning(ar, rows.labels.tolist())  # FastARError naming the model's classes
     elif isinstance(rows, CaptionConditioning):
         tokens, width = rows.embeddings.shape[-2:]
+        if getattr(ar, "caption_padding", "left") == "right":  # Infinity: each prompt's own tokens, real ones first
+            if width != ar.cfg.text_channels:
+                raise FastARError(f"the text encoder gives {width}-wide caption features but {ar.what} reads "
+                                  f"{ar.cfg.text_channels}-wide ones: use the FLAN-T5 the model was trained with "
+                                  "(google/flan-t5-xl)")
+            return
         if width != ar.cfg.caption_dim or tokens != ar.cfg.cls_token_num:
             raise FastARError(f"the text encoder gives {tokens} x {width} caption features but this model expects "
                               f"{ar.cfg.cls_token_num} x {ar.cfg.caption_dim}: use the FLAN-T5 the model was "

@@ -69,8 +69,8 @@ class Tokens:
 class Latents:
     """A continuous output as its image decoder reads it, ``latents`` [B, C, h, w] float32 on the CPU: a MAR
     model's tokens divided by its scale factor (for its KL autoencoder), a DD student's code-space vectors
-    (for its teacher's VQ decoder), or a VAR model's f_hat (for its multi-scale VQVAE). Travels in the same
-    socket as ``Tokens``."""
+    (for its teacher's VQ decoder), a VAR model's f_hat (for its multi-scale VQVAE) or an Infinity model's (for its BSQ VAE).
+    Travels in the same socket as ``Tokens``."""
 
     latents: torch.Tensor
-    source: str = "mar"  # "mar", "dd" or "var": which kind of image decoder reads them
+    source: str = "mar"  # "mar", "dd", "var" or "infinity": which kind of image decoder reads them

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "comfyui"
 from workflows import (ANOLE_7B, CHAMELEON_VQGAN, DEMO_DRAFTER as DEMO_DRAFTER_NAME, EMU3_GEN,  # noqa: E402
                        EMU3_GEN_HF, EMU3_VISION_TOKENIZER, FLAN_T5, JANUS_PRO_7B, LANTERN_DRAFTER_ANOLE,
                        LANTERN_DRAFTER_T2I, LLAMAGEN_C2I, LLAMAGEN_DD_B, LLAMAGEN_T2I, LLAMAGEN_VQ_C2I, LLAMAGEN_VQ_T2I, LUMINA_768, MAR_BASE, MAR_HUGE, MAR_KL16,
-                       VAR_D30, VAR_DD_D24, VAR_VQVAE)
+                       VAR_D30, VAR_DD_D24, VAR_VQVAE, INFINITY_2B, INFINITY_8B, INFINITY_VAE_2B, INFINITY_VAE_8B)
 
 DEMO_CLASSES = ["circle", "square", "triangle", "stripes", "checkerboard", "ring", "cross", "blob"]
 VQ_CONFIG = VQConfig(codebook_size=512, embed_dim=8, z_channels=64, ch=32, ch_mult=(1, 1, 2, 2), num_res_blocks=1,
@@ -241,6 +241,45 @@ def write_emu3(folder: Path) -> None:
     shutil.copytree(baai / "VisionTokenizer", folder / EMU3_VISION_TOKENIZER.rstrip("/"))
 
 
+INFINITY_FIXTURES = EMU3_FIXTURES
+
+
+def write_infinity(folder: Path) -> None:
+    """Tiny Infinity models under the release's names, for the Infinity workflows: random weights read by the
+    stand-in FLAN-T5 folder's 32-wide features, the 2B's raw state dict and the 8B's two safetensors shards with their
+    index, beside the conformance fixtures' BSQ VAEs under the release's VAE names (d32; d14 in 8 px patches)."""
+    from fastar.model_loaders.infinity.model import Infinity, InfinityConfig
+    from fastar.tests.tiny_infinity import release_state_dict
+
+    for name, bits, patchify, seed in ((INFINITY_2B, 32, False, 11), (INFINITY_8B, 56, True, 12)):
+        torch.manual_seed(seed)
+        model = Infinity(InfinityConfig(depth=2, dim=32, n_head=2, ffn_hidden=64, text_channels=32, pool_heads=2,
+                                        bits=bits, patchify=patchify))
+        with torch.no_grad():  # about unit gain, as tests/tiny_infinity.py draws them: every part moves the bits
+            for key, p in model.named_parameters():
+                if key.endswith("scale_mul_1H11"):
+                    p.fill_(float(torch.log(torch.tensor(4.0))))
+                elif p.dim() == 2 and "embed" not in key and key != "cfg_uncond":
+                    p.copy_(torch.randn(p.shape) * p.shape[1] ** -0.5)
+                else:
+                    p.copy_(torch.randn(p.shape) * (0.1 if key.endswith("bias") else 1.0))
+        sd = release_state_dict(model)
+        if not name.endswith("/"):
+            torch.save(sd, folder / name)
+            continue
+        shards, keys = folder / name.rstrip("/"), sorted(sd)
+        shards.mkdir(parents=True, exist_ok=True)
+        weight_map = {}
+        for n, part in enumerate((keys[: len(keys) // 2], keys[len(keys) // 2:]), start=1):
+            shard = f"model-0000{n}-of-00002.safetensors"
+            save_file({k: sd[k].contiguous() for k in part}, str(shards / shard))
+            weight_map |= {k: shard for k in part}
+        (shards / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    vaes = INFINITY_FIXTURES / "infinity_vae"
+    shutil.copy(vaes / "vae_d32.pth", folder / INFINITY_VAE_2B)
+    shutil.copy(vaes / "vae_d14_patchify.pth", folder / INFINITY_VAE_8B)
+
+
 def write_slow(folder: Path) -> None:
     """A wider model on a 32x32 grid: an AR decode of it takes many seconds on a CPU (interrupt test)."""
     cfg = demo_config(dim=256, n_layer=6, n_head=8, grid=(32, 32), class_names=[])
@@ -282,6 +321,7 @@ def write_all(folder: Path, demo: bool, drafters: Path | None = None) -> None:
     write_var_dd(folder)
     write_var(folder, VAR_D30, VAR_VQVAE, classes=1000)  # under the release's names, for the VAR workflows
     write_var_dd(folder, VAR_DD_D24, classes=1000)
+    write_infinity(folder)
     write_corrupt(folder)
 
 

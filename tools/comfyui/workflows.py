@@ -53,6 +53,10 @@ CHAMELEON_VQGAN = "vqgan.ckpt"
 # the separate BAAI/Emu3-VisionTokenizer folder)
 EMU3_GEN_HF, EMU3_GEN, EMU3_VISION_TOKENIZER = "Emu3-Gen-hf/", "Emu3-Gen/", "Emu3-VisionTokenizer/"
 DEMO_TEXT, DEMO_VQGAN = "demo_text/", "demo_vqgan.safetensors"
+# Infinity (FoundationVision/Infinity on Hugging Face): the 2B's raw state dict and its d32 BSQ VAE; the 8B's folder
+# of safetensors shards and its d56 patchify VAE (14 bits per 8 px cell, folded 2 x 2 into a token's 56)
+INFINITY_2B, INFINITY_VAE_2B = "infinity_2b_reg.pth", "infinity_vae_d32reg.pth"
+INFINITY_8B, INFINITY_VAE_8B = "infinity_8b_weights/", "infinity_vae_d56_f8_14_patchify.pth"
 NO_T5 = "(none: the model reads the prompt itself)"
 
 
@@ -673,6 +677,54 @@ def emu3(info) -> dict:
     return g.to_json()
 
 
+def infinity_inputs(g: Graph, model: str, vae: str, prompt: str):
+    """Load AR Model at 1024 px, 1:1 (Infinity's 1M-pixel schedule), its BSQ VAE and the prompt through FLAN-T5-XL."""
+    ar = g.node("FastARLoadModel", (0, 0), [model, "auto", "1024", "auto", "auto", "1:1"])
+    vae_node = g.node("FastARLoadVQ", below(ar), [vae, "auto"])
+    text = fed_by_model(g, ar, "FastARTextConditioning", below(vae_node), [prompt, FLAN_T5], width=320)
+    return ar, vae_node, text
+
+
+INFINITY_DOWNLOAD = ("the google/flan-t5-xl repository as a folder named flan-t5-xl (models/fastar or "
+                     "models/text_encoders), then press R")
+
+
+def infinity_2b(info) -> dict:
+    g = Graph(info)
+    ar, vae, text = infinity_inputs(g, INFINITY_2B, INFINITY_VAE_2B, "A lighthouse on a rocky coast at sunset, waves "
+                                                                   "crashing below, warm golden light.")
+    # the release's sampling (InfinityModel.release_defaults): cfg 3, tau 0.5, top-k 900, top-p 0.97
+    single_sampler(g, ar, vae, text, "FastARSamplerAR", sampler_widgets(seed=42, cfg=3.0, temperature=0.5, top_k=900,
+                                                                        top_p=0.97), "FastAR_infinity_2b")
+    g.note(below(text),
+           f"Infinity-2B (bitwise next-scale text-to-image) at 1024 px, 1:1: 13 scales, one forward each.\n\n"
+           f"Download from FoundationVision/Infinity on Hugging Face into ComfyUI/models/fastar/:\n- {INFINITY_2B}\n"
+           f"- {INFINITY_VAE_2B}\nand {INFINITY_DOWNLOAD}.\n\nThe VAE goes into the sampler too: each scale's bits "
+           "become the next scale's input through it. aspect_ratio on the loader picks the release's template "
+           "(1:1 to 3:1 and 1:3); image_size 256/512/768 its smaller schedules. The release's settings: cfg 3, "
+           "temperature (tau) 0.5, top-k 900, top-p 0.97. In bf16 the model takes about 4.4 GB and its KV cache "
+           "5.5 GB per image at 1024 px with CFG.", width=320, height=380)
+    return g.to_json()
+
+
+def infinity_8b(info) -> dict:
+    g = Graph(info)
+    ar, vae, text = infinity_inputs(g, INFINITY_8B, INFINITY_VAE_8B, "A red fox curled up asleep in fresh snow, soft "
+                                                                   "morning light.")
+    # the 8B's release notebooks sample at tau 1.0 (InfinityModel.release_defaults), cfg 3, top-k 900, top-p 0.97
+    single_sampler(g, ar, vae, text, "FastARSamplerAR", sampler_widgets(seed=42, cfg=3.0, temperature=1.0, top_k=900,
+                                                                        top_p=0.97), "FastAR_infinity_8b")
+    g.note(below(text),
+           f"Infinity-8B at 1024 px, 1:1: 13 scales, one forward each.\n\nDownload from FoundationVision/Infinity "
+           f"on Hugging Face into ComfyUI/models/fastar/:\n- the folder {INFINITY_8B.rstrip('/')} (its "
+           f"safetensors shards and model.safetensors.index.json), as a folder\n- {INFINITY_VAE_8B}\nand "
+           f"{INFINITY_DOWNLOAD}.\n\nThe VAE goes into the sampler too. Settings of the release's 8B notebooks: "
+           "cfg 3, temperature (tau) 1.0, top-k 900, top-p 0.97.\n\nMemory: in bf16 about 17 GB of weights plus "
+           "12 GB of KV cache per image at 1024 px with CFG (about 29 GB); weight_dtype int8 on the loader about "
+           "21 GB.", width=320, height=380)
+    return g.to_json()
+
+
 # a workflow on the bundled demo files alone is named fastar_demo_*, and every other name sorts after those: the
 # template browser, sorted by name, lists the demos first (tests/comfyui/test_comfyui_browser.py)
 WORKFLOWS = {
@@ -697,6 +749,8 @@ WORKFLOWS = {
     "fastar_janus_pro": janus_pro,
     "fastar_lantern_anole": anole_lantern,
     "fastar_emu3_720": emu3,
+    "fastar_infinity_2b": infinity_2b,
+    "fastar_infinity_8b": infinity_8b,
 }
 
 
