@@ -222,3 +222,27 @@ def test_generate_on_the_demo_var_reports_the_saving_and_refuses_a_token_model(t
     assert stats["target_forwards"] == 4 and stats["settings"]["scale_acceleration"]["skip_last"] == 2
     r = generate("--fastvar")  # the demo token model
     assert r.returncode != 0 and "act on a VAR model's scales" in r.stderr
+
+
+def test_bench_var_measures_every_row_at_the_same_classes_and_counts_the_work(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "fastar", "bench", "--var", "--samples", "8", "--timing-runs", "1",
+                        "--out", str(tmp_path)], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr
+    results = json.loads((tmp_path / "bench_var.json").read_text())["results"]
+    assert results["ar"]["tokens_forwarded"] == 130 and results["ar"]["frechet_vs_ar"] == 0.0
+    assert results["fastvar"]["tokens_forwarded"] == 1 + 4 + 6 + 8 and results["fastvar"]["forwards_per_image"] == 4
+    assert results["skip-1"]["per_scale"] == [1, 4, 9, 16, 36, 0]
+    assert results["uncond-2"]["flops_share"] < 1.0 and results["ar-reseeded"]["frechet_vs_ar"] > 0.0
+    assert "| fastvar-prune | 6 | 84.0 |" in (tmp_path / "bench_var.md").read_text()
+
+
+def test_the_flow_map_sampler_takes_the_same_options_deterministically():
+    model, vqvae = tiny_var(), tiny_vqvae()
+    runs = [decode_next_scale(model, ROWS, SAMPLING, seed=0, vqvae=vqvae, decoder="fm",
+                              acceleration=ScaleAcceleration(prune_ratios=(0.5,), skip_last=1, uncond_last=1))
+            for _ in range(2)]
+    assert torch.equal(runs[0][0], runs[1][0]) and runs[0][1].target_forwards == 3
