@@ -702,8 +702,9 @@ def infinity_2b(info) -> dict:
            f"- {INFINITY_VAE_2B}\nand {INFINITY_DOWNLOAD}.\n\nThe VAE goes into the sampler too: each scale's bits "
            "become the next scale's input through it. aspect_ratio on the loader picks the release's template "
            "(1:1 to 3:1 and 1:3); image_size 256/512/768 its smaller schedules. The release's settings: cfg 3, "
-           "temperature (tau) 0.5, top-k 900, top-p 0.97. In bf16 the model takes about 4.4 GB and its KV cache "
-           "5.5 GB per image at 1024 px with CFG.", width=320, height=380)
+           "temperature (tau) 0.5, top-k 900, top-p 0.97.\n\nMemory at 1024 px: about 9.9 GB in bf16 (4.4 GB of "
+           "weights, 5.5 GB of KV cache per image with CFG); weight_dtype int8 on the loader about 7.8 GB.",
+           width=320, height=340)
     return g.to_json()
 
 
@@ -719,9 +720,9 @@ def infinity_8b(info) -> dict:
            f"on Hugging Face into ComfyUI/models/fastar/:\n- the folder {INFINITY_8B.rstrip('/')} (its "
            f"safetensors shards and model.safetensors.index.json), as a folder\n- {INFINITY_VAE_8B}\nand "
            f"{INFINITY_DOWNLOAD}.\n\nThe VAE goes into the sampler too. Settings of the release's 8B notebooks: "
-           "cfg 3, temperature (tau) 1.0, top-k 900, top-p 0.97.\n\nMemory: in bf16 about 17 GB of weights plus "
-           "12 GB of KV cache per image at 1024 px with CFG (about 29 GB); weight_dtype int8 on the loader about "
-           "21 GB.", width=320, height=380)
+           "cfg 3, temperature (tau) 1.0, top-k 900, top-p 0.97.\n\nMemory at 1024 px: about 28.8 GB in bf16 "
+           "(16.8 GB of weights, 12.1 GB of KV cache per image with CFG); weight_dtype int8 on the loader about "
+           "20.6 GB.", width=320, height=340)
     return g.to_json()
 
 
