@@ -134,8 +134,9 @@ class LoadARModel(CheckpointLoader):
             description="Loads an autoregressive image model from ComfyUI's models/fastar folder: LlamaGen "
                         "class-to-image or text-to-image (a .safetensors/.pt file or a Hugging Face style folder), "
                         "Lumina-mGPT, Anole, Janus-Pro and Emu3 (their release folders), "
-                        "MAR (the official mar_base/large/huge .pth files) or a Distilled Decoding student "
-                        "(llamagen-B.pt / llamagen-L.pt, or one made with distill-dd). The bundled demo model "
+                        "MAR (the official mar_base/large/huge .pth files), a Distilled Decoding student "
+                        "(llamagen-B.pt / llamagen-L.pt, or one made with distill-dd), VAR or Infinity (their "
+                        "release .pth files; Infinity-8B's infinity_8b_weights/ folder). The bundled demo model "
                         "(demo_c2i.safetensors) is always listed.",
             inputs=[
                 io.Combo.Input("model_name", options=listed(files.choices(files.AR)),
