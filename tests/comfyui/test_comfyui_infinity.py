@@ -172,3 +172,18 @@ def test_without_its_vae_the_sampler_says_to_connect_it(server, info):
     del node_of(prompt, "FastARSamplerAR")["inputs"]["preview_vq"]
     error = failed(server, prompt)
     assert "it samples through its BSQ VAE" in error["exception_message"]
+
+
+@pytest.mark.parametrize("workflow, case, model", [("fastar_infinity_2b", "infinity_2b", MODEL_2B),
+                                                   ("fastar_infinity_8b", "infinity_8b", MODEL_8B)])
+def test_the_workflows_sample_at_their_releases_settings_at_1024_px(workflow, case, model):
+    """The sampler's cfg, temperature, top-k and top-p are what the model of that layout says its release samples
+    with (tau 0.5 for the 2B, 1.0 for the 8B), and the loader draws the release's 1024 px square."""
+    from fastar.model_loaders import load_ar_model
+
+    defaults = load_ar_model(FIXTURES / case / model.rstrip("/"), image_size=256).release_defaults
+    nodes = json.loads((ROOT / "workflows" / f"{workflow}.json").read_text())["nodes"]
+    sampler = next(n for n in nodes if n["type"] == "FastARSamplerAR")["widgets_values"]
+    assert dict(zip(("cfg", "temperature", "top_k", "top_p"), sampler[2:6])) == defaults
+    loader = next(n for n in nodes if n["type"] == "FastARLoadModel")["widgets_values"]
+    assert loader[2] == "1024" and loader[5] == "1:1"
