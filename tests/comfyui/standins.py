@@ -3,8 +3,8 @@ a demo-like c2i model (FastAR safetensors with class names) and its VQ, an offic
 ``.pt`` (1000 classes) and its ``vq_ds16``-style ``.pt``, a t2i model with a tiny FLAN-T5 folder, a slow
 model for the interrupt test, a tiny Distilled Decoding student in the released layout, a tiny VAR and its
 multi-scale VQVAE in the release's layouts, Lumina-mGPT, Anole and
-Janus-Pro folders in their release layouts, Emu3 in both release layouts (the conformance fixtures), and a corrupt
-file. Drafters: EAGLE drafter folders for the t2i model
+Janus-Pro folders in their release layouts, Emu3 in both release layouts (the conformance fixtures), Infinity-2B
+and -8B under the release's names (random weights, the conformance fixtures' VAEs), and a corrupt file. Drafters: EAGLE drafter folders for the t2i model
 and the Anole folder in LANTERN's released layouts, one for another vocabulary, and a demo drafter while the
 bundled one is missing.
 Random weights: the images are noise, the plumbing is real.
@@ -38,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "comfyui"
 from workflows import (ANOLE_7B, CHAMELEON_VQGAN, DEMO_DRAFTER as DEMO_DRAFTER_NAME, EMU3_GEN,  # noqa: E402
                        EMU3_GEN_HF, EMU3_VISION_TOKENIZER, FLAN_T5, JANUS_PRO_7B, LANTERN_DRAFTER_ANOLE,
                        LANTERN_DRAFTER_T2I, LLAMAGEN_C2I, LLAMAGEN_DD_B, LLAMAGEN_T2I, LLAMAGEN_VQ_C2I, LLAMAGEN_VQ_T2I, LUMINA_768, MAR_BASE, MAR_HUGE, MAR_KL16,
-                       VAR_D30, VAR_DD_D24, VAR_VQVAE, INFINITY_2B, INFINITY_8B, INFINITY_VAE_2B, INFINITY_VAE_8B)
+                       VAR_D30, VAR_DD_D24, VAR_VQVAE,
+                       INFINITY_2B, INFINITY_8B, INFINITY_VAE_2B, INFINITY_VAE_8B)
 
 DEMO_CLASSES = ["circle", "square", "triangle", "stripes", "checkerboard", "ring", "cross", "blob"]
 VQ_CONFIG = VQConfig(codebook_size=512, embed_dim=8, z_channels=64, ch=32, ch_mult=(1, 1, 2, 2), num_res_blocks=1,
