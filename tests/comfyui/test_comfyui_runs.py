@@ -49,7 +49,7 @@ def test_folder_with_a_pt_of_any_name_is_listed_and_runs_at_the_chosen_image_siz
     loader = object_info["FastARLoadModel"]["input"]
     assert f"{PT_FOLDER}/" in loader["required"]["model_name"][1]["options"]
     assert not any(name.startswith(f"{PT_FOLDER}/c2i_tiny") for name in loader["required"]["model_name"][1]["options"])
-    assert loader["optional"]["image_size"][1]["options"] == ["auto", "128", "256", "384", "512"]
+    assert loader["optional"]["image_size"][1]["options"] == ["auto", "128", "256", "384", "512", "768", "1024"]
     prompt = workflow_prompt("fastar_llamagen_c2i", object_info)
     node_of(prompt, "FastARLoadModel")["inputs"].update(model_name=f"{PT_FOLDER}/", image_size="256")
     entry = comfy.run(prompt)

@@ -57,7 +57,7 @@ def test_mix_ups_say_what_to_do(comfy, object_info):
     llamagen = workflow_prompt("fastar_llamagen_t2i", object_info)
     node_of(llamagen, "FastARTextConditioning")["inputs"]["t5_folder"] = NO_T5
     error = harness.execution_error(comfy.run(llamagen))
-    assert "read the prompt through FLAN-T5-XL" in error["exception_message"]
+    assert "reads the prompt through FLAN-T5-XL: download google/flan-t5-xl" in error["exception_message"]
 
 
 def test_anole_workflow_drafts_with_lanterns_anole_drafter(comfy, object_info):
