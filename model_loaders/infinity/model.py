@@ -32,7 +32,7 @@ from torch import nn
 
 from ...errors import FastARError
 from ..shared.compiled_session import cache_zeros
-from ..shared.protocol import CaptionConditioning, ModelOutput
+from ..shared.protocol import CaptionConditioning, ModelOutput, ScalePruning
 from .schedules import PIXELS_PER_TOKEN
 from .vae import check_image_decoder, release_name
 
@@ -183,16 +183,42 @@ class Block(nn.Module):
         self.ca_norm = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
         self.ffn = FFN(cfg.dim, cfg.ffn_hidden)
 
-    def forward(self, x, gss, text, mask, cos, sin, slots):
+    def forward(self, x, gss, text, mask, cos, sin, slots, pruning: Optional[ScalePruning] = None, index: int = 0):
         """``x`` [R, L, dim] fp32 (the residual stream); ``gss`` [R, 1, 6, dim] fp32; ``text`` this block's
-        cross-attention keys and values."""
+        cross-attention keys and values. ``pruning`` (FastVAR, block ``index``): each sub-layer (self-attention,
+        cross-attention, FFN) on the tokens it keeps, chosen from the residual before the norm as the release
+        does, RoPE turned by the kept tokens' own positions; the rest restored by it."""
+        pruning = pruning or EVERY_TOKEN
         dtype = self.ada_gss.dtype  # the weights' (a layer's own may be 8-bit codes)
         gamma1, gamma2, scale1, scale2, shift1, shift2 = (self.ada_gss.float() + gss).unbind(2)
-        attn_in = layer_norm(x, self.eps) * (1 + scale1) + shift1
-        x = x + self.sa(attn_in.to(dtype), cos, sin, slots).float() * gamma1
-        x = x + self.ca(layer_norm(x, self.eps, self.ca_norm).to(dtype), text, mask).float()
-        ffn_in = layer_norm(x, self.eps) * (1 + scale2) + shift2
-        return x + self.ffn(ffn_in.to(dtype)).float() * gamma2
+        kept = pruning.keep(index, "attn", x)
+        if kept is not None:  # [R, 1, k, head_dim / 2]: each row's kept tokens' angles
+            cos, sin = cos[kept][:, None], sin[kept][:, None]
+        attn_in = layer_norm(pruning.take(x, kept), self.eps) * (1 + scale1) + shift1
+        h = self.sa(attn_in.to(dtype), cos, sin, slots).float() * gamma1
+        x = x + pruning.restore(index, "attn", h, kept)
+        kept = pruning.keep(index, "cross", x)
+        h = self.ca(layer_norm(pruning.take(x, kept), self.eps, self.ca_norm).to(dtype), text, mask).float()
+        x = x + pruning.restore(index, "cross", h, kept)
+        kept = pruning.keep(index, "ffn", x)
+        ffn_in = layer_norm(pruning.take(x, kept), self.eps) * (1 + scale2) + shift2
+        return x + pruning.restore(index, "ffn", self.ffn(ffn_in.to(dtype)).float() * gamma2, kept)
+
+
+class EveryToken:
+    """A ScalePruning that keeps every token (the plain forward)."""
+
+    def keep(self, block, name, x):
+        return None
+
+    def take(self, x, kept):
+        return x
+
+    def restore(self, block, name, out, kept):
+        return out
+
+
+EVERY_TOKEN = EveryToken()
 
 
 class HeadNorm(nn.Module):
@@ -336,6 +362,7 @@ class ScaleCache:
     def __init__(self, rows: int, heads: int, slots: int, head_dim: int, dtype, device):
         self.k = cache_zeros(rows, heads, slots, head_dim, dtype=dtype, device=device)
         self.v = cache_zeros(rows, heads, slots, head_dim, dtype=dtype, device=device)
+        self.filled = 0  # slots written so far by forward_pruned (GrowingSlots)
 
     def at(self, begin: int, end: int) -> "ScaleSlots":
         return ScaleSlots(self, begin, end)
@@ -352,6 +379,23 @@ class ScaleSlots:
         self.cache.k[:, :, self.begin:self.end] = k
         self.cache.v[:, :, self.begin:self.end] = v
         return self.cache.k[:, :, :self.end], self.cache.v[:, :, :self.end]
+
+
+@dataclass(frozen=True)
+class GrowingSlots:
+    """A block's cache filled from where the last scale's tokens ended: a pruned scale writes the keys and values of
+    the tokens that ran alone (FastVAR's release caches no others), so every later scale attends to those alone.
+    ``rows``: the first rows only (SkipVAR's conditional-only scales leave the unconditional rows' slots alone)."""
+
+    cache: ScaleCache
+    rows: int
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        begin = self.cache.filled
+        end = self.cache.filled = begin + k.shape[2]
+        self.cache.k[: self.rows, :, begin:end] = k
+        self.cache.v[: self.rows, :, begin:end] = v
+        return self.cache.k[: self.rows, :, :end], self.cache.v[: self.rows, :, :end]
 
 
 class InfinitySession:
@@ -379,19 +423,35 @@ class InfinitySession:
     def forward(self, scale: int, inputs: Optional[torch.Tensor] = None) -> ModelOutput:
         """Bit logits of scale ``scale`` ``[B, h*w*bits, 2]`` (cond, and uncond under CFG); ``inputs``
         [B, h*w, bits] is the scale's input (None for scale 0, which reads the text)."""
+        begin, end = self.bounds[scale]
+        return self.run(scale, inputs, self.cond.shape[0], lambda cache: cache.at(begin, end), None)
+
+    @torch.no_grad()
+    def forward_pruned(self, scale: int, inputs: Optional[torch.Tensor], pruning: ScalePruning, *,
+                       cond_only: bool = False) -> ModelOutput:
+        """``forward`` through ``pruning`` (NextScaleSession in shared/protocol.py): a session that takes this path
+        takes it from its first scale on, since its caches then fill token by token, not slot by slot."""
+        rows = self.batch if cond_only else self.cond.shape[0]
+        return self.run(scale, inputs, rows, lambda cache: GrowingSlots(cache, rows), pruning)
+
+    def run(self, scale: int, inputs, rows: int, slots, pruning) -> ModelOutput:
+        """A scale's forward over the first ``rows`` rows, each block's cache seen through ``slots(cache)``."""
         model = self.model
         begin, end = self.bounds[scale]
+        cond = self.cond[:rows]
         if scale == 0:
-            x = (self.cond.float() + model.pos_start.float().view(1, -1))[:, None]
+            x = (cond.float() + model.pos_start.float().view(1, -1))[:, None]
         else:
             x = model.word_embed(inputs.to(model.device, model.dtype)).float()
-            x = x.repeat(self.cond.shape[0] // x.shape[0], 1, 1)
+            x = x.repeat(rows // x.shape[0], 1, 1)
         x = x + model.lvl_embed.weight[scale].float()  # before the first block only
         cos, sin = self.cos[begin:end], self.sin[begin:end]
-        for block, text, cache in zip(model.blocks, self.text, self.caches):
-            x = block(x, self.gss, text, self.mask, cos, sin, cache.at(begin, end))
-        logits = model.head(model.head_nm(x, self.cond).to(model.dtype)).float()
+        gss, mask = self.gss[:rows], self.mask[:rows]
+        for index, (block, text, cache) in enumerate(zip(model.blocks, self.text, self.caches)):
+            text = tuple(t[:rows] for t in text)
+            x = block(x, gss, text, mask, cos, sin, slots(cache), pruning, index)
+        logits = model.head(model.head_nm(x, cond).to(model.dtype)).float()
         logits = logits.view(logits.shape[0], -1, 2)
-        if logits.shape[0] == self.batch:
+        if rows == self.batch:
             return ModelOutput(logits)
         return ModelOutput(logits[: self.batch], logits[self.batch:])

@@ -167,8 +167,9 @@ class CachedTokenPruning:
 
 def transformer_flops(tokens: dict, attention: list, dim: int, hidden: int) -> float:
     """Multiply-adds x 2 of a scale's blocks: q, k, v and the output projection, scores and values over the keys,
-    and the FFN, from the token-rows each ran (norms, embeddings, the head and a cross-attention left out)."""
-    projections = 2 * tokens.get("attn", 0) * 4 * dim * dim
+    a cross-attention's q and output projections, and the FFN, from the token-rows each ran (norms, embeddings, the
+    head and a cross-attention's scores over the text left out)."""
+    projections = 2 * tokens.get("attn", 0) * 4 * dim * dim + 2 * tokens.get("cross", 0) * 2 * dim * dim
     scores = sum(4 * rows * keys * dim for rows, keys in attention)
     return projections + scores + 2 * tokens.get("ffn", 0) * 2 * dim * hidden
 
