@@ -1,6 +1,9 @@
 """The LLaMA-style pieces every token model's decoder shares (LlamaGen, the Chameleon and Janus decoders, the
-EAGLE drafter, DD students): RMSNorm in fp32, the static per-row KV cache, and the attention mask over its slots."""
+EAGLE drafter, DD students): RMSNorm in fp32, the static per-row KV cache, and the attention mask over its slots; and
+the next-scale models' cache (VAR, Infinity), filled scale by scale."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -128,3 +131,49 @@ def feed_mask(write_slots, visible, image_slots, prefix_valid, total_slots, layo
 def sees_itself(visible, positions):
     """``[R, M]``: whether each feed's own position is one it may see (a row start's token is then the real one)."""
     return visible.gather(2, positions.unsqueeze(-1)).squeeze(-1)
+
+
+class ScaleCache:
+    """A block's keys and values for every slot of the sequence ``[rows, heads, L, head_dim]``, filled scale by scale:
+    the same tensors from a generation's first scale to its last (the release grows a list instead), which is what
+    a step compiled with CUDA graphs needs (compiled_session.py: reused between generations there)."""
+
+    def __init__(self, rows: int, heads: int, slots: int, head_dim: int, dtype: torch.dtype, device: torch.device):
+        self.k = cache_zeros(rows, heads, slots, head_dim, dtype=dtype, device=device)
+        self.v = cache_zeros(rows, heads, slots, head_dim, dtype=dtype, device=device)
+        self.filled = 0  # slots written so far by forward_pruned (GrowingSlots)
+
+    def at(self, begin: int, end: int) -> "ScaleSlots":
+        return ScaleSlots(self, begin, end)
+
+
+@dataclass(frozen=True)
+class ScaleSlots:
+    """The slots of one scale in a ScaleCache: where its keys and values go, and all a query of it attends to."""
+
+    cache: ScaleCache
+    begin: int
+    end: int
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This scale's keys and values written; the keys and values of every slot up to its end."""
+        self.cache.k[:, :, self.begin:self.end] = k
+        self.cache.v[:, :, self.begin:self.end] = v
+        return self.cache.k[:, :, :self.end], self.cache.v[:, :, :self.end]
+
+
+class GrowingSlots:
+    """A block's cache filled from where the last scale's tokens ended: a pruned scale writes only the keys and
+    values of the tokens that ran (the release caches no others), so later scales attend to those alone. ``rows``:
+    the first rows only (SkipVAR's conditional-only scales leave the unconditional rows' slots as they were)."""
+
+    def __init__(self, cache: ScaleCache, rows: int):
+        self.cache, self.rows = cache, rows
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        begin = self.cache.filled
+        end = begin + k.shape[2]
+        self.cache.k[: self.rows, :, begin:end] = k
+        self.cache.v[: self.rows, :, begin:end] = v
+        self.cache.filled = end
+        return self.cache.k[: self.rows, :, :end], self.cache.v[: self.rows, :, :end]

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..shared.compiled_session import cache_zeros
 from ..shared.protocol import ClassConditioning, ModelOutput, ScalePruning
+from ..shared.transformer import GrowingSlots, ScaleCache, ScaleSlots
 
 MAX_SCALE_MUL = math.log(100.0)
 
@@ -82,7 +82,7 @@ class SelfAttention(nn.Module):
         self.scale_mul_1H11 = nn.Parameter(torch.full((1, heads, 1, 1), 4.0).log())  # log space
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor], cache: Optional["ScaleSlots"]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor], cache: Optional[ScaleSlots]) -> torch.Tensor:
         B, L, C = x.shape
         bias = torch.cat([self.q_bias, self.zero_k_bias, self.v_bias])
         qkv = self.mat_qkv(x) + bias  # the layer has none of its own: VAR's q and v biases, k's zero
@@ -124,7 +124,7 @@ class AdaLNBlock(nn.Module):
             x = x + between
         return x + self.ffn(layer_norm(x, self.eps) * (1 + scale2) + shift2) * gamma2
 
-    def forward_pruned(self, x, cond, cache: "GrowingSlots", pruning: ScalePruning, index: int):
+    def forward_pruned(self, x, cond, cache: GrowingSlots, pruning: ScalePruning, index: int):
         """``forward`` with each sub-layer on the tokens ``pruning`` keeps (FastVAR; chosen from the residual
         before the norm, as the release does), the rest restored by it."""
         gamma1, gamma2, scale1, scale2, shift1, shift2 = self.ada_lin(cond).view(-1, 1, 6, x.shape[-1]).unbind(2)
@@ -226,52 +226,6 @@ class VAR(nn.Module):
 
     def start(self, conditioning: ClassConditioning, *, cfg: bool) -> "VARSession":
         return VARSession(self, conditioning.labels.to(self.device), cfg)
-
-
-class ScaleCache:
-    """A block's keys and values for every slot of the sequence ``[rows, heads, L, head_dim]``, filled scale by scale:
-    the same tensors from a generation's first scale to its last (the release grows a list instead), which is what
-    a step compiled with CUDA graphs needs (compiled_session.py: reused between generations there)."""
-
-    def __init__(self, rows: int, heads: int, slots: int, head_dim: int, dtype: torch.dtype, device: torch.device):
-        self.k = cache_zeros(rows, heads, slots, head_dim, dtype=dtype, device=device)
-        self.v = cache_zeros(rows, heads, slots, head_dim, dtype=dtype, device=device)
-        self.filled = 0  # slots written so far by forward_pruned (GrowingSlots)
-
-    def at(self, begin: int, end: int) -> "ScaleSlots":
-        return ScaleSlots(self, begin, end)
-
-
-@dataclass(frozen=True)
-class ScaleSlots:
-    """The slots of one scale in a ScaleCache: where its keys and values go, and all a query of it attends to."""
-
-    cache: ScaleCache
-    begin: int
-    end: int
-
-    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """This scale's keys and values written; the keys and values of every slot up to its end."""
-        self.cache.k[:, :, self.begin:self.end] = k
-        self.cache.v[:, :, self.begin:self.end] = v
-        return self.cache.k[:, :, :self.end], self.cache.v[:, :, :self.end]
-
-
-class GrowingSlots:
-    """A block's cache filled from where the last scale's tokens ended: a pruned scale writes only the keys and
-    values of the tokens that ran (the release caches no others), so later scales attend to those alone. ``rows``:
-    the first rows only (SkipVAR's conditional-only scales leave the unconditional rows' slots as they were)."""
-
-    def __init__(self, cache: ScaleCache, rows: int):
-        self.cache, self.rows = cache, rows
-
-    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        begin = self.cache.filled
-        end = begin + k.shape[2]
-        self.cache.k[: self.rows, :, begin:end] = k
-        self.cache.v[: self.rows, :, begin:end] = v
-        self.cache.filled = end
-        return self.cache.k[: self.rows, :, :end], self.cache.v[: self.rows, :, :end]
 
 
 class VARSession:
