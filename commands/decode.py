@@ -57,7 +57,8 @@ def infinity_f_hat(decoder, saved: dict, args):
     if decoder.input_kind != "multi-scale-bits":
         raise FastARError(f"{args.tokens_in} holds an Infinity model's bits, but {args.vq} is {decoder.what}: use the "
                           "model's BSQ VAE for --vq")
-    return f_hat_of_labels(decoder, saved["scales"], saved["tokens"], int(saved["bits"]), str(args.tokens_in))
+    return f_hat_of_labels(decoder, saved["scales"], saved["tokens"], int(saved["bits"]), str(args.tokens_in),
+                           saved.get("grid"))
 
 
 def scale_codes_input(decoder, codes, scales, args):

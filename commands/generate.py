@@ -333,9 +333,9 @@ def bit_labels_json(model, token_maps) -> dict:
     from ..model_loaders.infinity.labels import labels_of
 
     maps = [labels_of(model.to_vae_grid(bits)) for bits in token_maps]
-    shapes = [list(s) for s in model.vae_shapes()]
-    return {"scales": shapes, "tokens": [[m[row].flatten().tolist() for m in maps] for row in range(maps[0].shape[0])],
-            "grid": shapes[-1], "bits": model.vae_bits}
+    shapes = [list(s) for s in model.vae_shapes()]  # skipped scales (FastVAR, SkipVAR): fewer than the grid's
+    return {"scales": shapes[: len(maps)], "grid": shapes[-1], "bits": model.vae_bits,
+            "tokens": [[m[row].flatten().tolist() for m in maps] for row in range(maps[0].shape[0])]}
 
 
 def codes_of(models, outputs):

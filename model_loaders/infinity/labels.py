@@ -21,15 +21,16 @@ def bits_of(labels: torch.Tensor, bits: int) -> torch.Tensor:
     return labels[..., None].div(powers(bits, labels.device), rounding_mode="floor") % 2
 
 
-def f_hat_of_labels(vae, scales: list, tokens: list, bits: int, source: str) -> torch.Tensor:
+def f_hat_of_labels(vae, scales: list, tokens: list, bits: int, source: str, grid=None) -> torch.Tensor:
     """The VAE's f_hat ``[B, d, H, W]`` of a tokens file's labels: ``tokens`` [image][scale][h*w] over the VAE-grid
-    ``scales`` [(h, w), ...], ``bits`` a label."""
+    ``scales`` [(h, w), ...], ``bits`` a label; ``grid`` (H, W), where the last scales were skipped."""
     if bits != vae.cfg.codebook_dim:
         raise FastARError(f"{source} holds labels of {bits} bits but the VAE codes {vae.cfg.codebook_dim}: use the "
                           "VAE of the model that wrote it")
-    scales = [tuple(s) for s in scales]
+    drawn = [tuple(s) for s in scales]
+    scales = drawn if grid is None or tuple(grid) == drawn[-1] else [*drawn, tuple(grid)]
     f_hat = torch.zeros(len(tokens), bits, *scales[-1], device=vae.device)
-    for scale, (h, w) in enumerate(scales):
+    for scale, (h, w) in enumerate(drawn):
         labels = torch.tensor([row[scale] for row in tokens], dtype=torch.int64, device=vae.device)
         if labels.shape[1] != h * w or int(labels.min()) < 0 or int(labels.max()) >= 2 ** bits:
             raise FastARError(f"{source}: scale {scale} should hold {h * w} labels in 0..{2 ** bits - 1} per image: "
