@@ -11,9 +11,9 @@ transformer here is that class at depth 32 over the 1M 1:1 schedule, built, redr
 as build/infinity.py does (its helpers imported, and its departures), decoding through the infinity_vae fixture's
 d32 VAE. Each prompt runs greedily (top_k 1, cfg 3 on the logits, tau 0.5, B 1 per prompt); every scale's bits
 are recorded where the loop hands them to the VAE (the skipped scales have none) with the VAE's decode of the
-summed codes (stored as 4 x 4 means). FastAR's model, loaded from the saved file, is run teacher-forced on the official bits through its
-``--fastvar`` path; the fixture is refused unless every official margin is ten times FastAR's largest guided-logit
-difference (no greedy bit, and no kept token, rests on float order).
+summed codes (stored as 4 x 4 means). FastAR's model, loaded from the saved file, is run teacher-forced on the
+official bits through its ``--fastvar`` path; the fixture is refused unless every official margin is ten times
+FastAR's largest guided-logit difference (no greedy bit, and no kept token, rests on float order).
 """
 from __future__ import annotations
 
