@@ -7,9 +7,9 @@ the plain sampler against FastVAR's and SkipVAR's settings.
   (32 blocks, so that FastVAR's blocks 3..27 prune) on a narrow copy (the counts do not depend on the width), the
   FLOPs estimated at the 2B's width (2048, FFN 8192; samplers/few_step_loops/scale_acceleration.py);
 - the time of each scale's forward on a copy of the 2B's shape cut to ``--layers`` blocks (the depth scales every
-  scale's time alike, and FastVAR's pruned blocks are kept in the same share: 3..27 of 32 rounds to all blocks but
-  the first and last few at low depth). Random weights sample random bits, which costs the same as real ones; on a
-  CPU shared with other work the times are rough.
+  scale's time alike; FastVAR prunes the same share of blocks, rounded: at 2 blocks both, where the 2B prunes 25 of
+  32, so a pruned scale's time there is a pruned block's, and the FLOP share is the whole model's). Random weights
+  sample random bits, which costs the same as real ones; on a CPU shared with other work the times are rough.
 """
 from __future__ import annotations
 
