@@ -154,7 +154,7 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                    "leaves them eager until the GPU check has compared them); --compile = on")
     p.add_argument("--flow-steps", type=int, default=SPEC_DEFAULTS.flow_steps,
                    help="fm: solver steps of the flow-matching map that turns each token's noise into its code")
-    var = p.add_argument_group("VAR models: FastVAR and SkipVAR (training-free, relaxed)")
+    var = p.add_argument_group("next-scale models (VAR, Infinity): FastVAR and SkipVAR (training-free, relaxed)")
     var.add_argument("--fastvar", action="store_true",
                      help="FastVAR's cached token pruning with its release's schedule counted from the last scale: at "
                      "the two scales before the last two, each block's attention and FFN run on the 60%% and 50%% of "

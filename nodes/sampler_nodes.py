@@ -508,18 +508,19 @@ class SamplerAR(SamplerBase):
 
 
 def scale_acceleration_inputs() -> list:
-    """VAR's training-free accelerators on the AR sampler (all off by default: the exact baseline)."""
+    """The next-scale models' training-free accelerators on the AR sampler (all off by default: the exact
+    baseline)."""
     return [
         io.String.Input("fastvar_ratios", default="", optional=True,
-                        tooltip="VAR models, FastVAR: shares of tokens pruned at the last scales that run, e.g. "
+                        tooltip="VAR and Infinity, FastVAR: shares of tokens pruned at the last scales that run, e.g. "
                                 "0.4,0.5 (its release's). At those scales each block's attention and FFN run on the "
                                 "tokens farthest from their scale's mean; the rest take the outputs of the scale "
                                 "before them. Empty: off. Relaxed: faster, not the exact baseline."),
         io.Int.Input("skip_scales", default=0, min=0, max=16, optional=True,
-                     tooltip="VAR models: skip the last N scales (they neither run nor add detail). FastVAR's release "
+                     tooltip="VAR and Infinity: skip the last N scales (they neither run nor add detail). FastVAR's release "
                              "skips 2 with 0.4,0.5; SkipVAR skips 1 to 3. 0: every scale."),
         io.Int.Input("uncond_scales", default=0, min=0, max=16, optional=True,
-                     tooltip="VAR models, SkipVAR: the last N scales that run drop the guidance branch (half the "
+                     tooltip="VAR and Infinity, SkipVAR: the last N scales that run drop the guidance branch (half the "
                              "work there) and sample from the conditional logits unguided. 0: off."),
     ]
 

@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...errors import FastARError
-from ..shared.compiled_session import cache_zeros
 from ..shared.protocol import CaptionConditioning, ModelOutput, ScalePruning
+from ..shared.transformer import FFN, GrowingSlots, ScaleCache, ScaleSlots
 from .schedules import PIXELS_PER_TOKEN
 from .vae import check_image_decoder, release_name
 
@@ -118,7 +118,7 @@ class SelfAttention(nn.Module):
         self.scale_mul_1H11 = nn.Parameter(torch.full((1, heads, 1, 1), 4.0).log())  # log space
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x, cos, sin, slots: "ScaleSlots"):
+    def forward(self, x, cos, sin, slots: ScaleSlots):
         B, L, C = x.shape
         # the layers are called, never their weights read: streamed and 8-bit layers hold them otherwise
         qkv = self.mat_qkv(x) + torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])
@@ -159,16 +159,6 @@ class CrossAttention(nn.Module):
             q = self.mat_q(x).view(*x.shape[:2], self.heads, -1).transpose(1, 2)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None])
         return self.proj(out.transpose(1, 2).flatten(2))
-
-
-class FFN(nn.Module):
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.fc2 = nn.Linear(hidden, dim)
-
-    def forward(self, x):
-        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
 
 
 class Block(nn.Module):
@@ -353,49 +343,6 @@ def caption_rows(model: Infinity, conditioning: CaptionConditioning, cfg: bool):
         uncond = model.cfg_uncond[:T].to(text.dtype).expand_as(text) * mask[..., None]
         text, mask = torch.cat([text, uncond]), torch.cat([mask, mask])
     return text, mask
-
-
-class ScaleCache:
-    """A block's keys and values for every slot of the sequence ``[rows, heads, L, head_dim]``, allocated once per
-    generation and filled scale by scale."""
-
-    def __init__(self, rows: int, heads: int, slots: int, head_dim: int, dtype, device):
-        self.k = cache_zeros(rows, heads, slots, head_dim, dtype=dtype, device=device)
-        self.v = cache_zeros(rows, heads, slots, head_dim, dtype=dtype, device=device)
-        self.filled = 0  # slots written so far by forward_pruned (GrowingSlots)
-
-    def at(self, begin: int, end: int) -> "ScaleSlots":
-        return ScaleSlots(self, begin, end)
-
-
-@dataclass(frozen=True)
-class ScaleSlots:
-    cache: ScaleCache
-    begin: int
-    end: int
-
-    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """This scale's keys and values written; those of every slot up to its end."""
-        self.cache.k[:, :, self.begin:self.end] = k
-        self.cache.v[:, :, self.begin:self.end] = v
-        return self.cache.k[:, :, :self.end], self.cache.v[:, :, :self.end]
-
-
-@dataclass(frozen=True)
-class GrowingSlots:
-    """A block's cache filled from where the last scale's tokens ended: a pruned scale writes the keys and values of
-    the tokens that ran alone (FastVAR's release caches no others), so every later scale attends to those alone.
-    ``rows``: the first rows only (SkipVAR's conditional-only scales leave the unconditional rows' slots alone)."""
-
-    cache: ScaleCache
-    rows: int
-
-    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        begin = self.cache.filled
-        end = self.cache.filled = begin + k.shape[2]
-        self.cache.k[: self.rows, :, begin:end] = k
-        self.cache.v[: self.rows, :, begin:end] = v
-        return self.cache.k[: self.rows, :, :end], self.cache.v[: self.rows, :, :end]
 
 
 class InfinitySession:

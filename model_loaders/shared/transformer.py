@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .compiled_session import cache_zeros
@@ -131,6 +132,18 @@ def feed_mask(write_slots, visible, image_slots, prefix_valid, total_slots, layo
 def sees_itself(visible, positions):
     """``[R, M]``: whether each feed's own position is one it may see (a row start's token is then the real one)."""
     return visible.gather(2, positions.unsqueeze(-1)).squeeze(-1)
+
+
+class FFN(nn.Module):
+    """The next-scale models' MLP (VAR's and Infinity's): tanh GELU between two biased linear layers."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
 
 
 class ScaleCache:

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..shared.protocol import ClassConditioning, ModelOutput, ScalePruning
-from ..shared.transformer import GrowingSlots, ScaleCache, ScaleSlots
+from ..shared.transformer import FFN, GrowingSlots, ScaleCache, ScaleSlots
 
 MAX_SCALE_MUL = math.log(100.0)
 
@@ -93,16 +93,6 @@ class SelfAttention(nn.Module):
             k, v = cache.extend(k, v)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
         return self.proj(out.transpose(1, 2).reshape(B, L, C))
-
-
-class FFN(nn.Module):
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.fc2 = nn.Linear(hidden, dim)
-
-    def forward(self, x):
-        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
 
 
 class AdaLNBlock(nn.Module):

@@ -54,8 +54,8 @@ def test_dd_mix_ups_give_fastar_messages(comfy):
     error = failed(comfy, dd_prompt(model="demo_c2i.safetensors", vq=DEMO_VQ))
     assert "dd needs a Distilled Decoding student; this is a LlamaGen GPT" in error["exception_message"]
     error = failed(comfy, dd_prompt(sampler="FastARSamplerAR"))
-    assert "ar needs a token model (LlamaGen) or a MAR model or a VAR model; this is a Distilled Decoding student " \
-        "(LlamaGen-DD): use one of dd" \
+    assert "ar needs a token model (LlamaGen) or a MAR model or a next-scale model (VAR, Infinity); this is a " \
+        "Distilled Decoding student (LlamaGen-DD): use one of dd" \
         in error["exception_message"]
     prompt = dd_prompt(seed=11)  # a seed of its own: the sampler's result must not be cached for the other tests
     prompt["8"] = {"class_type": "FastARLoadVQ", "inputs": {"vq_name": DEMO_KL, "dtype": "auto"}}
