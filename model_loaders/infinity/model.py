@@ -32,7 +32,7 @@ from torch import nn
 
 from ...errors import FastARError
 from ..shared.protocol import CaptionConditioning, ModelOutput, ScalePruning
-from ..shared.transformer import FFN, GrowingSlots, ScaleCache, ScaleSlots
+from ..shared.transformer import FFN, GrowingSlots, HeadNorm, ScaleCache, ScaleSlots
 from .schedules import PIXELS_PER_TOKEN
 from .vae import check_image_decoder, release_name
 
@@ -209,19 +209,6 @@ class EveryToken:
 
 
 EVERY_TOKEN = EveryToken()
-
-
-class HeadNorm(nn.Module):
-    """``head_nm``: LN, then ``* (1 + scale) + shift`` from SiLU/Linear of the condition (scale first), fp32."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.ada_lin = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
-
-    def forward(self, h, cond):
-        scale, shift = self.ada_lin(cond.to(self.ada_lin[1].weight.dtype)).float().view(-1, 1, 2, h.shape[-1]).unbind(2)
-        return layer_norm(h, self.eps) * (1 + scale) + shift
 
 
 class Infinity(nn.Module):

@@ -146,6 +146,21 @@ class FFN(nn.Module):
         return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
 
 
+class HeadNorm(nn.Module):
+    """The next-scale models' ``head_nm`` (AdaLNBeforeHead): LayerNorm without affine, then ``* (1 + scale) +
+    shift`` from SiLU/Linear of the condition (scale first); in fp32 whatever the weights' dtype, as the releases'
+    heads run (their autocast leaves them fp32)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.ada_lin = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
+
+    def forward(self, h, cond):
+        scale, shift = self.ada_lin(cond.to(self.ada_lin[1].weight.dtype)).float().view(-1, 1, 2, h.shape[-1]).unbind(2)
+        return F.layer_norm(h.float(), (h.shape[-1],), eps=self.eps) * (1 + scale) + shift
+
+
 class ScaleCache:
     """A block's keys and values for every slot of the sequence ``[rows, heads, L, head_dim]``, filled scale by scale:
     the same tensors from a generation's first scale to its last (the release grows a list instead), which is what

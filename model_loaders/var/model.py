@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..shared.protocol import ClassConditioning, ModelOutput, ScalePruning
-from ..shared.transformer import FFN, GrowingSlots, ScaleCache, ScaleSlots
+from ..shared.transformer import FFN, GrowingSlots, HeadNorm, ScaleCache, ScaleSlots
 
 MAX_SCALE_MUL = math.log(100.0)
 
@@ -124,20 +124,6 @@ class AdaLNBlock(nn.Module):
         kept = pruning.keep(index, "ffn", x)
         h = self.ffn(layer_norm(pruning.take(x, kept), self.eps) * (1 + scale2) + shift2) * gamma2
         return x + pruning.restore(index, "ffn", h, kept)
-
-
-class HeadNorm(nn.Module):
-    """``head_nm`` (AdaLNBeforeHead): LN without affine, then ``* (1 + scale) + shift`` from the condition."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.ada_lin = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
-
-    def forward(self, h, cond):
-        """In fp32 whatever the weights' dtype, as the official head runs (its autocast leaves it fp32)."""
-        scale, shift = self.ada_lin(cond.to(self.ada_lin[1].weight.dtype)).float().view(-1, 1, 2, h.shape[-1]).unbind(2)
-        return layer_norm(h.float(), self.eps) * (1 + scale) + shift
 
 
 def level_ids(patch_nums) -> torch.Tensor:
