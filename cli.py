@@ -15,6 +15,7 @@ from .model_loaders.shared.quantized import WEIGHT_FORMATS
 from .samplers.token_loops.acceptance import PROB_FILTERS
 from .samplers.masked_loops.cspd import VERIFY_MODES
 from .samplers.decoders import DECODERS
+from .commands.profile.speed import DEFAULT_DECODERS, PROFILED, parse_decoders
 from .samplers.token_loops.drafts import COUPLINGS, INIT_STRATEGIES
 from .samplers.masked_loops.masked import CFG_SCHEDULES
 from .samplers.few_step_loops.next_scale import VAR_SAMPLING
@@ -207,6 +208,16 @@ class DefaultsFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+def argument_type(parse):
+    """An argparse ``type`` from a parser that raises FastARError (argparse then names the option and stops)."""
+    def parsed(text: str):
+        try:
+            return parse(text)
+        except FastARError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return parsed
+
+
 def no_default(default) -> bool:
     """None, a flag's False or SUPPRESS; by identity, since a default of 0 equals False and is worth showing."""
     return any(default is nothing for nothing in (None, False, argparse.SUPPRESS))
@@ -368,17 +379,25 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--repeats", type=int, default=10, help="timed repeats per measurement (medians)")
     prof.add_argument("--drafter", help="with --model: the drafter of the spec runs (a random shape drafts with a "
                       "random 2-layer model of its shape; without either, spec is left out)")
-    prof.add_argument("--no-decoders", action="store_true", help="skip the whole-image ar/sjd/gsd/spec runs")
-    prof.add_argument("--tree", choices=TREE_KINDS, default="chain",
-                      help="also time spec on this draft tree (static: LANTERN++'s 57 drafts; dynamic: EAGLE-2's 58)")
+    prof.add_argument("--no-decoders", action="store_true", help="skip the whole-image decoder runs (ar stays with "
+                      "--baselines)")
+    prof.add_argument("--decoders", type=argument_type(parse_decoders), default=",".join(DEFAULT_DECODERS), help="the decoders whose whole images are "
+                      f"timed, comma-separated, or all ({', '.join(PROFILED)}; spec-static and spec-dynamic: spec on "
+                      "LANTERN++'s static tree and EAGLE-2's dynamic one; ar always)")
     prof.add_argument("--kernels", action="store_true", help="where a 1-token and the widest window's forward spend "
                       "their time (torch.profiler): matrix products, attention, copies, elementwise, against wall time")
     prof.add_argument("--baselines", action="store_true", help="time the usual loop on the same weights beside "
-                      "FastAR's ar: a plain per-token loop without static cache (LlamaGen class-to-image) or "
-                      "transformers' generate (Janus shapes; needs transformers)")
+                      "FastAR's ar: a plain per-token loop without static cache and, with --llamagen-code, the "
+                      "release's generate() (LlamaGen class-to-image), or transformers' generate (Janus shapes; needs "
+                      "transformers)")
+    prof.add_argument("--llamagen-code", metavar="DIR", help="with --baselines: a checkout of FoundationVision/LlamaGen "
+                      "whose generate() is timed on the same weights (compiled as its sample script does, too, with "
+                      "--compile)")
     prof.add_argument("--compile", action="store_true", help="the steps through torch.compile (each window compiles "
                       "once before it is timed), beside an eager twin with the same weights and again with every call "
                       "guarded in full; the graphs dynamo compiled and any graph break")
+    prof.add_argument("--no-eager-twin", action="store_true", help="with --compile: leave out the eager twin's "
+                      "runs (the compiled steps alone, as a user on CUDA runs them)")
     prof.add_argument("--compile-mode", choices=COMPILE_MODES,
                       help="torch.compile's mode for --compile (default: reduce-overhead on CUDA, default elsewhere); "
                       "max-autotune-no-cudagraphs / max-autotune try GEMM configurations (minutes per width)")

@@ -199,37 +199,51 @@ def decoder_args(decoder: str) -> list:
     return VARIANTS.get(decoder) or ["--decoder", decoder, *drafter(decoder)]
 
 
-def probe_and_profile_steps(out: Path, device: str) -> list[Step]:
+def probe_and_profile_steps(out: Path, device: str, llamagen_code: str | None = None) -> list[Step]:
+    """The timed steps, the speed goals' first: a step past the budget is skipped."""
     probe = [sys.executable, "-m", "fastar.commands.gpu_check", "--device", device, "--out", out, "--probe"]
 
     def profile(name, shape, *extra):
         return Step(name, fastar_argv("profile", "--shape", shape, "--device", device, "--dtype", "bf16", "--repeats",
                                       "3", "--out", out / "stats" / f"{name}.json", *extra), "profile", timeout=300)
 
+    def side_by_side(name, shape, *extra):  # the usual loops beside FastAR's compiled decoders, one image per call
+        return replace(profile(name, shape, "--windows", "1", "--batches", "1", "--repeats", "2", "--compile",
+                               "--no-eager-twin", "--baselines", "--decoders", "all", *extra), timeout=420)
+
     compiled = {"TORCH_LOGS": "perf_hints"}  # inductor says why it skips CUDA graphs (the step's notes)
-    return [Step("sync-counts", [*map(str, probe), "sync"], "probes", timeout=180),
-            Step("memory-7b", [*map(str, probe), "memory"], "probes", timeout=180),
-            Step("w8-kernel", [*map(str, probe), "w8"], "probes", timeout=180),
-            Step("w8-inductor", [*map(str, probe), "w8-inductor"], "probes", timeout=240),  # autotuning: minutes
-            profile("profile-llamagen-xl", "llamagen-xl", "--windows", "1,16,32", "--batches", "1,2"),
-            profile("profile-anole-7b", "anole-7b", "--windows", "1,16,32", "--batches", "1,2", "--no-decoders"),
-            # whole images for LlamaGen-XL (SJD's latency speed-up against its step compression), forwards for 7B
-            replace(profile("profile-llamagen-xl-compiled", "llamagen-xl", "--windows", "1,16", "--batches", "2",
-                            "--compile", "--repeats", "2", "--kernels"), env=compiled),
-            replace(profile("profile-anole-7b-compiled", "anole-7b", "--windows", "1,16", "--batches", "2",
-                            "--no-decoders", "--compile", "--kernels"), env=compiled),
-            # inductor's Triton matrix products (epilogues fused, no split-K reductions): fewer kernels, fewer gaps?
-            replace(profile("profile-anole-7b-max-autotune", "anole-7b", "--windows", "1,16", "--batches", "2",
-                            "--no-decoders", "--compile", "--compile-mode", "max-autotune", "--kernels"),
-                    env=compiled, timeout=480),  # autotuning each product's shape: minutes
-            # MAR-B's reverse process eagerly (about 100 small ops per reverse step) and on compiled steps
-            profile("profile-mar-b-compiled", "mar-b", "--batches", "1,2", "--no-decoders", "--compile"),
-            # issue 35: int8 blocks, the dequantisation fused into compiled steps (goal: 1.6x the bf16 step)
-            replace(profile("profile-anole-7b-compiled-int8", "anole-7b", "--windows", "1,16", "--batches", "2",
-                            "--no-decoders", "--compile", "--weights", "int8", "--kernels"), env=compiled),
-            # a 7B model on a 12 GB card: 8 GB of its weights on the GPU, the other 6 streamed at every forward
-            profile("profile-anole-7b-streamed", "anole-7b", "--windows", "1,16", "--batches", "2", "--no-decoders",
-                    "--gpu-weights", "8")]
+    official = ["--llamagen-code", llamagen_code] if llamagen_code else []
+    return [
+        # whole images for LlamaGen-XL (SJD's latency speed-up against its step compression), forwards for 7B
+        replace(profile("profile-llamagen-xl-compiled", "llamagen-xl", "--windows", "1,16", "--batches", "2",
+                        "--compile", "--repeats", "2", "--kernels"), env=compiled),
+        replace(profile("profile-anole-7b-compiled", "anole-7b", "--windows", "1,16", "--batches", "2",
+                        "--no-decoders", "--compile", "--kernels"), env=compiled),
+        # side by side with what users run today: the trained demo (real acceptance, its EAGLE drafter), then
+        # random weights of the real shapes (their decoders' forwards per image mean nothing, their times do)
+        side_by_side("side-by-side-demo", "demo", "--model", DEMO / "demo_c2i.safetensors", "--drafter",
+                     DEMO / "demo_drafter", *official),
+        side_by_side("side-by-side-llamagen-xl", "llamagen-xl", *official),
+        side_by_side("side-by-side-janus-pro-7b", "janus-pro-7b", "--grid", "16x16"),
+        side_by_side("side-by-side-anole-7b", "anole-7b", "--grid", "16x16"),
+        Step("sync-counts", [*map(str, probe), "sync"], "probes", timeout=180),
+        Step("memory-7b", [*map(str, probe), "memory"], "probes", timeout=180),
+        Step("w8-kernel", [*map(str, probe), "w8"], "probes", timeout=180),
+        Step("w8-inductor", [*map(str, probe), "w8-inductor"], "probes", timeout=240),  # autotuning: minutes
+        profile("profile-llamagen-xl", "llamagen-xl", "--windows", "1,16,32", "--batches", "1,2"),
+        profile("profile-anole-7b", "anole-7b", "--windows", "1,16,32", "--batches", "1,2", "--no-decoders"),
+        # inductor's Triton matrix products (epilogues fused, no split-K reductions): fewer kernels, fewer gaps?
+        replace(profile("profile-anole-7b-max-autotune", "anole-7b", "--windows", "1,16", "--batches", "2",
+                        "--no-decoders", "--compile", "--compile-mode", "max-autotune", "--kernels"),
+                env=compiled, timeout=480),  # autotuning each product's shape: minutes
+        # MAR-B's reverse process eagerly (about 100 small ops per reverse step) and on compiled steps
+        profile("profile-mar-b-compiled", "mar-b", "--batches", "1,2", "--no-decoders", "--compile"),
+        # int8 blocks, the dequantisation fused into compiled steps (goal: 1.6x the bf16 step)
+        replace(profile("profile-anole-7b-compiled-int8", "anole-7b", "--windows", "1,16", "--batches", "2",
+                        "--no-decoders", "--compile", "--weights", "int8", "--kernels"), env=compiled),
+        # a 7B model on a 12 GB card: 8 GB of its weights on the GPU, the other 6 streamed at every forward
+        profile("profile-anole-7b-streamed", "anole-7b", "--windows", "1,16", "--batches", "2", "--no-decoders",
+                "--gpu-weights", "8")]
 
 
 def run_step(step: Step, deadline: float, env: dict) -> Step:
@@ -338,6 +352,8 @@ def write_report(steps: list[Step], out: Path, environment: dict) -> None:
     for s in failed:
         lines += ["", f"## {s.name} failed", "```", " ".join(map(str, s.argv[2:])), s.tail, "```"]
     lines += ["", "## goals", "", *goal_lines(profiles)]
+    lines += ["", "## side by side with the usual loops (same GPU, weights, dtype and prompt)", "",
+              *side_by_side_lines(profiles)]
     lines += ["", "## where a forward's time goes (ms per forward)", "", *kernel_lines(profiles)]
     lines += ["", "## probes", "```", json.dumps(probes, indent=1), "```", "", "## profiles", "```",
               json.dumps(profiles, indent=1)[:20000], "```"]
@@ -376,6 +392,19 @@ def goal_lines(profiles: dict) -> list[str]:
             lines.append(line)
     lines += int8_lines(profiles) + mar_lines(profiles)
     return lines or ["- no token profile ran"]
+
+
+def side_by_side_lines(profiles: dict) -> list[str]:
+    """Each profile's table of the usual loops beside FastAR's decoders (profile --baselines)."""
+    lines = []
+    for name, profile in sorted(profiles.items()):
+        for batch, entry in profile.get("batches", {}).items():
+            if entry.get("side_by_side"):
+                weights = ("random weights: the decoders' forwards per image mean nothing, their times do"
+                           if profile["random_weights"] else "trained weights")
+                lines += [f"### {profile['shape']}, batch {batch}, grid {profile['grid']} ({weights})", "",
+                          *entry["side_by_side"], ""]
+    return lines or ["- no profile ran with --baselines"]
 
 
 def mar_lines(profiles: dict) -> list[str]:
@@ -457,6 +486,8 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=4, help="correctness steps run at once")
     p.add_argument("--only", help="run only the steps whose name contains one of these comma-separated texts "
                                   "(e.g. var,conformance)")
+    p.add_argument("--llamagen-code", help="a checkout of FoundationVision/LlamaGen: its generate() joins the "
+                                           "side-by-side runs of the LlamaGen shapes")
     p.add_argument("--probe", choices=sorted(PROBES), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     out = Path(args.out).resolve()
@@ -471,7 +502,8 @@ def main(argv=None) -> int:
     env = os.environ | {"OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1"}
     chosen = lambda step: not args.only or any(part in step.name for part in args.only.split(","))  # noqa: E731
     steps = [s for s in correctness_steps(out, args.device) if chosen(s)]
-    later = [s for s in probe_and_profile_steps(out, args.device) if chosen(s)]
+    code = str(Path(args.llamagen_code).resolve()) if args.llamagen_code else None  # the steps run from elsewhere
+    later = [s for s in probe_and_profile_steps(out, args.device, code) if chosen(s)]
     reserve = 200 if later else 0  # time left for the timed steps, when any will run
     with ThreadPoolExecutor(args.workers) as pool:
         list(pool.map(lambda s: run_step(s, deadline - reserve, env), steps))

@@ -37,7 +37,7 @@ def test_a_short_budget_still_runs_the_chosen_correctness_steps(tmp_path):
 
 def test_every_step_is_a_command_that_parses(tmp_path):
     """A typo in a step's arguments would cost a lent GPU's minutes: every step's command line must parse."""
-    steps = correctness_steps(tmp_path, "cuda") + probe_and_profile_steps(tmp_path, "cuda")
+    steps = correctness_steps(tmp_path, "cuda") + probe_and_profile_steps(tmp_path, "cuda", "LlamaGen")
     assert len({step.name for step in steps}) == len(steps)
     parser = build_parser()
     for step in steps:

@@ -14,7 +14,13 @@ from safetensors import safe_open
 from fastar.errors import FastARError
 from fastar.samplers.masked_loops.feature_reuse import FeatureReuse
 
+from fastar.cli import build_parser
 from fastar.commands.profile.speed import build, kv_bytes_read, run_profile, weight_bytes_read
+
+
+def profile_args(**fields) -> SimpleNamespace:
+    """The profile command's arguments as its parser gives them, with ``fields`` set."""
+    return SimpleNamespace(**(vars(build_parser().parse_args(["profile"])) | fields))
 
 
 def test_the_floor_counts_the_weights_and_the_filled_cache():
@@ -31,7 +37,7 @@ def test_a_cpu_profile_times_every_window_and_decoder(tmp_path, compiled):
     out = tmp_path / "profile.json"
     batches = [1] if compiled else [1, 2]  # compiling costs seconds per shape
     mode = "reduce-overhead" if compiled else None  # CUDA's mode (its static caches, copied outputs), on a CPU
-    args = SimpleNamespace(shape="tiny", tree="chain", device="cpu", dtype=None, windows="1,4,16", batches=batches, repeats=2,
+    args = profile_args(shape="tiny", device="cpu", dtype=None, windows="1,4,16", batches=batches, repeats=2,
                            no_decoders=False, out=str(out), compile=compiled, compile_mode=mode, model=None, grid=None,
                            drafter=None, baselines=False, gpu_weights=None, weights="auto", memory=False, kernels=False)
     report = run_profile(args)
@@ -67,7 +73,7 @@ def test_a_streamed_profile_counts_the_streamed_weights_at_the_host_bandwidth(mo
 
     monkeypatch.setattr(speed_profile, "check_gpu_weights", lambda gpu_weights, device: None)
     monkeypatch.setattr(speed_profile, "host_bandwidth", lambda timing: 1e6)  # 1 MB/s: the streamed part dominates
-    args = SimpleNamespace(shape="tiny", tree="chain", device="cpu", dtype=None, windows="1", batches=[1], repeats=1,
+    args = profile_args(shape="tiny", device="cpu", dtype=None, windows="1", batches=[1], repeats=1,
                            no_decoders=True, out=None, compile=False, compile_mode=None, model=None, grid=None,
                            drafter=None, baselines=False, gpu_weights=0, weights="auto", memory=False, kernels=False)
     report = run_profile(args)
@@ -87,7 +93,7 @@ def test_an_unknown_shape_is_refused_with_the_choices():
 def test_a_checkpoint_is_profiled_and_a_var_refused(tmp_path):
     from fastar.model_loaders.shared.demo import DEMO_AR, DEMO_VAR
 
-    args = SimpleNamespace(shape="demo", tree="chain", model=str(DEMO_AR), device="cpu", dtype=None, windows="1,4", batches=[1],
+    args = profile_args(shape="demo", model=str(DEMO_AR), device="cpu", dtype=None, windows="1,4", batches=[1],
                            repeats=1, no_decoders=False, out=None, compile=False, grid=None, drafter="demo",
                            baselines=False, gpu_weights=None, weights="auto", memory=False, kernels=False)
     report = run_profile(args)
@@ -107,7 +113,7 @@ def mar_args(**changes):
     args = dict(shape="mar-tiny", model=None, device="cpu", dtype=None, windows="1", batches=[2], repeats=1,
                 no_decoders=False, out=None, compile=False, grid=None, drafter=None, baselines=False, gpu_weights=None,
                 weights="auto", memory=False, kernels=False)
-    return SimpleNamespace(**(args | changes))
+    return profile_args(**(args | changes))
 
 
 def test_a_mar_profile_times_its_transformer_call_head_and_images():
@@ -159,7 +165,7 @@ def test_mar_profiles_refuse_the_token_options():
 def test_kernels_say_where_a_forward_spends_its_time():
     """--kernels on the CPU: each operator's own time, grouped; a 16-token window spends more of it in matrix
     products than a 1-token one, and the groups add up to the busy time, which the wall time bounds."""
-    args = SimpleNamespace(shape="tiny", tree="chain", device="cpu", dtype=None, windows="1,16", batches=[2], repeats=2,
+    args = profile_args(shape="tiny", device="cpu", dtype=None, windows="1,16", batches=[2], repeats=2,
                            no_decoders=True, out=None, compile=False, compile_mode=None, model=None, grid=None,
                            drafter=None, baselines=False, gpu_weights=None, weights="auto", memory=False, kernels=True)
     kernels = run_profile(args)["batches"]["2"]["kernels"]
@@ -193,7 +199,7 @@ def test_kernel_names_fall_in_their_group(name, group):
 def test_8_bit_weights_lower_the_floor_and_the_memory_by_their_bytes():
     """--weights int8: the floor reads 1-byte codes (and fp32 scales) where fp32 weights were; the report's memory
     counts the same bytes."""
-    args = SimpleNamespace(shape="tiny", tree="chain", device="cpu", dtype=None, windows="1", batches=[1], repeats=1,
+    args = profile_args(shape="tiny", device="cpu", dtype=None, windows="1", batches=[1], repeats=1,
                            no_decoders=True, out=None, compile=False, compile_mode=None, model=None, grid=None,
                            drafter=None, baselines=False, gpu_weights=None, weights="auto", memory=False, kernels=False)
     full, eight = run_profile(args), run_profile(SimpleNamespace(**{**vars(args), "weights": "int8"}))
@@ -212,7 +218,7 @@ def test_memory_estimates_any_shape_without_building_it():
     r = subprocess.run([sys.executable, "-m", "fastar", "profile", "--shape", "lumina-mgpt-7b-768", "--dtype", "bf16",
                         "--memory", "--weights", "int8", "--batches", "1"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    args = SimpleNamespace(shape="lumina-mgpt-7b-768", device="cpu", dtype="bf16", batches=[1, 2], out=None,
+    args = profile_args(shape="lumina-mgpt-7b-768", device="cpu", dtype="bf16", batches=[1, 2], out=None,
                            model=None, grid=None, drafter=None, weights="auto", memory=True)
     full, eight = run_profile(args)["memory"], run_profile(SimpleNamespace(**{**vars(args), "weights": "int8"}))["memory"]
     assert 13 < full["weights_gb"] < 14 and 0.5 < eight["weights_gb"] / full["weights_gb"] < 0.55

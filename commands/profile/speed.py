@@ -51,16 +51,21 @@ from ...model_loaders.shared.quantized import QuantizedLinear, quantize_weights
 from ...model_loaders.shared.streaming import make_streamable, model_bytes, place, streamed_bytes
 from ...memory import kv_cache_bytes
 from ...pipeline import DTYPES, check_gpu_weights, resolve_device
-from ...samplers.decoders import DecoderSpec, decode
+from ...samplers.decoders import LOSSLESS, DecoderSpec, decode
 from ...samplers.token_loops.loop_step import eager_loop_steps
 from ...samplers.processing import SamplingSettings
-from .loop_baselines import baseline_for
+from .loop_baselines import baseline_loops
+from .side_by_side import side_by_side
 from .var import VAR_SHAPES, run_var_profile
 from .mar import MAR_SHAPES, build_mar, check_mar_options, mar_batch, print_mar_batch, random_draft
 from .common import Timing, bandwidth, host_bandwidth, image_costs, randomise
 from .kernels import kernel_breakdown, print_breakdown
 
-DECODERS = ("ar", "sjd", "gsd", "spec")
+# the decoders ``--decoders`` may name, each at its defaults; ``spec`` and its trees draft with the drafter
+PROFILED = {"ar": DecoderSpec("ar"), "sjd": DecoderSpec("sjd"), "sjd-pac": DecoderSpec("sjd-pac"),
+            "gsd": DecoderSpec("gsd"), "zipar": DecoderSpec("zipar"), "spec": DecoderSpec("spec"),
+            "spec-static": DecoderSpec("spec", tree="static"), "spec-dynamic": DecoderSpec("spec", tree="dynamic")}
+DEFAULT_DECODERS = ("ar", "sjd", "gsd", "spec")
 PROMPT_TOKENS = 32  # a typical prompt's length for the text-to-image shapes
 DRAFTER_LAYERS = 2  # a random shape's drafter for ``spec``: the target's shape with this many layers
 
@@ -217,32 +222,38 @@ def under(context, run):
     return image
 
 
-def decoder_runs(model, drafter, batch: int, sampling: SamplingSettings, tree: str = "chain") -> dict:
-    """``ar``, ``sjd``, ``gsd`` and (with a drafter) ``spec`` at their defaults, and ``spec`` on a ``tree`` other than
-    a chain, as ``seed -> (forwards, codes)``."""
+def parse_decoders(text: str) -> tuple[str, ...]:
+    """``--decoders``: comma-separated names of PROFILED, or ``all``; ``ar`` always (what the others compare with)."""
+    names = tuple(PROFILED) if text == "all" else tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in PROFILED]
+    if unknown:
+        raise FastARError(f"{', '.join(unknown)} unknown; choose from {', '.join(PROFILED)} or all")
+    return ("ar", *(n for n in names if n != "ar"))
+
+
+def decoder_runs(model, drafter, batch: int, sampling: SamplingSettings, names=DEFAULT_DECODERS) -> dict:
+    """The decoders ``names`` at their defaults (those that draft only with a drafter), as
+    ``seed -> (forwards, codes)``."""
     def run(spec):
         def image(seed):
             codes, stats = decode(model, conditioning(model, batch), sampling, spec, seed=seed,
                                   drafter=drafter if spec.decoder == "spec" else None)
             return stats.target_forwards, codes
         return image
-    runs = {name: run(DecoderSpec(name)) for name in DECODERS if name != "spec" or drafter is not None}
-    if tree != "chain" and drafter is not None:
-        runs[f"spec, {tree} tree"] = run(DecoderSpec("spec", tree=tree))
-    return runs
+    return {name: run(PROFILED[name]) for name in names if PROFILED[name].decoder != "spec" or drafter is not None}
 
 
-def baseline_runs(model, batch: int, sampling: SamplingSettings) -> dict:
-    """The family's usual loop (loop_baselines.py beside this file) on the same weights, as ``seed -> (forwards, codes)``."""
-    baseline = baseline_for(model)
-    if baseline is None:
-        return {}
-    name, loop = baseline
+def baseline_runs(args, model, batch: int, sampling: SamplingSettings) -> dict:
+    """The family's usual loops (loop_baselines.py beside this file) on the same weights, as
+    ``seed -> (forwards, codes)``."""
     tokens = model.grid[0] * model.grid[1]
 
-    def run(seed):
-        return tokens, loop(conditioning(model, batch), sampling, torch.Generator(model.device).manual_seed(seed))
-    return {name: run}
+    def run(loop):
+        def image(seed):
+            return tokens, loop(conditioning(model, batch), sampling, torch.Generator(model.device).manual_seed(seed))
+        return image
+    loops = baseline_loops(model, llamagen_code=args.llamagen_code, compiled=args.compile)
+    return {name: run(loop) for name, loop in loops.items()}
 
 
 def load(path: str, device: torch.device, dtype: torch.dtype, weights: str = "auto"):
@@ -344,6 +355,8 @@ def run_profile(args) -> dict:
         return write_report(run_var_profile(args), args.out)
     if args.memory:
         return write_report(run_memory(args), args.out)
+    if args.llamagen_code and not args.baselines:
+        raise FastARError("--llamagen-code goes with --baselines (the loops timed beside FastAR's)")
     device = resolve_device(args.device or "auto")
     args.dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
     dtype = DTYPES[args.dtype]
@@ -356,13 +369,15 @@ def run_profile(args) -> dict:
     drafter = drafter_for(args, model)
     if mar:
         check_mar_options(args)
-    eager_twin = target(args, device, dtype) if args.compile and not mar else None  # the same weights, beside it
+    twin = args.compile and not mar and not args.no_eager_twin
+    eager_twin = target(args, device, dtype) if twin else None  # the same weights, beside it
     if args.compile:
         compile_steps(model, mode=getattr(args, "compile_mode", None))
     bytes_per_s = bandwidth(timing)
     host_bytes_per_s = host_bandwidth(timing) if streamed_bytes(model) else None
     name = Path(args.model).name if args.model else args.shape
-    report = {"shape": name, "device": str(device), "dtype": args.dtype, "weights": args.weights,
+    report = {"shape": name, "random_weights": not args.model, "device": str(device), "dtype": args.dtype,
+              "weights": args.weights,
               "machine": platform.machine(), "compiled": compiled_mode(model),
               "params": parameter_count(model), "grid": list(model.grid),
               "drafter": drafter_name(drafter),
@@ -440,15 +455,16 @@ def token_batch(args, model, drafter, eager_twin, timing: Timing, batch: int, by
                                                                                     windows).items()}
     if args.no_decoders and not args.baselines:
         return entry
-    runs = decoder_runs(model, drafter, batch, sampling, args.tree)
+    names = args.decoders
+    runs = decoder_runs(model, drafter, batch, sampling, names)
     if args.no_decoders:  # the baselines still need ar to compare with
         runs = {"ar": runs["ar"]}
     if eager_twin is not None:
-        runs |= {f"eager {k}": run for k, run in decoder_runs(eager_twin, drafter, batch, sampling, args.tree).items()
+        runs |= {f"eager {k}": run for k, run in decoder_runs(eager_twin, drafter, batch, sampling, names).items()
                  if k in runs}
     variants = ({name: under(context, runs["sjd"]) for name, (_, context) in SJD_VARIANTS.items()}
                 if eager_twin is not None and "sjd" in runs else {})
-    baselines = baseline_runs(eager_twin or model, batch, sampling) if args.baselines else {}
+    baselines = baseline_runs(args, eager_twin or model, batch, sampling) if args.baselines else {}
     costs, codes = image_costs(runs | variants | baselines, timing, rounds)
     for cost in costs.values():
         cost["over_floor"] = cost["ms_per_iteration"] / floor_ms
@@ -460,6 +476,7 @@ def token_batch(args, model, drafter, eager_twin, timing: Timing, batch: int, by
         entry["eager"]["same_tokens"] = {k: torch.equal(codes[k], codes[f"eager {k}"]) for k in entry["decoders"]}
     entry["baselines"] = {k: c | {"ar_speedup": c["image_s"] / costs["ar"]["image_s"]}
                           for k, c in costs.items() if k in baselines}
+    entry["side_by_side"] = side_by_side(entry, {k: LOSSLESS[PROFILED[k].decoder] for k in entry["decoders"]})
     return entry
 
 
@@ -499,3 +516,5 @@ def print_batch(batch: int, entry: dict) -> None:
         print(f"[profile]   {loop} (same weights): {cost['ms_per_iteration']:.2f} ms per token "
               f"({cost['over_floor']:.2f}x floor), {cost['image_s']:.3f} s per image: FastAR ar is "
               f"{cost['ar_speedup']:.2f}x faster", flush=True)
+    if entry.get("side_by_side"):
+        print(f"[profile]   side by side, batch {batch}:\n" + "\n".join(entry["side_by_side"]), flush=True)
