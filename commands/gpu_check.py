@@ -360,13 +360,15 @@ def write_report(steps: list[Step], out: Path, environment: dict) -> None:
     (out / "report.md").write_text("\n".join(lines))
 
 
-FLOOR_GOAL, SJD_GOAL = 1.25, 0.9  # issue 31: an iteration within 1.25x the floor; SJD's latency >= 0.9 x compression
+FLOOR_GOAL, SJD_GOAL = 1.25, 0.9  # an iteration within 1.25x the floor; SJD's latency >= 0.9 x its compression
+TRANSFORMERS_GOAL = 3.0  # FastAR's ar against transformers' generate on the same weights
 INT8_GOAL = 1.6  # issue 35: a compiled int8 step of a 7B shape at batch 2 against the bf16 one
 
 
 def goal_lines(profiles: dict) -> list[str]:
-    """The speed goals, per profile and batch: the 1-token forward against the bandwidth floor, and SJD's latency
-    speed-up over ar against its step compression (whole images, when the profile ran them)."""
+    """The speed goals, per profile and batch: the 1-token forward and each decoder's iteration against the
+    bandwidth floor, SJD's latency speed-up over ar against its step compression (whole images, when the profile
+    ran them), and ar against transformers' generate."""
     lines = []
     for name, profile in sorted(profiles.items()):
         for batch, entry in profile.get("batches", {}).items():
@@ -382,6 +384,9 @@ def goal_lines(profiles: dict) -> list[str]:
                 line += (f"; {profile['streamed_gb']:.1f} GB of weights streamed at "
                          f"{profile['host_bandwidth_gb_s']:.1f} GB/s")
             decoders = entry.get("decoders", {})
+            if decoders:
+                line += "; iterations against the floor: " + ", ".join(
+                    f"{decoder} {cost['over_floor']:.2f}x" for decoder, cost in decoders.items())
             if "ar" in decoders and "sjd" in decoders:
                 ar, sjd = decoders["ar"], decoders["sjd"]
                 speedup, compression = ar["image_s"] / sjd["image_s"], ar["target_forwards"] / sjd["target_forwards"]
@@ -389,6 +394,11 @@ def goal_lines(profiles: dict) -> list[str]:
                 line += (f"; sjd {speedup:.2f}x faster than ar per image for {compression:.2f}x fewer forwards "
                          f"({share:.2f} of it: {'meets' if share >= SJD_GOAL else 'misses'} {SJD_GOAL})")
                 line += sjd_variants(entry)
+            transformers = entry.get("baselines", {}).get("transformers generate()")
+            if transformers:
+                line += (f"; ar {transformers['ar_speedup']:.2f}x faster than transformers' generate "
+                         f"({'meets' if transformers['ar_speedup'] >= TRANSFORMERS_GOAL else 'misses'} "
+                         f"{TRANSFORMERS_GOAL}x)")
             lines.append(line)
     lines += int8_lines(profiles) + mar_lines(profiles)
     return lines or ["- no token profile ran"]

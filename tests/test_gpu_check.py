@@ -84,19 +84,21 @@ def test_mars_compiled_reverse_steps_are_judged_by_how_close_their_latents_come(
 
 def test_the_report_states_the_speed_goals():
     entry = {"floor_ms": 4.0, "forward_ms": {"1": 6.0}, "forward_over_floor": 1.5,
-             "decoders": {"ar": {"image_s": 8.0, "target_forwards": 1024}, "sjd": {"image_s": 4.0, "target_forwards": 400}}}
+             "decoders": {"ar": {"image_s": 8.0, "target_forwards": 1024, "over_floor": 1.6},
+                          "sjd": {"image_s": 4.0, "target_forwards": 400, "over_floor": 1.75}}}
     mar = {"floor_ms": 2.0, "forward_ms": 9.0, "compiled_forward_ms": 3.0, "head_ms": 1, "head_process_ms": 120.0,
            "compiled_head": {"head_process_ms": 15.0, "speedup": 8.0, "apart": 0.0012}}
     lines = goal_lines({"profile-7b": {"batches": {"2": entry}}, "profile-mar": {"batches": {"1": mar}}})
-    assert lines == ["- profile-7b, batch 2: forward 6.00 ms, 1.50x the 4.00 ms floor (misses 1.25x); sjd 2.00x "
-                     "faster than ar per image for 2.56x fewer forwards (0.78 of it: misses 0.9)",
+    assert lines == ["- profile-7b, batch 2: forward 6.00 ms, 1.50x the 4.00 ms floor (misses 1.25x); iterations "
+                     "against the floor: ar 1.60x, sjd 1.75x; sjd 2.00x faster than ar per image for 2.56x fewer "
+                     "forwards (0.78 of it: misses 0.9)",
                      "- profile-mar, batch 1: a MAR step's reverse process 120.0 ms eagerly, 15.0 ms on compiled "
                      "steps (8.00x; latents 1.2e-03 apart); transformer call 9.0 ms eagerly, 3.0 ms compiled"]
     assert goal_lines({}) == ["- no token profile ran"]
     whole = goal_lines({"profile-7b": {"batches": {"2": {**entry, "whole_cache_forward_ms": 6.5}}}})
     assert whole[0].startswith("- profile-7b, batch 2: forward 6.00 ms, 1.50x the 4.00 ms floor (misses 1.25x), "
-                               "6.50 ms attending over the whole cache; sjd"), whole
-    timed = {"ms_per_iteration": 5.0, "image_s": 4.0, "target_forwards": 400}
+                               "6.50 ms attending over the whole cache; iterations"), whole
+    timed = {"ms_per_iteration": 5.0, "image_s": 4.0, "target_forwards": 400, "over_floor": 1.25}
     compiled = {**entry, "decoders": {**entry["decoders"], "sjd": timed},
                 "full_guards_decoders": {"sjd": {**timed, "ms_per_iteration": 5.5}},
                 "eager_loop_step_decoders": {"sjd": {**timed, "ms_per_iteration": 6.25}}}
@@ -106,6 +108,9 @@ def test_the_report_states_the_speed_goals():
     streamed = goal_lines({"profile-7b-streamed": {"streamed_gb": 6.04, "host_bandwidth_gb_s": 24.6,
                                                    "batches": {"2": {**entry, "decoders": {}}}}})
     assert streamed[0].endswith("(misses 1.25x); 6.0 GB of weights streamed at 24.6 GB/s"), streamed
+    janus = goal_lines({"side-by-side-janus": {"batches": {"1": {**entry, "baselines": {
+        "transformers generate()": {"ar_speedup": 3.5}}}}}})
+    assert janus[0].endswith("; ar 3.50x faster than transformers' generate (meets 3.0x)"), janus
     int8 = goal_lines({"profile-7b": {"batches": {"2": entry}},
                        "profile-7b-int8": {"batches": {"2": {**entry, "forward_ms": {"1": 3.5}}}}})
     assert int8[-1] == "- profile-7b-int8, batch 2: int8 step 3.50 ms, 1.71x the bf16 step (meets 1.6x)", int8
