@@ -226,6 +226,8 @@ def probe_and_profile_steps(out: Path, device: str, llamagen_code: str | None = 
         side_by_side("side-by-side-llamagen-xl", "llamagen-xl", *official),
         side_by_side("side-by-side-janus-pro-7b", "janus-pro-7b", "--grid", "16x16"),
         side_by_side("side-by-side-anole-7b", "anole-7b", "--grid", "16x16"),
+        # a 7B step's layers as four fused kernels each (fused_matmul.py) against inductor's compiled layers
+        Step("fused-layer", [*map(str, probe), "fused-layer"], "probes", timeout=240),
         Step("sync-counts", [*map(str, probe), "sync"], "probes", timeout=180),
         Step("memory-7b", [*map(str, probe), "memory"], "probes", timeout=180),
         Step("w8-kernel", [*map(str, probe), "w8"], "probes", timeout=180),
@@ -354,6 +356,8 @@ def write_report(steps: list[Step], out: Path, environment: dict) -> None:
     lines += ["", "## goals", "", *goal_lines(profiles)]
     lines += ["", "## side by side with the usual loops (same GPU, weights, dtype and prompt)", "",
               *side_by_side_lines(profiles)]
+    lines += ["", "## a 7B step's layers without attention: inductor's against four fused kernels a layer", "",
+              *fused_layer_lines(probes.get("probe-fused-layer"))]
     lines += ["", "## where a forward's time goes (ms per forward)", "", *kernel_lines(profiles)]
     lines += ["", "## probes", "```", json.dumps(probes, indent=1), "```", "", "## profiles", "```",
               json.dumps(profiles, indent=1)[:20000], "```"]
@@ -459,6 +463,24 @@ def int8_lines(profiles: dict) -> list[str]:
                 speedup = full["batches"][batch]["forward_ms"]["1"] / entry["forward_ms"]["1"]
                 lines.append(f"- {name}, batch {batch}: int8 step {entry['forward_ms']['1']:.2f} ms, {speedup:.2f}x the "
                              f"bf16 step ({'meets' if speedup >= INT8_GOAL else 'misses'} {INT8_GOAL}x)")
+    return lines
+
+
+def fused_layer_lines(probe: dict | None) -> list[str]:
+    """The fused-layer probe per row count: both ways' ms per step, the floor, the fastest tiles."""
+    if not probe:
+        return ["- the fused-layer probe did not run"]
+    lines = []
+    for rows, tiles in probe["fused_tiles_ms"].items():
+        if isinstance(tiles, str):
+            lines.append(f"- {rows}: {tiles}")
+            continue
+        torch_ms, fused_ms = probe["ms_per_step"][f"torch compiled {rows}"], probe["ms_per_step"][f"fused {rows}"]
+        best = min(tiles, key=tiles.get) if tiles else None
+        lines.append(f"- {rows}: torch compiled {torch_ms:.3f} ms, fused {fused_ms:.3f} ms ({torch_ms / fused_ms:.2f}x)"
+                     f" against a {probe.get('floor_ms', 0):.3f} ms floor; outputs "
+                     f"{probe['relative_difference'][rows]:.1e} apart"
+                     + (f"; fastest tiles {best}: {tiles[best]:.3f} ms" if best else ""))
     return lines
 
 

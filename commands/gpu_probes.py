@@ -184,6 +184,84 @@ def probe_w8_inductor(device: str, out: Path, shapes: dict = BLOCK_LINEARS_7B, t
     return result
 
 
+# a 7B layer's widths: hidden, q/k/v joined, FFN (Anole-7B's shape)
+LAYER_7B = {"dim": 4096, "qkv": 12288, "ffn": 11008}
+FUSED_TILES = ((16, 32, 128), (16, 64, 128), (16, 128, 128), (16, 64, 256), (64, 64, 64), (64, 128, 64))
+
+
+def probe_fused_layer(device: str, out: Path, shape: dict = LAYER_7B, layers: int = 32, dtype: str = "bfloat16",
+                      timed=None, compile_mode: str | None = "default") -> dict:
+    """A 7B decode step's layers without their attention (RMSNorm, q/k/v, output and its residual, RMSNorm,
+    gate/up, SwiGLU, down and its residual; q stands in for the attention's output) at batch 2 with CFG (4 rows for
+    one token, 64 for a 16-token window), each replayed as a CUDA graph: as torch runs them compiled by inductor,
+    and as fused_matmul.py's four kernels a layer (block_sizes's tiles, then FUSED_TILES): ms per step against the
+    floor of reading their weights once at the copy bandwidth, and how far the fused step's output is from torch's.
+    ``shape``, ``layers``, ``dtype``, ``timed`` (graph_ms) and ``compile_mode`` (None: eager) are the CPU test's to
+    shrink."""
+    import torch
+    import torch.nn.functional as F
+
+    from ..model_loaders.shared.fused_matmul import fused_applies, fused_linear
+    from ..model_loaders.shared.w8_matmul import tiles
+    from .profile.common import Timing, bandwidth
+
+    dim, qkv, ffn, eps = shape["dim"], shape["qkv"], shape["ffn"], 1e-5
+    dtype = getattr(torch, dtype)
+    g = torch.Generator(device).manual_seed(0)
+
+    def weight(rows, cols):
+        return (torch.randn(rows, cols, device=device, generator=g) * cols ** -0.5).to(dtype)
+
+    def gain():
+        return (1 + 0.1 * torch.randn(dim, device=device, generator=g)).to(dtype)
+
+    stack = [{"norm1": gain(), "qkv": weight(qkv, dim), "o": weight(dim, dim), "norm2": gain(),
+              "w13": weight(2 * ffn, dim), "down": weight(dim, ffn)} for _ in range(layers)]
+
+    def rms(x, gain):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * gain
+
+    def torch_layers(h):
+        for w in stack:
+            attention = F.linear(rms(h, w["norm1"]), w["qkv"])[:, :dim].contiguous()
+            h = h + F.linear(attention, w["o"])
+            gate, up = F.linear(rms(h, w["norm2"]), w["w13"]).chunk(2, dim=-1)
+            h = h + F.linear(F.silu(gate) * up, w["down"])
+        return h
+
+    def fused_layers(h, blocks=None):
+        for w in stack:
+            attention = fused_linear(h, w["qkv"], norm=(w["norm1"], eps), blocks=blocks)[:, :dim].contiguous()
+            h = fused_linear(attention, w["o"], residual=h, blocks=blocks)
+            ffn_out = fused_linear(h, w["w13"], norm=(w["norm2"], eps), swiglu=True, blocks=blocks)
+            h = fused_linear(ffn_out, w["down"], residual=h, blocks=blocks)
+        return h
+
+    weight_bytes = sum(t.numel() * t.element_size() for w in stack for t in w.values())
+    compiled = torch.compile(torch_layers, mode=compile_mode, dynamic=False) if compile_mode else torch_layers
+    result = {"layers": layers, "shape": shape, "weights_gb": round(weight_bytes / 1e9, 3), "ms_per_step": {},
+              "relative_difference": {}, "fused_tiles_ms": {}}
+    if timed is None:
+        result["floor_ms"] = round(weight_bytes / bandwidth(Timing(torch.device(device), 5)) * 1e3, 4)
+    for rows in (4, 64):
+        h = torch.randn(rows, dim, device=device, generator=g).to(dtype)
+        if not all(fused_applies(h, w, swiglu) for w, swiglu in ((stack[0]["qkv"], False),
+                                                                (stack[0]["w13"], True), (stack[0]["down"], False))):
+            result["fused_tiles_ms"][f"rows {rows}"] = "the tiles do not divide this shape"
+            continue
+        want, got = compiled(h).float(), fused_layers(h).float()
+        result["relative_difference"][f"rows {rows}"] = float(
+            f"{((got - want).abs().max() / want.abs().max()).item():.3g}")
+        for name, work in (("torch compiled", lambda: compiled(h)), ("fused", lambda: fused_layers(h))):
+            result["ms_per_step"][f"{name} rows {rows}"] = round((timed or graph_ms)(work), 4)
+        result["fused_tiles_ms"][f"rows {rows}"] = {
+            "x".join(map(str, t)): round((timed or graph_ms)(lambda t=t: fused_layers(h, tiles(*t))), 4)
+            for t in FUSED_TILES if all(dim % t[2] == 0 and ffn % t[2] == 0 and n % t[1] == 0
+                                        for n in (qkv, dim, ffn))}
+    return result
+
+
 def graph_ms(work, replays: int = 50) -> float:
     """Milliseconds per replay of ``work`` captured as a CUDA graph (launch overhead out of the timing)."""
     import torch
@@ -207,4 +285,5 @@ def graph_ms(work, replays: int = 50) -> float:
     return start.elapsed_time(end) / replays
 
 
-PROBES = {"sync": probe_sync, "memory": probe_memory, "w8": probe_w8, "w8-inductor": probe_w8_inductor}
+PROBES = {"sync": probe_sync, "memory": probe_memory, "w8": probe_w8, "w8-inductor": probe_w8_inductor,
+          "fused-layer": probe_fused_layer}

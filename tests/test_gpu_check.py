@@ -213,3 +213,15 @@ def test_the_tile_sweep_times_every_tile_that_divides_the_weights(monkeypatch):
     assert times == {"16x16x256": 0.25, "16x32x256": 0.25, "16x32x128": 0.25, "64x32x128": 0.25}  # 96 outputs: N tiles
     assert [(b["BLOCK_M"], b["BLOCK_N"], b["BLOCK_K"]) for b in seen] == [  # of 16 and 32 divide them, not of 64
         (16, 16, 256), (16, 32, 256), (16, 32, 128), (64, 32, 128)]
+
+
+def test_the_report_compares_the_fused_layers_with_inductors():
+    from fastar.commands.gpu_check import fused_layer_lines
+
+    probe = {"floor_ms": 3.9, "relative_difference": {"rows 4": 0.0021},
+             "ms_per_step": {"torch compiled rows 4": 5.0, "fused rows 4": 4.0},
+             "fused_tiles_ms": {"rows 4": {"16x64x128": 4.0, "16x32x128": 3.8}, "rows 64": "the tiles do not divide"}}
+    assert fused_layer_lines(probe) == [
+        "- rows 4: torch compiled 5.000 ms, fused 4.000 ms (1.25x) against a 3.900 ms floor; outputs 2.1e-03 apart; "
+        "fastest tiles 16x32x128: 3.800 ms", "- rows 64: the tiles do not divide"]
+    assert fused_layer_lines(None) == ["- the fused-layer probe did not run"]
