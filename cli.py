@@ -363,9 +363,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     prof = add_command(sub, "profile", "ms per target forward and decoder iteration against the memory-bandwidth "
                                        "floor, on a random-weight model of a real shape")
-    prof.add_argument("--shape", default="demo", help="tiny, demo, llamagen-b/-l/-xl/-xxl, lumina-mgpt-7b-768, anole-7b, "
-                      "janus-tiny, janus-pro-1b, janus-pro-7b; MAR: mar-tiny, mar-b, mar-l, mar-h; VAR (plain "
-                      "against FastVAR and SkipVAR, time per scale): var-d16, var-d20, var-d24, var-d30")
+    prof.add_argument("--shape", default="demo", help="tiny, demo, llamagen-b/-l/-xl/-xxl, lumina-mgpt-7b-768, "
+                      "anole-7b, lumina-tiny, anole-tiny, janus-tiny, janus-pro-1b, janus-pro-7b; MAR: mar-tiny, mar-b, "
+                      "mar-l, mar-h; VAR (plain against FastVAR and SkipVAR, time per scale): var-d16, var-d20, "
+                      "var-d24, var-d30")
     prof.add_argument("--grid", help="a random shape's image grid, rows x columns of tokens (e.g. 8x8 for a quick CPU "
                       "run of a big shape; default: the release's)")
     prof.add_argument("--model", help="a token model's or a MAR's checkpoint instead of a random shape (e.g. the "
@@ -381,9 +382,10 @@ def build_parser() -> argparse.ArgumentParser:
                       "random 2-layer model of its shape; without either, spec is left out)")
     prof.add_argument("--no-decoders", action="store_true", help="skip the whole-image decoder runs (ar stays with "
                       "--baselines)")
-    prof.add_argument("--decoders", type=argument_type(parse_decoders), default=",".join(DEFAULT_DECODERS), help="the decoders whose whole images are "
-                      f"timed, comma-separated, or all ({', '.join(PROFILED)}; spec-static and spec-dynamic: spec on "
-                      "LANTERN++'s static tree and EAGLE-2's dynamic one; ar always)")
+    prof.add_argument("--decoders", type=argument_type(parse_decoders), default=",".join(DEFAULT_DECODERS),
+                      help=f"the decoders whose whole images are timed, comma-separated, or all "
+                      f"({', '.join(PROFILED)}; spec-static and spec-dynamic: spec on LANTERN++'s static tree and "
+                      "EAGLE-2's dynamic one; ar always)")
     prof.add_argument("--kernels", action="store_true", help="where a 1-token and the widest window's forward spend "
                       "their time (torch.profiler): matrix products, attention, copies, elementwise, against wall time")
     prof.add_argument("--baselines", action="store_true", help="time the usual loop on the same weights beside "

@@ -220,7 +220,7 @@ def probe_and_profile_steps(out: Path, device: str, llamagen_code: str | None = 
         replace(profile("profile-anole-7b-compiled", "anole-7b", "--windows", "1,16", "--batches", "2",
                         "--no-decoders", "--compile", "--kernels"), env=compiled),
         # side by side with what users run today: the trained demo (real acceptance, its EAGLE drafter), then
-        # random weights of the real shapes (their decoders' forwards per image mean nothing, their times do)
+        # random weights of the real shapes (their decoders' forwards per call mean nothing, their times do)
         side_by_side("side-by-side-demo", "demo", "--model", DEMO / "demo_c2i.safetensors", "--drafter",
                      DEMO / "demo_drafter", *official),
         side_by_side("side-by-side-llamagen-xl", "llamagen-xl", *official),
@@ -414,7 +414,7 @@ def side_by_side_lines(profiles: dict) -> list[str]:
     for name, profile in sorted(profiles.items()):
         for batch, entry in profile.get("batches", {}).items():
             if entry.get("side_by_side"):
-                weights = ("random weights: the decoders' forwards per image mean nothing, their times do"
+                weights = ("random weights: the decoders' forwards per call mean nothing, their times do"
                            if profile["random_weights"] else "trained weights")
                 lines += [f"### {profile['shape']}, batch {batch}, grid {profile['grid']} ({weights})", "",
                           *entry["side_by_side"], ""]

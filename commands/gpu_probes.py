@@ -104,7 +104,7 @@ def probe_w8(device: str, out: Path, shapes: dict = BLOCK_LINEARS_7B, timed=None
     import torch.nn.functional as F
 
     from ..model_loaders.shared.quantized import QuantizedLinear, dequantize
-    from ..model_loaders.shared.w8_matmul import fused_matmul_applies
+    from ..model_loaders.shared.kernels.w8_matmul import fused_matmul_applies
 
     torch.manual_seed(0)
     linears = {name: torch.nn.Linear(i, o, bias=False, device=device, dtype=torch.bfloat16)
@@ -137,7 +137,7 @@ def probe_w8(device: str, out: Path, shapes: dict = BLOCK_LINEARS_7B, timed=None
 
 def tile_times(block: dict, xs: dict, timed) -> dict:
     """ms of ``block``'s 8-bit linears on inputs ``xs`` with each of TILES that divides their weights."""
-    from ..model_loaders.shared.w8_matmul import fused_matmul, tiles
+    from ..model_loaders.shared.kernels.w8_matmul import fused_matmul, tiles
 
     times = {}
     for m, n, k in TILES:
@@ -201,8 +201,8 @@ def probe_fused_layer(device: str, out: Path, shape: dict = LAYER_7B, layers: in
     import torch
     import torch.nn.functional as F
 
-    from ..model_loaders.shared.fused_matmul import fused_applies, fused_linear
-    from ..model_loaders.shared.w8_matmul import tiles
+    from ..model_loaders.shared.kernels.fused_matmul import fused_applies, fused_linear
+    from ..model_loaders.shared.kernels.w8_matmul import tiles
     from .profile.common import Timing, bandwidth
 
     dim, qkv, ffn, eps = shape["dim"], shape["qkv"], shape["ffn"], 1e-5

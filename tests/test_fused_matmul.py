@@ -1,4 +1,4 @@
-"""The fused layer products (model_loaders/shared/fused_matmul.py): the Triton kernel run on this CPU by Triton's
+"""The fused layer products (model_loaders/shared/kernels/fused_matmul.py): the Triton kernel run on this CPU by Triton's
 interpreter (``TRITON_INTERPRET=1``, in a subprocess since Triton reads it at import) against the torch ops it
 replaces, each fusion alone and together; and where it applies. The interpreter has no bf16, so bf16 and the
 timing are the GPU check's (``--probe fused-layer``)."""
@@ -9,16 +9,16 @@ import sys
 import pytest
 import torch
 
-from fastar.model_loaders.shared.fused_matmul import block_sizes, fused_applies
+from fastar.model_loaders.shared.kernels.fused_matmul import block_sizes, fused_applies
 
 triton = pytest.importorskip("triton", reason="Triton is a test requirement (.ci/requirements-dev.txt)")
 
 INTERPRETED_CHECKS = r"""
 import json
 import torch, torch.nn.functional as F
-from fastar.model_loaders.shared.fused_matmul import fused_applies, fused_linear
+from fastar.model_loaders.shared.kernels.fused_matmul import fused_applies, fused_linear
 from fastar.model_loaders.shared.transformer import RMSNorm
-from fastar.model_loaders.shared.w8_matmul import INTERPRETED, tiles
+from fastar.model_loaders.shared.kernels.w8_matmul import INTERPRETED, tiles
 
 assert INTERPRETED
 g = torch.Generator().manual_seed(0)
@@ -99,7 +99,8 @@ def test_the_gpu_check_probe_times_both_layers_and_compares_their_outputs():
     assert r.returncode == 0, r.stderr[-3000:]
     out = eval(r.stdout.strip().splitlines()[-1].replace("null", "None"))
     result = out["result"]
-    assert set(result["ms_per_step"]) == {f"{way} rows {rows}" for way in ("torch compiled", "fused") for rows in (4, 64)}
+    ways = ("torch compiled", "fused")
+    assert set(result["ms_per_step"]) == {f"{way} rows {rows}" for way in ways for rows in (4, 64)}
     assert max(result["relative_difference"].values()) < 5e-3, result["relative_difference"]
     # 128 and 256 wide: K tiles of 256 do not divide 128, N tiles of 128 divide every output count here
     assert set(result["fused_tiles_ms"]["rows 4"]) == {"16x32x128", "16x64x128", "16x128x128", "64x64x64", "64x128x64"}

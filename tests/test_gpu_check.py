@@ -204,7 +204,7 @@ def test_the_tile_sweep_times_every_tile_that_divides_the_weights(monkeypatch):
     from types import SimpleNamespace
 
     from fastar.commands import gpu_probes
-    from fastar.model_loaders.shared import w8_matmul
+    from fastar.model_loaders.shared.kernels import w8_matmul
 
     seen = []
     monkeypatch.setattr(w8_matmul, "fused_matmul", lambda x, codes, scale, bias, blocks: seen.append(blocks) or x)

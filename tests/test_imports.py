@@ -177,3 +177,13 @@ def test_the_family_check_sees_a_family_borrowing_from_another():
     graph["model_loaders.shared.protocol"] = graph["model_loaders.shared.protocol"] | {"model_loaders.mar.model"}
     assert set(cross_family_imports(graph)) == {"model_loaders.janus.model -> model_loaders.chameleon.model",
                                                 "model_loaders.shared.protocol -> model_loaders.mar.model"}
+
+
+def test_pyproject_installs_every_package_folder():
+    """A folder missing from pyproject.toml's list installs without its modules (pip install . would break)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {".".join(("fastar", *path.parent.relative_to(ROOT).parts))
+               for path in package_modules(ROOT).values() if path.name == "__init__.py"}
+    assert folders == listed, (folders - listed, listed - folders)

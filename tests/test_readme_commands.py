@@ -21,8 +21,9 @@ PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9_]*$")  # PATH, MODEL, N, KL_VAE ...
 ONLY_PARSED = ("train-drafter", "distill-dd")
 # a benchmark takes a minute even at FASTER's settings, and each of its modes runs in its own test (test_cli,
 # test_mar_cli, test_dd, test_demo_var): here a bench command is parsed and the files it names must exist, but for
-# the speed dial's (--dial), which no other test runs
-RUN_ELSEWHERE = {"bench": lambda argv: "--dial" not in argv}
+# the speed dial's (--dial), which no other test runs; a profile with LlamaGen's own code needs a checkout the tests
+# never fetch (test_loop_baselines runs it where FASTAR_LLAMAGEN_CODE names one)
+RUN_ELSEWHERE = {"bench": lambda argv: "--dial" not in argv, "profile": lambda argv: "--llamagen-code" in argv}
 SMALL_SHAPES = ("tiny", "demo")
 FASTER = {  # appended: argparse keeps the last value of an option
     "bench": ["--samples", "2", "--sweep-samples", "1", "--timing-runs", "1", "--toy-rows", "200", "--no-pareto",

@@ -1,4 +1,4 @@
-"""The fused 8-bit matmul (model_loaders/shared/w8_matmul.py): the Triton kernel itself, run on this CPU by
+"""The fused 8-bit matmul (model_loaders/shared/kernels/w8_matmul.py): the Triton kernel itself, run on this CPU by
 Triton's interpreter (``TRITON_INTERPRET=1``, in a subprocess since Triton reads it at import), against the
 dequantised product; and where it applies. The interpreter has no bf16, so bf16 is the GPU check's (``--probe
 w8``)."""
@@ -9,14 +9,14 @@ import sys
 import pytest
 import torch
 
-from fastar.model_loaders.shared.w8_matmul import block_sizes, fused_matmul_applies
+from fastar.model_loaders.shared.kernels.w8_matmul import block_sizes, fused_matmul_applies
 
 triton = pytest.importorskip("triton", reason="Triton is a test requirement (.ci/requirements-dev.txt)")
 
 INTERPRETED_CHECKS = r"""
 import torch, torch.nn.functional as F
 from fastar.model_loaders.shared.quantized import QuantizedLinear, dequantize, quantize_rows
-from fastar.model_loaders.shared.w8_matmul import INTERPRETED, fused_matmul, fused_matmul_applies, tiles
+from fastar.model_loaders.shared.kernels.w8_matmul import INTERPRETED, fused_matmul, fused_matmul_applies, tiles
 
 assert INTERPRETED
 g = torch.Generator().manual_seed(0)

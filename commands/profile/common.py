@@ -1,12 +1,17 @@
 """What the profiles of every model kind share (speed.py for token models, mar.py for MAR):
-synchronised timing, the device's copy bandwidth, random weights of a shape, and whole images timed side by side."""
+synchronised timing, the device's copy bandwidth, random weights of a shape, whole images timed side by side, and
+what an image loop of the usual ones is (loop_baselines.py)."""
 from __future__ import annotations
 
 import statistics
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
+
+# an image loop: (conditioning, sampling, generator) -> codes [B, N]
+ImageLoop = Callable[..., torch.Tensor]
 
 
 @dataclass

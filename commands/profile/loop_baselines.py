@@ -15,8 +15,6 @@ tests/test_transformers_baselines.py), so the times compare the same work.
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 
 from ...errors import FastARError
@@ -25,11 +23,10 @@ from ...model_loaders.janus.model import JanusGPT
 from ...model_loaders.llamagen.model import LlamaGenGPT, rope_2d_table
 from ...model_loaders.shared.protocol import ModelOutput
 from ...samplers.processing import SamplingSettings, probabilities
+from .common import ImageLoop
 from .official_llamagen import official_loop
 from .transformers_baselines import chameleon_loop, janus_loop
 
-# an image loop: (conditioning, sampling, generator) -> codes [B, N]
-ImageLoop = Callable[..., torch.Tensor]
 
 
 class GrowingCache:

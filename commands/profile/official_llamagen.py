@@ -12,7 +12,6 @@ import importlib
 import sys
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,9 +19,7 @@ from ...errors import FastARError
 from ...model_loaders.llamagen.model import LlamaGenGPT
 from ...model_loaders.shared.joined import parted_state_dict
 from ...samplers.processing import SamplingSettings
-
-if TYPE_CHECKING:
-    from .loop_baselines import ImageLoop
+from .common import ImageLoop
 
 MODULES = ("autoregressive/models/gpt.py", "autoregressive/models/generate.py")
 

@@ -3,7 +3,7 @@
 written into the GPU check's report."""
 from __future__ import annotations
 
-COLUMNS = ("loop", "same images as plain sampling", "s per image", "forwards per image", "ms per forward",
+COLUMNS = ("loop", "same images as plain sampling", "s per call", "forwards per call", "ms per forward",
            "x the floor")
 
 

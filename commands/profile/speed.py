@@ -99,12 +99,15 @@ class Shape:
         if self.family == "llamagen":
             return LlamaGenGPT(LlamaGenConfig(dim=self.width, n_layer=layers, n_head=self.heads, vocab_size=16384,
                                               grid=grid))
-        if self.family == "chameleon":  # Chameleon-7B's decoder: 8192 image codes in a 65536-token vocabulary
+        if self.family == "chameleon":  # Chameleon-7B's decoder: 8192 image codes in a 65536-token vocabulary;
+            # Lumina-mGPT's layout (size tokens after boi, row ends, CFG rows from boi) or Anole's (CFG rows bos, boi)
+            lumina = self.row_end
             cfg = ChameleonConfig(hidden_size=self.width, n_layer=layers, n_head=self.heads, n_kv_head=self.heads,
                                   ffn_hidden=self.ffn, vocab_size=65536, image_ids=list(range(4, 8196)), boi=8197,
-                                  eoi=8196, grid=grid, row_end=8803 if self.row_end else None,
-                                  size_ids=[8800 + grid[0] // 2, 8800 + grid[1] // 2])
-            model = ChameleonGPT(cfg, prompts=FixedPrompts(), what="a Chameleon-7B-shaped model")
+                                  eoi=8196, grid=grid, row_end=8803 if lumina else None,
+                                  size_ids=[8800 + grid[0] // 2, 8800 + grid[1] // 2] if lumina else [],
+                                  uncond_bos=not lumina)
+            model = ChameleonGPT(cfg, prompts=FixedPrompts(bos=cfg.bos), what="a Chameleon-7B-shaped model")
             model.keep_image_rows()  # as the loader leaves it
             return model
         # Janus-Pro: a DeepSeek-LLM decoder (102400 tokens) with the 16384-code generation path at its width
@@ -125,6 +128,7 @@ SHAPES = {
     "lumina-mgpt-7b-768": Shape("chameleon", 4096, 32, 32, (48, 48), ffn=11008, row_end=True),
     "anole-7b": Shape("chameleon", 4096, 32, 32, (32, 32), ffn=11008),
     "lumina-tiny": Shape("chameleon", 64, 2, 4, (4, 4), ffn=96, row_end=True),  # smoke runs: row-end layout
+    "anole-tiny": Shape("chameleon", 64, 2, 4, (4, 4), ffn=96),  # smoke runs: Anole's layout
     "janus-tiny": Shape("janus", 64, 2, 4, (6, 6), ffn=96),  # for a quick smoke run
     "janus-pro-1b": Shape("janus", 2048, 24, 16, (24, 24), ffn=5632),
     "janus-pro-7b": Shape("janus", 4096, 30, 32, (24, 24), ffn=11008),

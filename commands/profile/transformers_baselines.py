@@ -12,7 +12,6 @@ transformers user runs today for the same family.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,9 +20,7 @@ from ...model_loaders.chameleon.model import ChameleonGPT
 from ...model_loaders.janus.model import JanusGPT
 from ...model_loaders.shared.joined import parted_state_dict
 from ...samplers.processing import SamplingSettings
-
-if TYPE_CHECKING:
-    from .loop_baselines import ImageLoop
+from .common import ImageLoop
 
 
 def generation_config(sampling: SamplingSettings, max_new_tokens: int, **tokens):

@@ -26,7 +26,7 @@ from torch import nn
 
 from ...errors import FastARError
 from .streaming import Streamable, StreamedLinear, make_streamable
-from .w8_matmul import fused_matmul, fused_matmul_applies
+from .kernels.w8_matmul import fused_matmul, fused_matmul_applies
 
 WEIGHT_FORMATS = ("auto", "int8", "fp8")  # auto: the checkpoint's weights in the compute dtype
 CODE_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
