@@ -207,7 +207,9 @@ def probe_and_profile_steps(out: Path, device: str, llamagen_code: str | None = 
         return Step(name, fastar_argv("profile", "--shape", shape, "--device", device, "--dtype", "bf16", "--repeats",
                                       "3", "--out", out / "stats" / f"{name}.json", *extra), "profile", timeout=300)
 
-    def side_by_side(name, shape, *extra):  # the usual loops beside FastAR's compiled decoders, one image per call
+    def side_by_side(name, shape, *extra):
+        """The usual loops beside FastAR's compiled decoders, one image per call; a --decoders in ``extra``
+        replaces all (argparse keeps the last)."""
         return replace(profile(name, shape, "--windows", "1", "--batches", "1", "--repeats", "2", "--compile",
                                "--no-eager-twin", "--baselines", "--decoders", "all", *extra), timeout=420)
 
@@ -219,15 +221,17 @@ def probe_and_profile_steps(out: Path, device: str, llamagen_code: str | None = 
                         "--compile", "--repeats", "2", "--kernels"), env=compiled),
         replace(profile("profile-anole-7b-compiled", "anole-7b", "--windows", "1,16", "--batches", "2",
                         "--no-decoders", "--compile", "--kernels"), env=compiled),
-        # side by side with what users run today: the trained demo (real acceptance, its EAGLE drafter), then
-        # random weights of the real shapes (their decoders' forwards per call mean nothing, their times do)
+        # a 7B step's layers as four fused kernels each (kernels/fused_matmul.py) against inductor's compiled layers
+        Step("fused-layer", [*map(str, probe), "fused-layer"], "probes", timeout=240),
+        # side by side with what users run today, on random weights of the real shapes (their decoders' forwards per
+        # call mean nothing, their times do): every decoder on LlamaGen-XL beside LlamaGen's own loop; ar and sjd on
+        # the 7B shapes beside transformers'; then the trained demo (real acceptance, its EAGLE drafter). Each
+        # decoder's steps compile first (tens of seconds each): the 7B tables keep to two
+        side_by_side("side-by-side-llamagen-xl", "llamagen-xl", *official),
+        side_by_side("side-by-side-janus-pro-7b", "janus-pro-7b", "--grid", "16x16", "--decoders", "ar,sjd"),
+        side_by_side("side-by-side-anole-7b", "anole-7b", "--grid", "16x16", "--decoders", "ar,sjd"),
         side_by_side("side-by-side-demo", "demo", "--model", DEMO / "demo_c2i.safetensors", "--drafter",
                      DEMO / "demo_drafter", *official),
-        side_by_side("side-by-side-llamagen-xl", "llamagen-xl", *official),
-        side_by_side("side-by-side-janus-pro-7b", "janus-pro-7b", "--grid", "16x16"),
-        side_by_side("side-by-side-anole-7b", "anole-7b", "--grid", "16x16"),
-        # a 7B step's layers as four fused kernels each (fused_matmul.py) against inductor's compiled layers
-        Step("fused-layer", [*map(str, probe), "fused-layer"], "probes", timeout=240),
         Step("sync-counts", [*map(str, probe), "sync"], "probes", timeout=180),
         Step("memory-7b", [*map(str, probe), "memory"], "probes", timeout=180),
         Step("w8-kernel", [*map(str, probe), "w8"], "probes", timeout=180),
