@@ -10,8 +10,9 @@ checkpoint (``--model``).
   full, at batch 1 and 2 (with CFG: 2 and 4 rows); c(W) = ms(W) / ms(1).
 - Floor of one forward: the bytes it must read (every weight but the input embedding table, which a forward
   touches only W rows of, and the filled part of the KV cache) over the measured bandwidth; the ratio to it.
-- Decoder iterations: ms per target forward of whole images with ``ar``, ``sjd``, ``gsd`` and ``spec`` (wall
-  time over target forwards, sampling, verification and drafting included), and their ratio to the floor. A
+- Decoder iterations: ms per target forward of whole images with ``ar``, ``sjd``, ``gsd`` and ``spec``, or those
+  ``--decoders`` names (PROFILED: ``sjd-pac``, ``zipar`` and ``spec`` on trees too) (wall time over target
+  forwards, sampling, verification and drafting included), and their ratio to the floor. A
   random shape's ``spec`` drafts with a random 2-layer model of the same shape (its acceptance means nothing,
   its cost does); a checkpoint's takes ``--drafter``.
 - ``--compile``: the steps through torch.compile (model_loaders/shared/compiled.py), and the same measurements on an
@@ -19,11 +20,12 @@ checkpoint (``--model``).
   again with every call guarded in full (``full_guards_forward_ms``, ``full_guards_decoders``: what a repeated call
   saves by skipping most of dynamo's guards), and ``sjd`` images with each iteration's sampling, verification and
   drafts eager (``eager_loop_step_decoders``: what compiling them saves, samplers/token_loops/loop_step.py); the graphs dynamo
-  compiled and any graph break (``dynamo``).
+  compiled and any graph break (``dynamo``). ``--no-eager-twin`` leaves the twin out.
 - ``--gpu-weights GB``: the model with only that much of its weights on the GPU, its other blocks streamed from
   pinned host memory at every forward (model_loaders/shared/streaming.py); the floor then counts the streamed bytes at
   the measured host-to-device bandwidth.
-- ``--baselines``: the family's usual loop on the same weights (loop_baselines.py beside this file), as a multiple of ``ar``.
+- ``--baselines``: the family's usual loops on the same weights (loop_baselines.py beside this file), each as a
+  multiple of ``ar``, and one table of them beside every decoder (side_by_side.py).
 - MAR shapes and checkpoints: a transformer call, the diffusion head and whole ``ar`` / ``cspd`` images
   (mar.py beside this file).
 Times are medians of interleaved repeats after a warm-up (whole images: A B C A B C ..., at most 5 rounds);
