@@ -133,7 +133,7 @@ def test_a_folder_without_llamagen_code_or_a_model_it_cannot_run_is_refused(tmp_
 def test_every_decoder_is_timed_beside_the_usual_loop_in_one_table():
     from fastar.commands.profile.speed import PROFILED, parse_decoders
 
-    report = run_profile(profile_args(decoders=parse_decoders("all"), no_decoders=False, repeats=1))
+    report = run_profile(profile_args(decoders=parse_decoders("all"), no_decoders=False, repeats=1, grid="4x4"))
     entry = report["batches"]["1"]
     assert report["random_weights"] and tuple(entry["decoders"]) == tuple(PROFILED)  # the drafter: a random 2-layer
     table = entry["side_by_side"]
