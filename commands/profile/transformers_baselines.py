@@ -88,8 +88,15 @@ def janus_loop(model: JanusGPT) -> ImageLoop:
         config = generation_config(sampling, model.grid[0] * model.grid[1], bos_token_id=model.cfg.bos,
                                    pad_token_id=model.cfg.pad, generation_kwargs={"boi_token_id": model.cfg.boi})
         seed_global_generator(generator)
-        return reference.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
-                                  generation_mode="image")
+        try:
+            return reference.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
+                                      generation_mode="image")
+        except TypeError as e:  # transformers 5.17's image mode calls its own cache setup with an argument short
+            if "_prepare_static_cache" not in str(e):
+                raise
+            import transformers
+            raise FastARError(f"transformers {transformers.__version__} cannot generate Janus images itself ({e}); "
+                              "the baseline runs on transformers 5.23 or newer") from None
 
     return loop
 
