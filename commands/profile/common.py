@@ -14,6 +14,11 @@ import torch
 ImageLoop = Callable[..., torch.Tensor]
 
 
+def seed_global_generator(generator: torch.Generator) -> None:
+    """The usual loops draw from torch's global generator: seed it as ``generator`` is seeded."""
+    torch.manual_seed(generator.initial_seed())
+
+
 @dataclass
 class Timing:
     device: torch.device

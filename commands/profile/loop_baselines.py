@@ -24,7 +24,7 @@ from ...model_loaders.llamagen.model import LlamaGenGPT, rope_2d_table
 from ...model_loaders.shared.protocol import ModelOutput
 from ...samplers.processing import SamplingSettings, probabilities
 from .common import ImageLoop
-from .official_llamagen import official_loop
+from .official_llamagen import official_loops
 from .transformers_baselines import chameleon_loop, janus_loop
 
 
@@ -74,9 +74,7 @@ def baseline_loops(model, *, llamagen_code=None, compiled: bool = False) -> dict
         loops = {"plain loop": lambda conditioning, sampling, generator: plain_loop(model, conditioning, sampling,
                                                                                    generator)}
         if llamagen_code is not None:
-            loops["LlamaGen generate()"] = official_loop(model, llamagen_code)
-            if compiled:
-                loops["LlamaGen generate(), compiled"] = official_loop(model, llamagen_code, compiled=True)
+            loops |= official_loops(model, llamagen_code, compiled=compiled)
         return loops
     if isinstance(model, JanusGPT):
         return {"transformers generate()": janus_loop(model)}

@@ -19,7 +19,7 @@ from ...errors import FastARError
 from ...model_loaders.llamagen.model import LlamaGenGPT
 from ...model_loaders.shared.joined import parted_state_dict
 from ...samplers.processing import SamplingSettings
-from .common import ImageLoop
+from .common import ImageLoop, seed_global_generator
 
 MODULES = ("autoregressive/models/gpt.py", "autoregressive/models/generate.py")
 
@@ -54,16 +54,23 @@ def official_gpt(model: LlamaGenGPT, checkout):
     return reference.eval(), generate
 
 
-def official_loop(model: LlamaGenGPT, checkout, *, compiled: bool = False) -> ImageLoop:
+def official_loops(model: LlamaGenGPT, checkout, *, compiled: bool = False) -> dict[str, ImageLoop]:
+    """LlamaGen's ``generate()`` on ``model``'s weights, by name: eagerly and, with ``compiled``, on the same
+    reference compiled as its sample script compiles it."""
     reference, generate = official_gpt(model, checkout)
-    runner = torch.compile(reference, mode="reduce-overhead", fullgraph=True) if compiled else reference
+    runners = {"LlamaGen generate()": reference}
+    if compiled:
+        runners["LlamaGen generate(), compiled"] = torch.compile(reference, mode="reduce-overhead", fullgraph=True)
+    return {name: image_loop(model, runner, generate) for name, runner in runners.items()}
 
+
+def image_loop(model: LlamaGenGPT, runner, generate) -> ImageLoop:
     @torch.no_grad()
     def loop(conditioning, sampling: SamplingSettings, generator) -> torch.Tensor:
         if not sampling.use_cfg:
             raise FastARError("LlamaGen's generate() baseline runs with CFG (its sample scripts' setting)")
         labels = conditioning.labels.to(model.device)
-        torch.manual_seed(generator.initial_seed())  # its sampler draws from the global generator
+        seed_global_generator(generator)
         with warnings.catch_warnings():  # its decode loop enters torch.backends.cuda.sdp_kernel, deprecated since
             warnings.filterwarnings("ignore", message=".*sdp_kernel", category=FutureWarning)  # torch 2.3
             codes = generate.generate(runner, labels, model.grid[0] * model.grid[1], cfg_scale=sampling.cfg_scale,

@@ -20,7 +20,7 @@ from ...model_loaders.chameleon.model import ChameleonGPT
 from ...model_loaders.janus.model import JanusGPT
 from ...model_loaders.shared.joined import parted_state_dict
 from ...samplers.processing import SamplingSettings
-from .common import ImageLoop
+from .common import ImageLoop, seed_global_generator
 
 
 def generation_config(sampling: SamplingSettings, max_new_tokens: int, **tokens):
@@ -32,10 +32,6 @@ def generation_config(sampling: SamplingSettings, max_new_tokens: int, **tokens)
     return GenerationConfig(do_sample=sampled, temperature=sampling.temperature if sampled else None,
                             top_k=0 if sampled else None, guidance_scale=sampling.cfg_scale,
                             max_new_tokens=max_new_tokens, **tokens)
-
-
-def seed_global_generator(generator: torch.Generator) -> None:
-    torch.manual_seed(generator.initial_seed())  # transformers samples from the global generator
 
 
 # FastAR's internal Janus names -> transformers' (the inverse of the loader's renaming of a converted folder)
